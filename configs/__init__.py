@@ -1,0 +1,1 @@
+"""Experiment configs: one file per family, rows picked by `file.py:args`."""

@@ -1,0 +1,60 @@
+"""Shared defaults and argument parsing for every config file.
+
+A config file is a function `get_config(arg)` returning an
+`ml_collections.ConfigDict`; `arg` is what follows the `:` of the config spec,
+e.g. `configs/pretrain.py:model=ViT-B/16,data=i21k`. Every field can then be
+overridden on the command line (`--config.input.batch_size=256`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import ml_collections
+
+
+def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
+  """Parses `k=v,k=v` into a ConfigDict; keys must be among `defaults`.
+
+  Values take the type of their default (bool accepts true/false/1/0).
+  """
+  out: Dict[str, Any] = dict(defaults)
+  for item in filter(None, (arg or '').split(',')):
+    if '=' not in item:
+      raise ValueError(f'config arg {item!r} is not key=value (args: '
+                       f'{", ".join(f"{k}=..." for k in defaults)})')
+    key, value = item.split('=', 1)
+    if key not in defaults:
+      raise ValueError(f'unknown config arg {key!r}; this config takes: '
+                       f'{", ".join(sorted(defaults))}')
+    default = defaults[key]
+    if isinstance(default, bool):
+      if value.lower() not in ('true', 'false', '1', '0'):
+        raise ValueError(f'config arg {key}={value!r}: expected true/false')
+      out[key] = value.lower() in ('true', '1')
+    elif default is None or isinstance(default, str):
+      out[key] = value
+    else:
+      out[key] = type(default)(value)
+  return ml_collections.ConfigDict(out)
+
+
+def base() -> ml_collections.ConfigDict:
+  """Fields every training config has (see docs/configs.md)."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  # `name` picks the model from the zoo; other fields override its options.
+  c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
+  c.num_classes = 1000
+  c.input = ml_collections.ConfigDict(dict(
+      data='imagenet2012', image_size=224, batch_size=4096,
+      num_train_examples=1_281_167))
+  # One of the two sets the run length.
+  c.total_steps = ml_collections.FieldReference(None, field_type=int)
+  c.total_epochs = ml_collections.FieldReference(None, field_type=float)
+  # What `python -m vit_jax.accounting --config=...` estimates the run on.
+  c.accounting = ml_collections.ConfigDict(dict(
+      hardware='tpu_v3', num_devices=ml_collections.FieldReference(
+          None, field_type=int), utilization=ml_collections.FieldReference(
+              None, field_type=float)))
+  return c

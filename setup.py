@@ -1,0 +1,43 @@
+"""vit_jax: pre-train and fine-tune Vision Transformers with JAX/Flax."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name='vit_jax',
+    version='0.1.0',
+    description='Pre-training and fine-tuning Vision Transformers in JAX/Flax, '
+                'from one CPU to a TPU pod.',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    python_requires='>=3.10',
+    packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs']),
+    install_requires=[
+        'absl-py>=2.1',
+        'chex>=0.1.90',
+        'clu>=0.0.12',
+        'flax>=0.12',
+        'jax>=0.10',
+        'ml-collections>=1.0',
+        'numpy>=1.26',
+        'optax>=0.2.5',
+        'orbax-checkpoint>=0.12',
+        # tf.data only runs on the host: the CPU build where one exists.
+        'tensorflow-cpu>=2.18; platform_system=="Linux" and '
+        'platform_machine=="x86_64"',
+        'tensorflow>=2.18; platform_system!="Linux" or '
+        'platform_machine!="x86_64"',
+        'tensorflow-datasets>=4.9.8',
+    ],
+    extras_require={
+        'test': [
+            'pytest>=8',
+            'pytest-xdist>=3.6',
+            'scikit-learn>=1.5',
+            'scikit-image>=0.24',
+            'mlxtend>=0.23',
+        ],
+        # CPU PyTorch + Hugging Face transformers, for weight interop.
+        # Pinned: an unpinned torch resolves to a multi-GB CUDA build.
+        'torch': ['torch==2.13.0', 'transformers>=4.40'],
+    },
+)

@@ -1,0 +1,24 @@
+"""Shared test set-up: quiet TF/JAX logs, CPU only, fixed seeds."""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def rng():
+  return np.random.RandomState(0)
+
+
+def perturb(params, scale=0.05, seed=1):
+  """Random non-zero weights everywhere (a zero head makes logits vacuous)."""
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed), len(leaves))
+  return jax.tree.unflatten(treedef, [
+      np.asarray(x) + scale * np.asarray(jax.random.normal(k, np.shape(x)))
+      for x, k in zip(leaves, keys)])

@@ -1,0 +1,105 @@
+"""Compute accounting against the paper's Tables 1, 2 and 6."""
+
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from vit_jax import accounting, models
+
+
+@pytest.mark.parametrize('name,epochs,paper', accounting.TABLE6)
+def test_table6_exaflops_within_5_percent(name, epochs, paper):
+  ours = accounting.table6_exaflops(name, epochs)
+  assert abs(ours / paper - 1) < 0.05, (name, epochs, ours, paper)
+
+
+# ViT-test (width 32, 3136 tokens at 224) is left out: there the softmax and
+# other element-wise ops XLA counts are a large share of the total.
+@pytest.mark.parametrize('name', [n for n in models.names() if n != 'ViT-test'])
+def test_xla_and_analytic_flops_agree(name):
+  xla = accounting.forward_flops(name)
+  analytic = accounting.analytic_forward_flops(name)
+  # XLA also counts norms, activations and softmax; the analytic count only
+  # matmuls and convolutions.
+  assert 0.97 < analytic / xla < 1.03, (name, xla, analytic)
+
+
+def test_flops_scale_with_resolution():
+  f224 = accounting.forward_flops('ViT-B/16')
+  f384 = accounting.forward_flops('ViT-B/16', image_size=384)
+  # 577 vs 197 tokens: matmuls scale ~2.9x, attention more.
+  assert 2.9 < f384 / f224 < 3.5
+  assert abs(accounting.analytic_forward_flops('ViT-B/16', 384) / f384 - 1) < .03
+
+
+def test_paper_utilization_derivation():
+  tpu = accounting.HARDWARE['tpu_v3']
+  h14 = accounting.implied_utilization(4262, 2500, tpu)
+  l16 = accounting.implied_utilization(1567, 680, tpu)
+  assert h14 == pytest.approx(0.321, abs=1e-3)
+  assert l16 == pytest.approx(0.434, abs=1e-3)
+  assert accounting.paper_utilization() == pytest.approx((h14 * l16) ** .5)
+
+
+def test_table2_core_days_follow_from_the_fit():
+  util = accounting.paper_utilization()
+  for _, name, images, epochs, days in accounting.TABLE2:
+    est = accounting.estimate(name, epochs * images, utilization=util)
+    # One utilisation for all rows: each row within the spread it implies.
+    assert 0.8 < est.core_days / days < 1.25, (name, est.core_days, days)
+
+
+def test_cores_per_chip():
+  hw = accounting.hardware
+  assert hw('tpu_v3').cores(8) == 8  # v3-8: 8 devices = 8 cores.
+  assert hw('tpu_v4').cores(16) == 32  # v4-32: 16 megacore devices.
+  assert hw('tpu_v5e').cores(16) == 16
+  assert hw('TPUv3').peak_per_core == 61.5e12
+  with pytest.raises(ValueError, match='unknown hardware'):
+    hw('tpu_v9')
+
+
+def test_estimate_wall_clock():
+  est = accounting.estimate('ViT-B/16', 1e6, hardware_name='tpu_v4',
+                            utilization=0.5, num_devices=16)
+  flops = 3 * accounting.forward_flops('ViT-B/16') * 1e6
+  assert est.exaflops == pytest.approx(flops / 1e18)
+  assert est.core_days == pytest.approx(flops / (137.5e12 * .5) / 86400)
+  assert est.wall_hours == pytest.approx(est.core_days * 24 / 32)
+
+
+def test_estimate_for_pretrain_config():
+  from configs import pretrain
+  c = pretrain.get_config('model=ViT-L/16,data=i21k')
+  est = accounting.estimate_for_config(c, num_devices=8)
+  assert est.model == 'ViT-L/16' and est.examples_seen == 90 * 14_197_122
+  # representation_size=768 and 21,843 classes are part of the forward pass.
+  assert est.forward_gflops > accounting.forward_flops('ViT-L/16') / 1e9
+  assert 200 < est.core_days < 280  # Table 2: 0.23k.
+
+
+def test_config_without_length_is_an_error():
+  from configs import common
+  c = common.base()
+  with pytest.raises(ValueError, match='neither total_steps nor total_epochs'):
+    accounting.estimate_for_config(c)
+
+
+def test_bad_config_args():
+  from configs import pretrain
+  with pytest.raises(ValueError, match="unknown config arg 'modle'"):
+    pretrain.get_config('modle=ViT-B/16')
+  with pytest.raises(ValueError, match="data='jfx'"):
+    pretrain.get_config('data=jfx')
+
+
+def test_cli_config():
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.accounting',
+       '--config=configs/pretrain.py:model=ViT-B/16,data=i1k',
+       '--config.total_epochs=1', '--hardware=tpu_v4', '--devices=4'],
+      capture_output=True, text=True, check=True).stdout
+  assert 'ViT-B/16 at 224px' in out and 'examples seen      1,281,167' in out
+  assert 'core-days' in out and 'on 4 devices' in out

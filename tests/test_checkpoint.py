@@ -1,0 +1,248 @@
+"""npz checkpoints (both namings, hybrids), load_pretrained, and bad files."""
+
+import os
+import re
+import zipfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tensorflow as tf
+from flax import traverse_util
+
+from conftest import perturb
+from vit_jax import checkpoint, models
+from vit_jax.checkpoint import CheckpointError
+
+# Linen name -> name in the first public checkpoints (numbered across types).
+OLD_NAMES = {'LayerNorm_0': 'LayerNorm_0',
+             'MultiHeadDotProductAttention_0': 'MultiHeadDotProductAttention_1',
+             'LayerNorm_1': 'LayerNorm_2', 'MlpBlock_0': 'MlpBlock_3'}
+
+TINY_HYBRID = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2,
+                   resnet_layers=(1, 1, 1))
+
+
+def _init(model, shape):
+  return model.init(jax.random.key(0), jnp.zeros(shape))['params']
+
+
+def _images(shape, seed=0):
+  return jnp.asarray(np.random.RandomState(seed).uniform(-1, 1, shape),
+                     jnp.float32)
+
+
+def _flat(params):
+  return {'/'.join(k): np.asarray(v)
+          for k, v in traverse_util.flatten_dict(params).items()}
+
+
+def _write_flat(path, flat):
+  np.savez(path, **flat)
+
+
+def _assert_trees_equal(a, b):
+  fa, fb = _flat(a), _flat(b)
+  assert sorted(fa) == sorted(fb)
+  for k in fa:
+    np.testing.assert_array_equal(fa[k], fb[k], err_msg=k)
+
+
+@pytest.fixture
+def vit():
+  model = models.create('ViT-test', num_classes=5, representation_size=16)
+  return model, perturb(_init(model, (1, 28, 28, 3)))
+
+
+def test_public_key_layout_of_b16():
+  model = models.create('ViT-B/16', num_classes=1000)
+  shapes = {'/'.join(k): v.shape for k, v in traverse_util.flatten_dict(
+      jax.eval_shape(lambda: _init(model, (1, 224, 224, 3)))).items()}
+  assert shapes['Transformer/encoderblock_0/MultiHeadDotProductAttention_0/'
+                'query/kernel'] == (768, 12, 64)
+  assert shapes['embedding/kernel'] == (16, 16, 3, 768)
+  assert shapes['Transformer/posembed_input/pos_embedding'] == (1, 197, 768)
+  assert shapes['cls'] == (1, 1, 768)
+  assert shapes['head/kernel'] == (768, 1000)
+
+
+def test_npz_round_trip(tmp_path, vit):
+  model, params = vit
+  path = str(tmp_path / 'ckpt.npz')
+  checkpoint.save_npz(params, path)
+  loaded = checkpoint.load_npz(path)
+  _assert_trees_equal(loaded, params)
+  with np.load(path, allow_pickle=False) as f:
+    assert 'Transformer/encoderblock_1/MlpBlock_0/Dense_1/kernel' in f.files
+  x = _images((2, 28, 28, 3))
+  np.testing.assert_array_equal(model.apply({'params': loaded}, x),
+                                model.apply({'params': params}, x))
+
+
+def test_bfloat16_params_save_as_float32(tmp_path, vit):
+  _, params = vit
+  bf = jax.tree.map(lambda p: jnp.asarray(p, jnp.bfloat16), params)
+  checkpoint.save_npz(bf, str(tmp_path / 'bf.npz'))
+  loaded = checkpoint.load_npz(str(tmp_path / 'bf.npz'))
+  assert {v.dtype for v in jax.tree.leaves(loaded)} == {np.dtype('float32')}
+
+
+def test_old_naming_loads(tmp_path, vit):
+  model, params = vit
+  old = {}
+  for k, v in _flat(params).items():
+    for new, name in OLD_NAMES.items():
+      k = re.sub(rf'(encoderblock_\d+)/{new}/', rf'\1/@{name}/', k)
+    old[k.replace('@', '')] = v
+  assert 'Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel' in old
+  path = str(tmp_path / 'old.npz')
+  _write_flat(path, old)
+  loaded = checkpoint.load_npz(path)
+  _assert_trees_equal(loaded, params)
+  x = _images((2, 28, 28, 3))
+  np.testing.assert_array_equal(model.apply({'params': loaded}, x),
+                                model.apply({'params': params}, x))
+
+
+def test_hybrid_checkpoint_with_old_groupnorm_shapes(tmp_path):
+  model = models.create('R50+ViT-B/16', num_classes=3, **TINY_HYBRID)
+  params = perturb(_init(model, (1, 32, 32, 3)))
+  flat = _flat(params)
+  assert flat['conv_root/kernel'].shape == (7, 7, 3, 64)
+  assert flat['block2/unit1/gn_proj/scale'].shape == (512,)
+  old = {k: (v.reshape(1, 1, 1, -1) if re.search(r'/?gn\w*/(scale|bias)$', k)
+             else v) for k, v in flat.items()}
+  path = str(tmp_path / 'hybrid.npz')
+  _write_flat(path, old)
+  loaded = checkpoint.load_npz(path)
+  checkpoint.check_params(params, loaded)
+  _assert_trees_equal(loaded, params)
+
+
+def test_load_pretrained_new_resolution_and_classes(tmp_path, vit):
+  model, params = vit  # 28 px -> 7x7 grid, 5 classes, pre-logits 16.
+  path = str(tmp_path / 'pre.npz')
+  checkpoint.save_npz(params, path)
+  target = models.create('ViT-test', num_classes=3)  # No pre-logits.
+  init = _init(target, (1, 48, 48, 3))  # 12x12 grid.
+  new = checkpoint.load_pretrained(path, init)
+
+  assert 'pre_logits' not in new
+  np.testing.assert_array_equal(new['head']['kernel'], np.zeros((32, 3)))
+  old_pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  pe = new['Transformer']['posembed_input']['pos_embedding']
+  assert pe.shape == (1, 145, 32)
+  np.testing.assert_array_equal(pe[:, 0], old_pe[:, 0])  # Class token row.
+  # Independent bilinear resize (TensorFlow, half-pixel centres).
+  ref = tf.image.resize(old_pe[0, 1:].reshape(7, 7, 32), (12, 12),
+                        method='bilinear', antialias=False).numpy()
+  np.testing.assert_allclose(pe[0, 1:].reshape(12, 12, 32), ref, atol=1e-5)
+  # Everything else is the pre-trained weights.
+  blk = 'Transformer/encoderblock_1/MlpBlock_0/Dense_0/kernel'
+  np.testing.assert_array_equal(_flat(new)[blk], _flat(params)[blk])
+  logits = target.apply({'params': new}, _images((2, 48, 48, 3)))
+  assert logits.shape == (2, 3) and np.all(np.isfinite(logits))
+
+
+def test_load_pretrained_b16_224_to_384():
+  model = models.create('ViT-B/16', num_classes=10)
+  shapes = jax.eval_shape(lambda: _init(model, (1, 384, 384, 3)))
+  pe = np.random.RandomState(0).normal(size=(1, 197, 768)).astype(np.float32)
+  new = checkpoint.resize_posemb(pe, shapes['Transformer']['posembed_input'][
+      'pos_embedding'].shape)
+  assert new.shape == (1, 577, 768)
+  ref = tf.image.resize(pe[0, 1:].reshape(14, 14, 768), (24, 24),
+                        method='bilinear', antialias=False).numpy()
+  np.testing.assert_allclose(new[0, 1:].reshape(24, 24, 768), ref, atol=1e-5)
+
+
+def test_load_pretrained_token_checkpoint_into_gap_model_is_an_error(vit):
+  _, params = vit
+  target = models.create('ViT-test', num_classes=3, classifier='gap')
+  init = _init(target, (1, 28, 28, 3))
+  with pytest.raises(CheckpointError, match="unexpected key cls"):
+    checkpoint.load_pretrained(params, init)
+
+
+def test_load_pretrained_keep_head(vit):
+  _, params = vit
+  target = models.create('ViT-test', num_classes=5, representation_size=16)
+  new = checkpoint.load_pretrained(params, _init(target, (1, 28, 28, 3)),
+                                   keep_head=True)
+  _assert_trees_equal(new, params)
+
+
+def test_load_pretrained_names_shape_mismatch(vit):
+  _, params = vit
+  target = models.create('ViT-test', num_classes=3, mlp_dim=48)
+  with pytest.raises(CheckpointError, match=r'shape mismatch for Transformer/'
+                     r'encoderblock_0/MlpBlock_0/Dense_0/kernel: expected '
+                     r'\(32, 48\), found \(32, 64\)'):
+    checkpoint.load_pretrained(params, _init(target, (1, 28, 28, 3)))
+
+
+def test_load_pretrained_names_missing_key(vit):
+  _, params = vit
+  params = dict(params)
+  del params['embedding']
+  target = models.create('ViT-test', num_classes=3)
+  with pytest.raises(CheckpointError,
+                     match=r'missing key embedding/kernel \(expected shape '
+                     r'\(4, 4, 3, 32\)\)'):
+    checkpoint.load_pretrained(params, _init(target, (1, 28, 28, 3)))
+
+
+def test_missing_file(tmp_path):
+  with pytest.raises(FileNotFoundError, match='checkpoint not found'):
+    checkpoint.load_npz(str(tmp_path / 'nope.npz'))
+
+
+def test_truncated_file(tmp_path, vit):
+  _, params = vit
+  path = str(tmp_path / 'ckpt.npz')
+  checkpoint.save_npz(params, path)
+  data = open(path, 'rb').read()
+  with open(path, 'wb') as f:
+    f.write(data[:len(data) // 2])
+  with pytest.raises(CheckpointError, match='truncated or corrupt'):
+    checkpoint.load_npz(path)
+
+
+def test_corrupt_member(tmp_path, vit):
+  _, params = vit
+  path = str(tmp_path / 'ckpt.npz')
+  with zipfile.ZipFile(path, 'w', compression=zipfile.ZIP_DEFLATED) as z:
+    z.writestr('cls.npy', b'\x93NUMPY garbage that is not an array header')
+  with pytest.raises(CheckpointError, match=r"ckpt.npz.*'cls'"):
+    checkpoint.load_npz(path)
+
+
+def test_not_an_npz(tmp_path):
+  path = str(tmp_path / 'weights.npz')
+  with open(path, 'w') as f:
+    f.write('this is text, not a checkpoint')
+  with pytest.raises(CheckpointError, match='not an .npz checkpoint'):
+    checkpoint.load_npz(path)
+
+
+def test_pickled_arrays_refused(tmp_path):
+  path = str(tmp_path / 'evil.npz')
+  np.savez(path, cls=np.array([{'a': 1}], dtype=object))
+  with pytest.raises(CheckpointError, match='allow_pickle=False'):
+    checkpoint.load_npz(path)
+
+
+def test_save_is_atomic(tmp_path, vit, monkeypatch):
+  _, params = vit
+  path = str(tmp_path / 'ckpt.npz')
+  checkpoint.save_npz(params, path)
+  before = open(path, 'rb').read()
+
+  def boom(*a, **k):
+    raise OSError('disk full')
+  monkeypatch.setattr(np, 'savez', boom)
+  with pytest.raises(OSError, match='disk full'):
+    checkpoint.save_npz(params, path)
+  assert open(path, 'rb').read() == before
+  assert os.listdir(tmp_path) == ['ckpt.npz']

@@ -1,0 +1,97 @@
+"""Hugging Face transformers interop: logits agree both ways (fp32)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import perturb
+from vit_jax import checkpoint, models
+from vit_jax.checkpoint import CheckpointError
+
+torch = pytest.importorskip('torch')
+transformers = pytest.importorskip('transformers')
+
+# Ti/16 and a B/16-shaped model (B/16 widths and heads, fewer layers).
+CASES = [('ViT-Ti/16', {}), ('ViT-B/16', {'num_layers': 2})]
+
+
+def _hf_logits(hf_model, x):
+  with torch.no_grad():
+    return hf_model(pixel_values=torch.from_numpy(
+        np.asarray(x).transpose(0, 3, 1, 2))).logits.numpy()
+
+
+def _images(n=2, size=224):
+  return np.random.RandomState(0).uniform(-1, 1, (n, size, size, 3)).astype(
+      np.float32)
+
+
+@pytest.mark.parametrize('name,overrides', CASES)
+def test_ours_to_hf(name, overrides):
+  model = models.create(name, num_classes=10, **overrides)
+  x = _images()
+  params = perturb(model.init(jax.random.key(0), jnp.asarray(x))['params'],
+                   scale=0.05)
+  ours = np.asarray(model.apply({'params': params}, x))
+  assert np.abs(ours).max() > 0.1  # Non-trivial logits.
+  hf = transformers.ViTForImageClassification(
+      checkpoint.hf_config(name, num_classes=10, **overrides)).eval()
+  hf.load_state_dict(checkpoint.to_hf(params, name, **overrides), strict=True)
+  np.testing.assert_allclose(_hf_logits(hf, x), ours, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize('name,overrides', CASES)
+def test_hf_to_ours(name, overrides):
+  torch.manual_seed(0)
+  cfg = checkpoint.hf_config(name, num_classes=10, **overrides)
+  cfg.initializer_range = 0.05
+  hf = transformers.ViTForImageClassification(cfg).eval()
+  x = _images()
+  theirs = _hf_logits(hf, x)
+  assert np.abs(theirs).max() > 0.1
+  params = checkpoint.from_hf(hf.state_dict(), name, **overrides)
+  model = models.create(name, num_classes=10, **overrides)
+  np.testing.assert_allclose(np.asarray(model.apply({'params': params}, x)),
+                             theirs, atol=1e-4, rtol=0)
+
+
+def test_transformers_4x_key_names_load():
+  name = 'ViT-Ti/16'
+  model = models.create(name, num_classes=4, num_layers=1)
+  params = perturb(model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))
+                   ['params'])
+  v4 = checkpoint.to_hf(params, name, naming='v4', num_layers=1)
+  assert 'vit.encoder.layer.0.attention.attention.query.weight' in v4
+  assert 'vit.encoder.layer.0.intermediate.dense.weight' in v4
+  back = checkpoint.from_hf(v4, name, num_layers=1)
+  for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(a, np.asarray(b, np.float32))
+
+
+def test_to_hf_writes_installed_naming():
+  model = models.create('ViT-Ti/16', num_classes=4, num_layers=1)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 224, 224, 3)))['params']
+  state = checkpoint.to_hf(params, 'ViT-Ti/16', num_layers=1)
+  hf = transformers.ViTForImageClassification(
+      checkpoint.hf_config('ViT-Ti/16', 4, num_layers=1))
+  assert set(state) == set(hf.state_dict())
+
+
+def test_models_without_hf_counterpart_are_refused():
+  with pytest.raises(ValueError, match='pre-logits'):
+    checkpoint.to_hf({}, 'ViT-B/16', representation_size=768)
+  with pytest.raises(ValueError, match='no Hugging Face'):
+    checkpoint.hf_config('R50+ViT-B/16')
+
+
+def test_from_hf_wrong_model_is_a_clear_error():
+  hf = transformers.ViTForImageClassification(
+      checkpoint.hf_config('ViT-Ti/16', 4, num_layers=1))
+  with pytest.raises(CheckpointError, match=r'shape mismatch for '
+                     r'vit.embeddings.cls_token: expected \(1, 1, 384\)'):
+    checkpoint.from_hf(hf.state_dict(), 'ViT-S/16', num_layers=1)
+  with pytest.raises(CheckpointError, match='no key vit.layers.1'):
+    checkpoint.from_hf(hf.state_dict(), 'ViT-Ti/16', num_layers=2)
+  with pytest.raises(CheckpointError, match='no place for'):
+    checkpoint.from_hf(hf.state_dict(), 'ViT-Ti/16', num_layers=0)

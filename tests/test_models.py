@@ -1,0 +1,189 @@
+"""The model zoo: names, exact parameter counts, options, dtypes, init, errors."""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import accounting, models
+
+
+@pytest.mark.parametrize('name', sorted(accounting.TABLE1_PARAMS))
+def test_param_counts_equal_paper(name):
+  # jax.eval_shape inside param_count: no weights are materialised.
+  assert accounting.param_count(name) == accounting.TABLE1_PARAMS[name]
+
+
+def test_every_name_builds_abstractly():
+  for name in models.names():
+    assert accounting.param_count(name, num_classes=10) > 0, name
+
+
+def _init(model, shape, seed=0):
+  x = jnp.zeros(shape, jnp.float32)
+  return model.init(jax.random.key(seed), x)['params']
+
+
+def test_vit_logits_shape_and_dtype():
+  model = models.create('ViT-test', num_classes=7)
+  x = jnp.asarray(np.random.RandomState(0).uniform(-1, 1, (2, 28, 28, 3)),
+                  jnp.float32)
+  params = _init(model, x.shape)
+  logits = model.apply({'params': params}, x, train=False)
+  chex.assert_shape(logits, (2, 7))
+  chex.assert_type(logits, jnp.float32)
+  # Zero-initialised head: logits start at exactly zero.
+  np.testing.assert_array_equal(logits, 0.0)
+
+
+def test_reference_initialisation():
+  model = models.create('ViT-S/16', num_classes=10)
+  p = _init(model, (1, 224, 224, 3))
+  np.testing.assert_array_equal(p['head']['kernel'], 0.0)
+  np.testing.assert_array_equal(p['head']['bias'], 0.0)
+  np.testing.assert_array_equal(p['cls'], 0.0)
+  pe = p['Transformer']['posembed_input']['pos_embedding']
+  assert abs(float(np.std(pe)) - 0.02) < 0.001
+  # lecun-normal patch embedding: std = 1/sqrt(fan_in) (truncated normal).
+  emb = np.asarray(p['embedding']['kernel'])
+  assert abs(emb.std() - 1 / np.sqrt(16 * 16 * 3)) < 0.1 / np.sqrt(768)
+  # xavier-uniform attention and MLP kernels: |w| <= sqrt(6/(fan_in+fan_out)).
+  blk = p['Transformer']['encoderblock_0']
+  q = np.asarray(blk['MultiHeadDotProductAttention_0']['query']['kernel'])
+  bound = np.sqrt(6 / (384 + 384))
+  assert np.abs(q).max() <= bound and np.abs(q).max() > 0.9 * bound
+  d0 = np.asarray(blk['MlpBlock_0']['Dense_0']['kernel'])
+  bound = np.sqrt(6 / (384 + 1536))
+  assert np.abs(d0).max() <= bound and np.abs(d0).max() > 0.9 * bound
+
+
+def test_head_bias_init():
+  model = models.create('ViT-test', num_classes=5, head_bias_init=-10.0)
+  p = _init(model, (1, 28, 28, 3))
+  np.testing.assert_array_equal(p['head']['bias'], -10.0)
+
+
+def test_gap_classifier_has_no_class_token():
+  model = models.create('ViT-test', num_classes=3, classifier='gap')
+  p = _init(model, (1, 28, 28, 3))
+  assert 'cls' not in p
+  chex.assert_shape(p['Transformer']['posembed_input']['pos_embedding'],
+                    (1, 49, 32))
+
+
+def test_representation_size_adds_tanh_pre_logits(rng):
+  model = models.create('ViT-test', num_classes=3, representation_size=16)
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 28, 28, 3)), jnp.float32)
+  p = _init(model, x.shape)
+  chex.assert_shape(p['pre_logits']['kernel'], (32, 16))
+  _, state = model.apply({'params': p}, x, mutable=['intermediates'])
+  (pre,) = state['intermediates']['representation']
+  chex.assert_shape(pre, (2, 16))
+  assert np.all(np.abs(pre) <= 1.0)
+
+
+def test_any_multiple_of_patch_and_one_channel(rng):
+  model = models.create('ViT-test', num_classes=4)
+  for shape in [(1, 32, 48, 1), (2, 16, 16, 3)]:
+    p = _init(model, shape)
+    n = (shape[1] // 4) * (shape[2] // 4) + 1
+    chex.assert_shape(p['Transformer']['posembed_input']['pos_embedding'],
+                      (1, n, 32))
+    out = model.apply({'params': p}, jnp.ones(shape))
+    chex.assert_shape(out, (shape[0], 4))
+
+
+def test_image_not_divisible_by_patch_is_a_clear_error():
+  model = models.create('ViT-B/16', num_classes=4)
+  with pytest.raises(ValueError, match='225x225 is not divisible by the patch '
+                     r'size 16.*e\.g\. 224'):
+    jax.eval_shape(lambda: _init(model, (1, 225, 225, 3)))
+
+
+def test_hybrid_needs_multiple_of_16():
+  model = models.create('R50+ViT-B/16', num_classes=4)
+  with pytest.raises(ValueError, match='patch size 16'):
+    jax.eval_shape(lambda: _init(model, (1, 40, 40, 3)))
+
+
+def _dtypes_of_intermediates(model, params, x):
+  _, state = model.apply({'params': params}, x,
+                         capture_intermediates=True, mutable=['intermediates'])
+  out = {}
+  for path, v in jax.tree_util.tree_flatten_with_path(
+      state['intermediates'])[0]:
+    out[jax.tree_util.keystr(path)] = v.dtype
+  return out
+
+
+@pytest.mark.parametrize('name,overrides,size', [
+    ('ViT-test', {}, 28),
+    ('R50+ViT-B/16', dict(hidden_size=32, mlp_dim=64, num_heads=2,
+                          num_layers=1, resnet_layers=(1, 1, 1)), 32),
+    ('BiT-R50x1', dict(width_factor=0.5), 32),
+])
+def test_compute_dtype_honoured_by_every_layer(name, overrides, size):
+  model = models.create(name, num_classes=3, dtype=jnp.bfloat16, **overrides)
+  x = jnp.zeros((1, size, size, 3), jnp.float32)
+  params = model.init(jax.random.key(0), x)['params']
+  # Parameters stay float32 ...
+  assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype('float32')}
+  dtypes = _dtypes_of_intermediates(model, params, x)
+  assert len(dtypes) > 5
+  # ... every layer computes in bfloat16; only the returned logits are f32.
+  top = "['__call__'][0]"
+  wrong = {k: v for k, v in dtypes.items() if v != jnp.bfloat16 and k != top}
+  assert not wrong, wrong
+  assert dtypes[top] == jnp.float32
+
+
+def test_dropout_active_only_in_training(rng):
+  model = models.create('ViT-test', num_classes=3, dropout_rate=0.5,
+                        attention_dropout_rate=0.5)
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 28, 28, 3)), jnp.float32)
+  p = _init(model, x.shape)
+  p['head']['kernel'] = jnp.ones_like(p['head']['kernel'])
+  a = model.apply({'params': p}, x, train=False)
+  b = model.apply({'params': p}, x, train=False)
+  np.testing.assert_array_equal(a, b)
+  c = model.apply({'params': p}, x, train=True,
+                  rngs={'dropout': jax.random.key(1)})
+  assert not np.allclose(a, c)
+
+
+def test_bit_forward_and_zero_head(rng):
+  model = models.create('BiT-R50x1', num_classes=5, width_factor=0.5)
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 64, 64, 3)), jnp.float32)
+  p = _init(model, x.shape)
+  assert 'norm_pre_head' in p and 'unit3' in p['block1']
+  out = model.apply({'params': p}, x)
+  chex.assert_shape(out, (2, 5))
+  np.testing.assert_array_equal(out, 0.0)
+
+
+def test_standardised_conv_kernel_is_standardised():
+  # Two kernels that differ by scale and offset give the same output.
+  from vit_jax.models.resnet import StdConv
+  conv = StdConv(4, (3, 3), use_bias=False)
+  x = jnp.asarray(np.random.RandomState(0).normal(size=(1, 8, 8, 3)),
+                  jnp.float32)
+  p = conv.init(jax.random.key(0), x)['params']
+  k2 = {'kernel': 3.0 * p['kernel'] + 0.7}
+  np.testing.assert_allclose(conv.apply({'params': p}, x),
+                             conv.apply({'params': k2}, x), rtol=1e-3)
+
+
+def test_unknown_name_and_option_are_clear_errors():
+  with pytest.raises(ValueError, match=r"unknown model name 'ViT-B/61'.*ViT-B/16"):
+    models.create('ViT-B/61')
+  with pytest.raises(ValueError, match=r"no option\(s\) \['hiden_size'\]"):
+    models.create('ViT-B/16', hiden_size=3)
+  model = models.create('ViT-test', num_classes=2, classifier='cls')
+  with pytest.raises(ValueError, match="'token' or 'gap'"):
+    _init(model, (1, 28, 28, 3))
+
+
+def test_create_returns_linen_module():
+  assert isinstance(models.create('ViT-B/16'), nn.Module)

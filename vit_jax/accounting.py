@@ -1,0 +1,401 @@
+"""Compute accounting: parameters, FLOPs, exaFLOPs and accelerator core-days.
+
+Conventions (those of the paper's Table 6): a multiply-add is 2 FLOPs, forward
+FLOPs are counted per image at the pre-training resolution, and training costs
+3 x forward FLOPs per example seen (forward + backward ~ 2 x forward).
+
+    param_count("ViT-B/16")            -> 86_567_656
+    forward_flops("ViT-B/16")          -> ~35.2e9  (XLA's cost analysis)
+    analytic_forward_flops("ViT-B/16") -> ~35.1e9  (matmuls and convs only)
+
+Command line:
+    python -m vit_jax.accounting --table
+    python -m vit_jax.accounting --config=configs/pretrain.py:model=ViT-B/16,data=i21k
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Dict, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax import models
+from vit_jax.models import resnet
+
+SECONDS_PER_DAY = 86400.0
+
+
+# --------------------------------------------------------------------------
+# Parameters and FLOPs of the real model.
+
+
+def _abstract(name, num_classes, image_size, channels=3, **overrides):
+  model = models.create(name, num_classes=num_classes, **overrides)
+  h, w = _hw(image_size)
+  images = jax.ShapeDtypeStruct((1, h, w, channels), jnp.float32)
+  params = jax.eval_shape(
+      lambda x: model.init(jax.random.key(0), x), images)['params']
+  return model, params, images
+
+
+def _hw(image_size):
+  if isinstance(image_size, int):
+    return image_size, image_size
+  return tuple(image_size)
+
+
+@functools.lru_cache(maxsize=None)
+def _param_count(name, num_classes, image_size, overrides):
+  _, params, _ = _abstract(name, num_classes, image_size, **dict(overrides))
+  return int(sum(math.prod(p.shape) for p in jax.tree.leaves(params)))
+
+
+def param_count(name: str, num_classes: int = 1000, image_size=224,
+                **overrides) -> int:
+  """Number of parameters, from `jax.eval_shape` (no weights materialised)."""
+  return _param_count(name, num_classes, image_size,
+                      tuple(sorted(overrides.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_flops(name, image_size, num_classes, overrides):
+  model, params, images = _abstract(name, num_classes, image_size,
+                                    **dict(overrides))
+  lowered = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(
+      params, images)
+  cost = lowered.cost_analysis()
+  if isinstance(cost, (list, tuple)):  # Older JAX returned one per device.
+    cost = cost[0]
+  return float(cost['flops'])
+
+
+def forward_flops(name: str, image_size=224, num_classes: int = 1000,
+                  **overrides) -> float:
+  """Forward FLOPs per image from XLA's cost analysis of the real model.
+
+  Counts every HLO op (matmuls with multiply-add = 2, plus normalisations,
+  activations and softmax), so it is slightly above `analytic_forward_flops`.
+  """
+  return _forward_flops(name, image_size, num_classes,
+                        tuple(sorted(overrides.items())))
+
+
+def analytic_forward_flops(name: str, image_size=224,
+                           num_classes: int = 1000, **overrides) -> float:
+  """Matmul and convolution FLOPs per image, counted by hand (cross-check)."""
+  kw = models.spec(name)
+  kw.update(overrides)
+  h, w = _hw(image_size)
+  if kw['cls'] is models.BiT:
+    flops, (h, w, c) = _resnet_flops(h, w, resnet.DEPTHS[kw['depth']],
+                                     kw['width_factor'])
+    return flops + 2.0 * c * num_classes
+  flops, c = 0.0, 3
+  if kw.get('resnet_layers'):
+    flops, (h, w, c) = _resnet_flops(h, w, kw['resnet_layers'],
+                                     kw.get('resnet_width', 1.0))
+  p, d, m = kw['patch_size'], kw['hidden_size'], kw['mlp_dim']
+  patches = (h // p) * (w // p)
+  n = patches + (kw.get('classifier', 'token') == 'token')
+  flops += 2.0 * patches * p * p * c * d  # Patch embedding.
+  per_layer = (2.0 * n * d * 3 * d  # q, k, v projections.
+               + 2.0 * 2 * n * n * d  # q.k logits and attention x v.
+               + 2.0 * n * d * d  # Output projection.
+               + 2.0 * 2 * n * d * m)  # MLP.
+  flops += kw['num_layers'] * per_layer
+  rep = kw.get('representation_size') or 0
+  if rep:
+    flops += 2.0 * d * rep
+  return flops + 2.0 * (rep or d) * (num_classes or 0)
+
+
+def _resnet_flops(h, w, layers, width_factor):
+  """Convolution FLOPs of a bottleneck ResNet; returns (flops, out shape)."""
+  width = int(64 * width_factor)
+  h, w = -(-h // 2), -(-w // 2)
+  flops = 2.0 * h * w * 7 * 7 * 3 * width  # Root conv, stride 2.
+  h, w, cin = -(-h // 2), -(-w // 2), width  # Max pool, stride 2.
+  for i, units in enumerate(layers):
+    mid = width * 2**i
+    for j in range(units):
+      s = 2 if (i > 0 and j == 0) else 1
+      ho, wo = -(-h // s), -(-w // s)
+      flops += 2.0 * h * w * cin * mid  # conv1 (1x1); conv2 strides.
+      flops += 2.0 * ho * wo * 9 * mid * mid + 2.0 * ho * wo * mid * 4 * mid
+      if cin != 4 * mid or s != 1:
+        flops += 2.0 * ho * wo * cin * 4 * mid
+      h, w, cin = ho, wo, 4 * mid
+  return flops, (h, w, cin)
+
+
+def training_flops(forward: float, examples_seen: float) -> float:
+  """3 x forward FLOPs x examples (the paper's Table 6 convention)."""
+  return 3.0 * forward * examples_seen
+
+
+# --------------------------------------------------------------------------
+# Hardware: peaks and how JAX devices map onto chips and cores.
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+  """Dense bf16 peak per chip; cores per chip; JAX devices per chip.
+
+  TPU v2/v3 expose each TensorCore as a JAX device; from v4 on (and v5p) the
+  two TensorCores of a chip form one "megacore" device; v5e/v6e chips have one
+  core. "Core-days" are counted in TensorCores, as the paper does for TPUv3.
+  GPUs count one core per chip.
+  """
+  name: str
+  peak_bf16_per_chip: float  # FLOP/s
+  cores_per_chip: int
+  devices_per_chip: int
+  peak_fp32_per_chip: Optional[float] = None
+
+  @property
+  def peak_per_core(self) -> float:
+    return self.peak_bf16_per_chip / self.cores_per_chip
+
+  def cores(self, num_devices: int) -> float:
+    """TensorCores behind `num_devices` JAX devices."""
+    return num_devices * self.cores_per_chip / self.devices_per_chip
+
+
+HARDWARE: Dict[str, Hardware] = {h.name: h for h in [
+    Hardware('tpu_v2', 45e12, 2, 2),
+    Hardware('tpu_v3', 123e12, 2, 2),
+    Hardware('tpu_v4', 275e12, 2, 1),
+    Hardware('tpu_v5e', 197e12, 1, 1),
+    Hardware('tpu_v5p', 459e12, 2, 1),
+    Hardware('tpu_v6e', 918e12, 1, 1),
+    Hardware('v100', 125e12, 1, 1, 15.7e12),
+    Hardware('a100', 312e12, 1, 1, 19.5e12),
+    Hardware('l4', 121e12, 1, 1, 30.3e12),
+    Hardware('h100', 989e12, 1, 1, 67e12),
+    Hardware('h200', 989e12, 1, 1, 67e12),
+]}
+
+
+def hardware(name: str) -> Hardware:
+  key = name.lower().replace('-', '_').replace('tpuv', 'tpu_v')
+  if key not in HARDWARE:
+    raise ValueError(f'unknown hardware {name!r}; known: {", ".join(HARDWARE)}')
+  return HARDWARE[key]
+
+
+# --------------------------------------------------------------------------
+# The paper's numbers (PAPER.md) and the utilisation they imply.
+
+JFT_IMAGES = 303e6
+I21K_IMAGES = 14_197_122
+I1K_IMAGES = 1_281_167
+
+# Table 1 / public checkpoints: exact counts at 224, 1000 classes, no pre-logits.
+TABLE1_PARAMS = {
+    'ViT-Ti/16': 5_717_416, 'ViT-S/16': 22_050_664, 'ViT-S/32': 22_878_952,
+    'ViT-B/8': 86_576_872, 'ViT-B/16': 86_567_656, 'ViT-B/32': 88_224_232,
+    'ViT-L/16': 304_326_632, 'ViT-L/32': 306_535_400,
+    'ViT-H/14': 632_045_800, 'R50+ViT-B/16': 98_659_112,
+    'R50+ViT-L/32': 328_994_856,
+}
+
+# Table 6: (model, JFT epochs, exaFLOPs).
+TABLE6 = [
+    ('ViT-B/32', 7, 55), ('ViT-B/16', 7, 224), ('ViT-L/32', 7, 196),
+    ('ViT-L/16', 7, 783), ('ViT-L/16', 14, 1567), ('ViT-H/14', 14, 4262),
+    ('BiT-R50x1', 7, 50), ('BiT-R50x2', 7, 199), ('BiT-R101x1', 7, 96),
+    ('BiT-R152x1', 7, 141), ('BiT-R152x2', 7, 563), ('BiT-R152x2', 14, 1126),
+    ('BiT-R200x3', 14, 3306), ('R50+ViT-B/32', 7, 106),
+    ('R50+ViT-B/16', 7, 274), ('R50+ViT-L/32', 7, 246),
+    ('R50+ViT-L/16', 7, 859), ('R50+ViT-L/16', 14, 1668),
+]
+
+# Table 2, ViT columns: (label, model, dataset images, epochs, TPUv3-core-days).
+# Epochs: the longest schedule of Tables 3 and 6 for that model and data.
+TABLE2 = [
+    ('ViT-H/14 (JFT)', 'ViT-H/14', JFT_IMAGES, 14, 2500),
+    ('ViT-L/16 (JFT)', 'ViT-L/16', JFT_IMAGES, 14, 680),
+    ('ViT-L/16 (I21k)', 'ViT-L/16', I21K_IMAGES, 90, 230),
+]
+
+
+def table6_exaflops(name: str, epochs: float) -> float:
+  """Our Table 6 figure: 3 x XLA forward FLOPs at 224 x epochs x 303M."""
+  return training_flops(forward_flops(name), epochs * JFT_IMAGES) / 1e18
+
+
+def implied_utilization(exaflops: float, core_days: float,
+                        hw: Hardware) -> float:
+  """Share of peak that `exaflops` in `core_days` on `hw` cores means."""
+  achieved = exaflops * 1e18 / (core_days * SECONDS_PER_DAY)
+  return achieved / hw.peak_per_core
+
+
+def paper_utilization() -> float:
+  """The TPUv3 utilisation implied by the paper's own numbers.
+
+  The two Table 2 ViT rows trained on JFT have their training cost printed in
+  Table 6 (ViT-H/14 14 epochs: 4262 exaFLOPs; ViT-L/16 14 epochs: 1567); with
+  Table 2's core-days they imply 32.1% and 43.4% of TPUv3's 61.5 TFLOP/s per
+  core. We use their geometric mean (a least-squares fit in log space), 37.3%.
+  """
+  table6 = {(m, e): ef for m, e, ef in TABLE6}
+  tpu = HARDWARE['tpu_v3']
+  utils = [implied_utilization(table6[(model, epochs)], days, tpu)
+           for _, model, images, epochs, days in TABLE2
+           if images == JFT_IMAGES and (model, epochs) in table6]
+  return float(np.exp(np.mean(np.log(utils))))
+
+
+# --------------------------------------------------------------------------
+# Estimates for a run.
+
+
+@dataclasses.dataclass
+class Estimate:
+  model: str
+  image_size: int
+  examples_seen: float
+  forward_gflops: float
+  exaflops: float
+  hardware: str
+  utilization: float
+  core_days: float
+  num_devices: Optional[int] = None
+  wall_hours: Optional[float] = None
+
+  def lines(self) -> Sequence[str]:
+    out = [
+        f'model              {self.model} at {self.image_size}px',
+        f'forward            {self.forward_gflops:.2f} GFLOPs / image (XLA)',
+        f'examples seen      {self.examples_seen:,.0f}',
+        f'training compute   {self.exaflops:,.3f} exaFLOPs (3 x forward x examples)',
+        f'hardware           {self.hardware}, {self.utilization:.1%} of bf16 peak',
+        f'core-days          {self.core_days:,.2f}',
+    ]
+    if self.wall_hours is not None:
+      out.append(f'wall-clock         {self.wall_hours:,.2f} h on '
+                 f'{self.num_devices} devices')
+    return out
+
+
+def estimate(name: str, examples_seen: float, *, image_size: int = 224,
+             hardware_name: str = 'tpu_v3',
+             utilization: Optional[float] = None,
+             num_devices: Optional[int] = None, num_classes: int = 1000,
+             **overrides) -> Estimate:
+  """Training cost of `examples_seen` images through `name` on `hardware`."""
+  hw = hardware(hardware_name)
+  util = paper_utilization() if utilization is None else utilization
+  if not 0 < util <= 1:
+    raise ValueError(f'utilization must be in (0, 1], got {util}')
+  fwd = forward_flops(name, image_size, num_classes, **overrides)
+  total = training_flops(fwd, examples_seen)
+  core_days = total / (hw.peak_per_core * util) / SECONDS_PER_DAY
+  wall = None
+  if num_devices:
+    wall = core_days * 24 / hw.cores(num_devices)
+  return Estimate(name, image_size, examples_seen, fwd / 1e9, total / 1e18,
+                  hw.name, util, core_days, num_devices, wall)
+
+
+def estimate_for_config(config, *, hardware_name: Optional[str] = None,
+                        num_devices: Optional[int] = None,
+                        utilization: Optional[float] = None) -> Estimate:
+  """The estimate for a training config (see configs/common.py's fields)."""
+  model_cfg = dict(config.model)
+  name = model_cfg.pop('name')
+  batch = config.input.batch_size
+  if config.get('total_steps'):
+    examples = config.total_steps * batch
+  elif config.get('total_epochs'):
+    examples = config.total_epochs * config.input.num_train_examples
+  else:
+    raise ValueError('config sets neither total_steps nor total_epochs: '
+                     'set one of them to estimate the cost of the run')
+  acc = config.get('accounting', {})
+  return estimate(
+      name, examples, image_size=config.input.image_size,
+      hardware_name=hardware_name or acc.get('hardware', 'tpu_v3'),
+      utilization=utilization if utilization is not None else acc.get(
+          'utilization'),
+      num_devices=num_devices or acc.get('num_devices'),
+      num_classes=config.num_classes,
+      **{k: v for k, v in model_cfg.items() if v is not None})
+
+
+# --------------------------------------------------------------------------
+# The paper's tables, reproduced.
+
+
+def table_markdown() -> str:
+  """Tables 1, 6 and 2 side by side with ours and the ratio ours / paper."""
+  out = ['## Table 1: parameters (224 px, 1000 classes, no pre-logits)', '',
+         '| model | paper | ours | ratio |', '|---|---:|---:|---:|']
+  for name, paper in TABLE1_PARAMS.items():
+    ours = param_count(name)
+    out.append(f'| {name} | {paper:,} | {ours:,} | {ours / paper:.4f} |')
+
+  out += ['', '## Table 6: pre-training exaFLOPs on JFT-300M '
+          '(3 x forward at 224 x epochs x 303M)', '',
+          '| model | epochs | fwd GFLOPs (XLA) | fwd GFLOPs (analytic) '
+          '| paper EF | ours EF | ratio |', '|---|---:|---:|---:|---:|---:|---:|']
+  for name, epochs, paper in TABLE6:
+    fwd, ana = forward_flops(name), analytic_forward_flops(name)
+    ours = table6_exaflops(name, epochs)
+    out.append(f'| {name} | {epochs} | {fwd / 1e9:.2f} | {ana / 1e9:.2f} '
+               f'| {paper:,} | {ours:,.0f} | {ours / paper:.3f} |')
+
+  util = paper_utilization()
+  tpu = HARDWARE['tpu_v3']
+  out += ['', '## Table 2: TPUv3-core-days of the ViT rows', '',
+          f'Utilisation {util:.1%} of {tpu.peak_per_core / 1e12:.1f} TFLOP/s '
+          'per core: the geometric mean of what Table 6 exaFLOPs / Table 2 '
+          'core-days imply for the two JFT rows (see paper_utilization).', '',
+          '| row | epochs | images | ours EF | implied util. | paper core-days '
+          '| ours | ratio |', '|---|---:|---:|---:|---:|---:|---:|---:|']
+  for label, name, images, epochs, days in TABLE2:
+    est = estimate(name, epochs * images, hardware_name='tpu_v3',
+                   utilization=util)
+    row_util = implied_utilization(est.exaflops, days, tpu)
+    out.append(f'| {label} | {epochs} | {images / 1e6:.1f}M '
+               f'| {est.exaflops:,.0f} | {row_util:.1%} | {days:,} '
+               f'| {est.core_days:,.0f} | {est.core_days / days:.2f} |')
+  return '\n'.join(out)
+
+
+# --------------------------------------------------------------------------
+# Command line.
+
+
+def _main(argv):
+  from absl import flags
+  del argv
+  f = flags.FLAGS
+  if f.table:
+    print(table_markdown())
+  if f.config is not None:
+    est = estimate_for_config(f.config, hardware_name=f.hardware,
+                              num_devices=f.devices, utilization=f.utilization)
+    print('\n'.join(est.lines()))
+  if not f.table and f.config is None:
+    raise SystemExit('nothing to do: pass --table and/or --config=<spec>')
+
+
+if __name__ == '__main__':
+  from absl import app, flags
+  from ml_collections import config_flags
+  flags.DEFINE_bool('table', False, "Print Tables 1, 6 and 2: paper vs ours.")
+  config_flags.DEFINE_config_file('config', None, 'Config spec to estimate, '
+                                  'e.g. configs/pretrain.py:model=ViT-B/16.')
+  flags.DEFINE_string('hardware', None, f'One of {", ".join(HARDWARE)}; '
+                      'default: the config\'s accounting.hardware or tpu_v3.')
+  flags.DEFINE_integer('devices', None, 'JAX devices, for wall-clock hours.')
+  flags.DEFINE_float('utilization', None, 'Share of bf16 peak; default: the '
+                     "paper-implied TPUv3 utilisation.")
+  app.run(_main)

@@ -1,0 +1,19 @@
+"""Checkpoint formats users already have, and the knowledge to convert them.
+
+  * `load_npz` / `save_npz`: the flat .npz of the public ViT checkpoints
+    (both module namings; hybrid GroupNorm shapes fixed) - `npz.py`;
+  * `load_pretrained`: pre-trained weights into a fine-tuning model (head
+    reset, pre-logits dropped, position embeddings resized) - `pretrained.py`;
+  * `from_hf` / `to_hf` / `hf_config`: Hugging Face `transformers` ViT state
+    dicts, 4.x and 5.x key names - `hf.py`.
+"""
+
+from vit_jax.checkpoint.hf import from_hf, hf_config, to_hf
+from vit_jax.checkpoint.npz import (CheckpointError, check_params, load_npz,
+                                    save_npz)
+from vit_jax.checkpoint.pretrained import load_pretrained, resize_posemb
+
+__all__ = [
+    'CheckpointError', 'check_params', 'from_hf', 'hf_config', 'load_npz',
+    'load_pretrained', 'resize_posemb', 'save_npz', 'to_hf',
+]

@@ -1,0 +1,217 @@
+"""Interop with Hugging Face `transformers`' `ViTForImageClassification`.
+
+    state = to_hf(params, "ViT-B/16")          # -> torch state dict
+    hf_model = ViTForImageClassification(hf_config("ViT-B/16", num_classes=10))
+    hf_model.load_state_dict(state)
+    params = from_hf(hf_model.state_dict(), "ViT-B/16")
+
+transformers 5 renamed the ViT state-dict keys of 4.x (`vit.encoder.layer.N.
+attention.attention.query` became `vit.layers.N.attention.q_proj`, ...); the
+Hub's files still use the 4.x names. `from_hf` reads both; `to_hf` writes the
+naming of the installed transformers (or the one asked for). HF's ViT must use
+`hidden_act="gelu_pytorch_tanh"` and `layer_norm_eps=1e-6` to compute what our
+model computes; `hf_config` sets both. Only plain class-token ViTs without a
+pre-logits layer exist on the HF side.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+from flax import traverse_util
+
+from vit_jax import models
+from vit_jax.checkpoint.npz import CheckpointError
+
+# Per block: HF (transformers 5) key suffix -> (our path, kind).
+_BLOCK = {
+    'attention.q_proj': ('MultiHeadDotProductAttention_0/query', 'qkv'),
+    'attention.k_proj': ('MultiHeadDotProductAttention_0/key', 'qkv'),
+    'attention.v_proj': ('MultiHeadDotProductAttention_0/value', 'qkv'),
+    'attention.o_proj': ('MultiHeadDotProductAttention_0/out', 'out'),
+    'layernorm_before': ('LayerNorm_0', 'norm'),
+    'layernorm_after': ('LayerNorm_1', 'norm'),
+    'mlp.fc1': ('MlpBlock_0/Dense_0', 'dense'),
+    'mlp.fc2': ('MlpBlock_0/Dense_1', 'dense'),
+}
+# transformers 4.x block names -> 5.x.
+_V4_TO_V5 = {
+    'attention.attention.query': 'attention.q_proj',
+    'attention.attention.key': 'attention.k_proj',
+    'attention.attention.value': 'attention.v_proj',
+    'attention.output.dense': 'attention.o_proj',
+    'intermediate.dense': 'mlp.fc1',
+    'output.dense': 'mlp.fc2',
+    'layernorm_before': 'layernorm_before',
+    'layernorm_after': 'layernorm_after',
+}
+
+
+def installed_naming() -> str:
+  """'v5' or 'v4': the state-dict naming the installed transformers loads."""
+  try:
+    import transformers
+  except ImportError:
+    return 'v5'
+  return 'v4' if int(transformers.__version__.split('.')[0]) < 5 else 'v5'
+
+
+def _vit_spec(name: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
+  kw = models.spec(name)
+  kw.update(overrides)
+  if kw['cls'] is not models.VisionTransformer or kw.get('resnet_layers') \
+      or kw.get('representation_size') or kw.get('classifier',
+                                                    'token') != 'token':
+    raise ValueError(
+        f'{name} with {dict(overrides)} has no Hugging Face '
+        'ViTForImageClassification counterpart: only plain class-token ViTs '
+        'without a pre-logits layer (drop it with load_pretrained) convert')
+  return kw
+
+
+def hf_config(name: str, num_classes: int = 1000, image_size: int = 224,
+              num_channels: int = 3, **overrides):
+  """A `transformers.ViTConfig` computing exactly what `create(name)` does."""
+  from transformers import ViTConfig
+  kw = _vit_spec(name, overrides)
+  return ViTConfig(
+      hidden_size=kw['hidden_size'], num_hidden_layers=kw['num_layers'],
+      num_attention_heads=kw['num_heads'], intermediate_size=kw['mlp_dim'],
+      hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
+      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+      image_size=image_size, patch_size=kw['patch_size'],
+      num_channels=num_channels, num_labels=num_classes, qkv_bias=True)
+
+
+def to_hf(params: Mapping[str, Any], name: str, *,
+          naming: Optional[str] = None, **overrides) -> Dict[str, Any]:
+  """Our params -> a state dict for `ViTForImageClassification`.
+
+  Returns torch tensors (numpy arrays where torch is not installed).
+  `naming` is 'v5' or 'v4'; default: what the installed transformers loads.
+  """
+  kw = _vit_spec(name, overrides)
+  naming = naming or installed_naming()
+  if naming not in ('v4', 'v5'):
+    raise ValueError(f"naming must be 'v4' or 'v5', got {naming!r}")
+  p = {'/'.join(k): np.asarray(v, np.float32)
+       for k, v in traverse_util.flatten_dict(dict(params)).items()}
+  d = kw['hidden_size']
+  out = {
+      'vit.embeddings.cls_token': p['cls'],
+      'vit.embeddings.position_embeddings':
+          p['Transformer/posembed_input/pos_embedding'],
+      'vit.embeddings.patch_embeddings.projection.weight':
+          p['embedding/kernel'].transpose(3, 2, 0, 1),
+      'vit.embeddings.patch_embeddings.projection.bias': p['embedding/bias'],
+      'vit.layernorm.weight': p['Transformer/encoder_norm/scale'],
+      'vit.layernorm.bias': p['Transformer/encoder_norm/bias'],
+  }
+  if 'head/kernel' in p:
+    out['classifier.weight'] = p['head/kernel'].T
+    out['classifier.bias'] = p['head/bias']
+  v5_to_v4 = {v: k for k, v in _V4_TO_V5.items()}
+  for i in range(kw['num_layers']):
+    for hf, (ours, kind) in _BLOCK.items():
+      src = f'Transformer/encoderblock_{i}/{ours}'
+      prefix = (f'vit.layers.{i}.{hf}' if naming == 'v5' else
+                f'vit.encoder.layer.{i}.{v5_to_v4[hf]}')
+      if kind == 'norm':
+        w, b = p[f'{src}/scale'], p[f'{src}/bias']
+      elif kind == 'qkv':  # (D, heads, head_dim) -> (out, in)
+        w, b = p[f'{src}/kernel'].reshape(d, d).T, p[f'{src}/bias'].reshape(d)
+      elif kind == 'out':  # (heads, head_dim, D) -> (out, in)
+        w, b = p[f'{src}/kernel'].reshape(d, d).T, p[f'{src}/bias']
+      else:
+        w, b = p[f'{src}/kernel'].T, p[f'{src}/bias']
+      out[f'{prefix}.weight'], out[f'{prefix}.bias'] = w, b
+  try:
+    import torch
+  except ImportError:
+    return {k: np.ascontiguousarray(v) for k, v in out.items()}
+  return {k: torch.from_numpy(np.array(v, np.float32)) for k, v in out.items()}
+
+
+def from_hf(state_dict: Mapping[str, Any], name: str, **overrides) -> dict:
+  """A `ViTForImageClassification` state dict (4.x or 5.x keys) -> params.
+
+  The result fits `models.create(name, num_classes=<classifier rows>)`.
+  """
+  kw = _vit_spec(name, overrides)
+  sd = {_v5_key(k): _numpy(v) for k, v in state_dict.items()}
+  d, heads = kw['hidden_size'], kw['num_heads']
+  used = set()
+
+  def take(key):
+    if key not in sd:
+      raise CheckpointError(f'Hugging Face state dict has no key {key} '
+                            f'(is it a {name}?)')
+    used.add(key)
+    return sd[key]
+
+  def expect(key, shape):
+    v = take(key)
+    if v.shape != tuple(shape):
+      raise CheckpointError(f'shape mismatch for {key}: expected '
+                            f'{tuple(shape)} for {name}, found {v.shape}')
+    return v
+
+  p = kw['patch_size']
+  flat = {
+      'cls': expect('vit.embeddings.cls_token', (1, 1, d)),
+      'Transformer/posembed_input/pos_embedding':
+          take('vit.embeddings.position_embeddings'),
+      'embedding/kernel': take(
+          'vit.embeddings.patch_embeddings.projection.weight').transpose(
+              2, 3, 1, 0),
+      'embedding/bias': expect(
+          'vit.embeddings.patch_embeddings.projection.bias', (d,)),
+      'Transformer/encoder_norm/scale': expect('vit.layernorm.weight', (d,)),
+      'Transformer/encoder_norm/bias': expect('vit.layernorm.bias', (d,)),
+  }
+  if flat['embedding/kernel'].shape[:2] != (p, p):
+    raise CheckpointError(
+        f'patch embedding is {flat["embedding/kernel"].shape[:2]}, but {name} '
+        f'uses {p}x{p} patches')
+  if 'classifier.weight' in sd:
+    flat['head/kernel'] = take('classifier.weight').T
+    flat['head/bias'] = take('classifier.bias')
+  for i in range(kw['num_layers']):
+    for hf, (ours, kind) in _BLOCK.items():
+      dst = f'Transformer/encoderblock_{i}/{ours}'
+      w, b = take(f'vit.layers.{i}.{hf}.weight'), take(
+          f'vit.layers.{i}.{hf}.bias')
+      if kind == 'norm':
+        flat[f'{dst}/scale'], flat[f'{dst}/bias'] = w, b
+      elif kind == 'qkv':
+        flat[f'{dst}/kernel'] = w.T.reshape(d, heads, d // heads)
+        flat[f'{dst}/bias'] = b.reshape(heads, d // heads)
+      elif kind == 'out':
+        flat[f'{dst}/kernel'] = w.T.reshape(heads, d // heads, d)
+        flat[f'{dst}/bias'] = b
+      else:
+        flat[f'{dst}/kernel'], flat[f'{dst}/bias'] = w.T, b
+  unused = sorted(set(sd) - used)
+  if unused:
+    raise CheckpointError(
+        f'Hugging Face state dict has keys {name} has no place for: '
+        f'{unused[:10]}{" ..." if len(unused) > 10 else ""} (more layers than '
+        f'{kw["num_layers"]}, or a pooler / pre-logits layer?)')
+  return traverse_util.unflatten_dict(
+      {tuple(k.split('/')): np.ascontiguousarray(v) for k, v in flat.items()})
+
+
+def _v5_key(key: str) -> str:
+  """Renames a transformers 4.x ViT key to its 5.x name (others unchanged)."""
+  m = re.match(r'vit\.encoder\.layer\.(\d+)\.(.+)\.(weight|bias)$', key)
+  if m and m.group(2) in _V4_TO_V5:
+    return f'vit.layers.{m.group(1)}.{_V4_TO_V5[m.group(2)]}.{m.group(3)}'
+  return key
+
+
+def _numpy(v) -> np.ndarray:
+  if hasattr(v, 'detach'):  # torch.Tensor
+    v = v.detach().cpu().float().numpy()
+  return np.asarray(v, np.float32)

@@ -1,0 +1,112 @@
+"""Starting a fine-tuning run from pre-trained weights (the paper's §3.2).
+
+`load_pretrained(pretrained, init_params)` returns `init_params` filled with
+the pre-trained weights, adapted to the new model:
+
+  * the pre-training head goes: the target's own zero-initialised `head` is
+    kept (new class count), and `pre_logits` is dropped when the target model
+    has no representation layer;
+  * position embeddings are resized in 2-D (bilinear) when the patch grid
+    changes, e.g. 224 -> 384 turns a 14x14 grid into 24x24; the class-token
+    row is kept as is;
+  * everything else must match exactly, else the error lists each missing,
+    extra or mis-shaped key.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from vit_jax.checkpoint.npz import CheckpointError, check_params, load_npz
+
+POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
+
+
+def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
+                    init_params: Mapping[str, Any], *,
+                    keep_head: bool = False,
+                    grid: Optional[Tuple[int, int]] = None) -> dict:
+  """Pre-trained weights (an .npz path or a params tree) for `init_params`.
+
+  Args:
+    pretrained: path of an .npz checkpoint, or a nested dict of arrays.
+    init_params: freshly initialised params of the target model (their shapes
+      and their zero head are what is returned where the checkpoint differs).
+    keep_head: keep the checkpoint's head instead (same class count), e.g. to
+      evaluate a fine-tuned checkpoint at another resolution.
+    grid: (rows, cols) of the target's patch grid when it is not square.
+
+  Returns:
+    A nested dict of numpy arrays shaped like `init_params`.
+  """
+  source = pretrained if isinstance(pretrained, str) else 'pretrained params'
+  loaded = load_npz(pretrained) if isinstance(pretrained, str) else pretrained
+  loaded = traverse_util.flatten_dict(dict(loaded))
+  target = traverse_util.flatten_dict(dict(init_params))
+
+  out = {}
+  for key, init in target.items():
+    if key[0] == 'head' and not keep_head:
+      out[key] = np.asarray(init)
+    elif key == POSEMB and key in loaded and \
+        np.shape(loaded[key]) != np.shape(init):
+      out[key] = resize_posemb(np.asarray(loaded[key]), np.shape(init), grid)
+    elif key in loaded:
+      out[key] = np.asarray(loaded[key])
+  # `pre_logits` is dropped when the target has none; other extras are errors.
+  extra = {k: v for k, v in loaded.items()
+           if k not in target and not (k[0] == 'pre_logits' or
+                                       (k[0] == 'head' and not keep_head))}
+  check_params(init_params,
+               traverse_util.unflatten_dict({**out, **extra}), what=source)
+  return traverse_util.unflatten_dict(out)
+
+
+def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
+                  grid: Optional[Tuple[int, int]] = None) -> np.ndarray:
+  """Bilinearly resizes (1, tokens, D) position embeddings to `new_shape`.
+
+  Rows beyond the square grid (the class token) are kept unchanged. The old
+  grid must be square (all public checkpoints are); the new one is square
+  unless `grid` says otherwise.
+  """
+  _, n_old, d = posemb.shape
+  _, n_new, d_new = new_shape
+  if d != d_new:
+    raise CheckpointError(
+        f'shape mismatch for {"/".join(POSEMB)}: expected {tuple(new_shape)}, '
+        f'found {posemb.shape} (hidden sizes differ: a different model?)')
+  g_old, ntok = _split_grid(n_old)
+  if grid is None:
+    g, ntok_new = _split_grid(n_new, what='target')
+    grid = (g, g)
+  ntok_new = n_new - grid[0] * grid[1]
+  if ntok_new not in (0, ntok):
+    raise CheckpointError(
+        f'target position embeddings have {n_new} rows = grid {grid} plus '
+        f'{ntok_new} token row(s), but the checkpoint has {ntok} (a class '
+        'token checkpoint fits "token" and "gap" models, a "gap" one only '
+        '"gap" models); for a non-square grid pass grid=(rows, cols)')
+  tok, pe = posemb[:, :ntok_new], posemb[0, ntok:].reshape(g_old, g_old, d)
+  pe = jax.image.resize(jnp.asarray(pe, jnp.float32), (*grid, d),
+                        method='bilinear', antialias=False)
+  pe = np.asarray(pe, posemb.dtype).reshape(1, grid[0] * grid[1], d)
+  return np.concatenate([tok, pe], axis=1)
+
+
+def _split_grid(n: int, what: str = 'checkpoint') -> Tuple[int, int]:
+  """(side, token rows) of `n` position rows: a square grid (+1 class token)."""
+  for ntok in (1, 0):
+    g = math.isqrt(max(n - ntok, 0))
+    if g > 0 and g * g == n - ntok:
+      return g, ntok
+  raise CheckpointError(
+      f'{what} position embeddings have {n} rows: neither a square grid '
+      'nor a square grid plus a class token (pass grid=(rows, cols) for a '
+      'non-square target)')

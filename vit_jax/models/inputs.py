@@ -1,0 +1,18 @@
+"""Validation of the images a model is called with."""
+
+from typing import Sequence
+
+
+def check_image_shape(shape: Sequence[int], stride: int) -> None:
+  """Raises a ValueError naming the fix when images cannot be cut in patches."""
+  if len(shape) != 4:
+    raise ValueError(f'images must be NHWC (4 dims), got shape {tuple(shape)}')
+  _, h, w, c = shape
+  if h % stride or w % stride:
+    raise ValueError(
+        f'image size {h}x{w} is not divisible by the patch size {stride} '
+        f'(pixels per token): use an image size that is a multiple of {stride}, '
+        f'e.g. {max(stride, h // stride * stride)}')
+  if c not in (1, 3):
+    raise ValueError(f'images must have 1 or 3 channels, got {c} '
+                     f'(shape {tuple(shape)}, expected NHWC)')

@@ -1,0 +1,180 @@
+"""BiT-style ResNets: weight-standardised convolutions + GroupNorm.
+
+Two users:
+  * `hybrid_stem`: the CNN of the hybrid R50+ViT models. Post-activation
+    bottleneck units with the names of the public hybrid checkpoints
+    (`conv_root`, `gn_root`, `block1/unit1/conv1`, `gn1`, ..., `conv_proj`,
+    `gn_proj`). /16 hybrids use units (3, 4, 9) (stage 4 dropped, stage 3
+    extended), /32 hybrids the full R50 (3, 4, 6, 3).
+  * `BiT`: the paper's ResNet baselines (Big Transfer, ResNet-v2:
+    pre-activation units, a GroupNorm+ReLU before global pooling, then a
+    zero-initialised `head`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from vit_jax.models.inputs import check_image_shape
+
+Dtype = Any
+
+# Units per stage of the BiT depths.
+DEPTHS = {
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+    200: (3, 24, 36, 3),
+}
+
+
+def weight_standardize(w, axis, eps):
+  w = w - jnp.mean(w, axis=axis)
+  return w / jnp.sqrt(jnp.var(w, axis=axis) + eps)
+
+
+class StdConv(nn.Conv):
+  """Convolution whose kernel is standardised over (kh, kw, in) per output."""
+
+  def param(self, name, *args, **kwargs):
+    p = super().param(name, *args, **kwargs)
+    if name == 'kernel':
+      p = weight_standardize(p, axis=[0, 1, 2], eps=1e-5)
+    return p
+
+
+def stem_stride(resnet_layers: Sequence[int]) -> int:
+  """Down-sampling of the hybrid stem: root (4) x 2 per stage after the first."""
+  return 4 * 2 ** (len(resnet_layers) - 1)
+
+
+class ResidualUnit(nn.Module):
+  """Post-activation bottleneck unit (the hybrid checkpoints' layout)."""
+  features: int
+  strides: Sequence[int] = (1, 1)
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    conv = lambda f, k, s, name: StdConv(
+        f, (k, k), strides=s, use_bias=False, dtype=self.dtype,
+        param_dtype=self.param_dtype, name=name)
+    gn = lambda name, **kw: nn.GroupNorm(
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name, **kw)
+    nout = self.features * 4
+    residual = x
+    if x.shape[-1] != nout or tuple(self.strides) != (1, 1):
+      residual = conv(nout, 1, self.strides, 'conv_proj')(residual)
+      residual = gn('gn_proj')(residual)
+    y = nn.relu(gn('gn1')(conv(self.features, 1, (1, 1), 'conv1')(x)))
+    y = nn.relu(gn('gn2')(conv(self.features, 3, self.strides, 'conv2')(y)))
+    y = conv(nout, 1, (1, 1), 'conv3')(y)
+    y = gn('gn3', scale_init=nn.initializers.zeros)(y)
+    return nn.relu(residual + y)
+
+
+def hybrid_stem(x, layers: Sequence[int], width_factor: float = 1.0,
+                dtype: Dtype = jnp.float32, param_dtype: Dtype = jnp.float32):
+  """Root block and stages of the hybrid's ResNet (1/4, then 1/2 per stage).
+
+  Called inside the ViT's compact `__call__`, so its layers sit at the top of
+  the parameter tree (`conv_root`, `gn_root`, `block1`, ...) exactly as in the
+  public hybrid checkpoints.
+  """
+  width = int(64 * width_factor)
+  x = StdConv(width, (7, 7), strides=(2, 2), use_bias=False, dtype=dtype,
+              param_dtype=param_dtype, name='conv_root')(x)
+  x = nn.GroupNorm(dtype=dtype, param_dtype=param_dtype, name='gn_root')(x)
+  x = nn.relu(x)
+  x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
+  for i, units in enumerate(layers):
+    x = ResNetStage(units, width * 2**i, (1, 1) if i == 0 else (2, 2), dtype,
+                    param_dtype, name=f'block{i + 1}')(x)
+  return x
+
+
+class ResNetStage(nn.Module):
+  """`units` bottleneck units named unit1, unit2, ...; the first one strides."""
+  units: int
+  features: int
+  first_stride: Sequence[int]
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  unit: Any = None  # ResidualUnit (hybrid) or BottleneckV2 (BiT).
+
+  @nn.compact
+  def __call__(self, x):
+    unit = self.unit or ResidualUnit
+    for j in range(self.units):
+      x = unit(self.features, self.first_stride if j == 0 else (1, 1),
+               self.dtype, self.param_dtype, name=f'unit{j + 1}')(x)
+    return x
+
+
+class BottleneckV2(nn.Module):
+  """Pre-activation bottleneck unit of BiT (ResNet-v2)."""
+  features: int
+  strides: Sequence[int] = (1, 1)
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    conv = lambda f, k, s, name: StdConv(
+        f, (k, k), strides=s, use_bias=False, padding=[(k // 2, k // 2)] * 2,
+        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+    gn = lambda name: nn.GroupNorm(dtype=self.dtype,
+                                   param_dtype=self.param_dtype, name=name)
+    nout = self.features * 4
+    residual = x
+    x = nn.relu(gn('gn1')(x))
+    if residual.shape[-1] != nout or tuple(self.strides) != (1, 1):
+      residual = conv(nout, 1, self.strides, 'conv_proj')(x)
+    x = conv(self.features, 1, (1, 1), 'conv1')(x)
+    x = conv(self.features, 3, self.strides, 'conv2')(nn.relu(gn('gn2')(x)))
+    x = conv(nout, 1, (1, 1), 'conv3')(nn.relu(gn('gn3')(x)))
+    return x + residual
+
+
+class BiT(nn.Module):
+  """BiT ResNet-v2 classifier (`BiT-R50x1` ... `BiT-R200x3`)."""
+  num_classes: Optional[int]
+  depth: int = 50
+  width_factor: float = 1.0
+  head_bias_init: float = 0.0
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @property
+  def stride(self) -> int:
+    return 32
+
+  @nn.compact
+  def __call__(self, images, *, train: bool = False):
+    del train  # No dropout or batch statistics in BiT.
+    check_image_shape(images.shape, self.stride)
+    width = int(64 * self.width_factor)
+    x = StdConv(width, (7, 7), strides=(2, 2), padding=[(3, 3), (3, 3)],
+                use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
+                name='conv_root')(images)
+    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
+    for i, units in enumerate(DEPTHS[self.depth]):
+      x = ResNetStage(units, width * 2**i, (1, 1) if i == 0 else (2, 2),
+                      self.dtype, self.param_dtype, unit=BottleneckV2,
+                      name=f'block{i + 1}')(x)
+    x = nn.GroupNorm(dtype=self.dtype, param_dtype=self.param_dtype,
+                     name='norm_pre_head')(x)
+    x = jnp.mean(nn.relu(x), axis=(1, 2))
+    self.sow('intermediates', 'representation', x)
+    if not self.num_classes:
+      return x
+    x = nn.Dense(self.num_classes, dtype=self.dtype,
+                 param_dtype=self.param_dtype, name='head',
+                 kernel_init=nn.initializers.zeros,
+                 bias_init=nn.initializers.constant(self.head_bias_init))(x)
+    return x.astype(jnp.float32)
