@@ -188,6 +188,21 @@ def hardware(name: str) -> Hardware:
   return HARDWARE[key]
 
 
+
+def detect_hardware(device_kind: str) -> Optional[Hardware]:
+  """The table entry for a JAX `device.device_kind`, or None (e.g. a CPU)."""
+  kind = device_kind.lower()
+  for pattern, name in (('v6 lite', 'tpu_v6e'), ('v6e', 'tpu_v6e'),
+                        ('v5 lite', 'tpu_v5e'), ('v5e', 'tpu_v5e'),
+                        ('v5p', 'tpu_v5p'), ('tpu v5', 'tpu_v5p'),
+                        ('tpu v4', 'tpu_v4'), ('tpu v3', 'tpu_v3'),
+                        ('tpu v2', 'tpu_v2'), ('h200', 'h200'),
+                        ('h100', 'h100'), ('a100', 'a100'), ('v100', 'v100'),
+                        (' l4', 'l4')):
+    if pattern in kind:
+      return HARDWARE[name]
+  return None
+
 # --------------------------------------------------------------------------
 # The paper's numbers (PAPER.md) and the utilisation they imply.
 

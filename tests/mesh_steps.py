@@ -1,0 +1,70 @@
+"""Runs a few train steps of a tiny ViT under one mesh; prints JSON results.
+
+Used by test_train_step.py in a subprocess, so that the number of simulated
+CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) can differ
+per run:  python tests/mesh_steps.py '{"data": -1, "fsdp": 1, "model": 1}'
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+import jax  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+from sklearn.datasets import load_digits  # noqa: E402
+
+from vit_jax import models  # noqa: E402
+from vit_jax.train import optim  # noqa: E402
+from vit_jax.train import sharding as shd  # noqa: E402
+from vit_jax.train import step as step_lib  # noqa: E402
+
+
+def digits_batches(batch, steps):
+  """Real 8x8 digits, upscaled to 16x16, in [-1, 1], as 3 channels."""
+  d = load_digits()
+  x = np.kron(d.images, np.ones((2, 2)))[..., None] / 8.0 - 1.0
+  x = np.repeat(x, 3, axis=-1).astype(np.float32)
+  y = d.target.astype(np.int32)
+  for i in range(steps):
+    idx = np.arange(i * batch, (i + 1) * batch) % len(y)
+    yield {'image': x[idx], 'label': y[idx]}
+
+
+def main():
+  mesh_cfg = json.loads(sys.argv[1])
+  extra = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+  mesh = shd.make_mesh(**mesh_cfg)
+  model = models.create('ViT-test', num_classes=10, hidden_size=32,
+                        num_heads=4, mlp_dim=64, patch_size=4)
+  cfg = ml_collections.ConfigDict(dict(
+      name='adam', lr=1e-3, warmup_steps=2, decay='cosine', weight_decay=0.1,
+      grad_clip_norm=1.0))
+  steps = 4
+  tx, lr_fn = optim.make(cfg, steps)
+  state, sh = step_lib.create_state(model, tx, 0, (16, 16, 3), mesh,
+                                    fsdp_min_size=extra.get('fsdp_min', 1))
+  train, _ = step_lib.compile_steps(
+      model, tx, lr_fn, sh, mesh, ml_collections.ConfigDict(
+          {'accum_steps': extra.get('accum', 1)}))
+  losses = []
+  with jax.set_mesh(mesh):
+    for b in digits_batches(32, steps):
+      b = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim))
+           for k, v in b.items()}
+      state, m = train(state, b)
+      losses.append(float(m['loss']))
+  specs = {'/'.join(str(getattr(k, 'key', k)) for k in path): str(
+      leaf.sharding.spec) for path, leaf in
+      jax.tree_util.tree_flatten_with_path(state.params)[0]}
+  params = {k: np.asarray(v).ravel()[:8].tolist() for k, v in
+            zip(specs, jax.tree.leaves(jax.device_get(state.params)))}
+  print(json.dumps({'losses': losses, 'devices': jax.device_count(),
+                    'mesh': dict(mesh.shape), 'specs': specs,
+                    'params': params}))
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,173 @@
+"""The sharded train step: meshes agree, accumulation, optimiser, losses."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from vit_jax.train import optim
+from vit_jax.train import sharding as shd
+from vit_jax.train import step as step_lib
+
+HERE = os.path.dirname(__file__)
+
+
+def _run(mesh, devices, **extra):
+  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count='
+             f'{devices}', JAX_PLATFORMS='cpu')
+  out = subprocess.run(
+      [sys.executable, os.path.join(HERE, 'mesh_steps.py'), json.dumps(mesh),
+       json.dumps(extra)], capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope='module')
+def single_device():
+  return _run({'data': -1}, 1)
+
+
+# Tolerance: float32 reductions are split differently across devices, so
+# results agree to rounding (observed ~2e-7), not bitwise.
+TOL = 1e-5
+
+
+@pytest.mark.parametrize('mesh', [
+    {'data': 8}, {'data': 1, 'fsdp': 8}, {'data': 4, 'model': 2},
+    {'data': 2, 'fsdp': 2, 'model': 2},
+], ids=['dp8', 'fsdp8', 'dp4-tp2', 'dp2-fsdp2-tp2'])
+def test_meshes_match_one_device(single_device, mesh):
+  res = _run(mesh, 8)
+  assert res['devices'] == 8
+  np.testing.assert_allclose(res['losses'], single_device['losses'], atol=TOL)
+  assert res['losses'][-1] < res['losses'][0]  # It learns.
+  for k, v in single_device['params'].items():
+    np.testing.assert_allclose(res['params'][k], v, atol=TOL, err_msg=k)
+  specs = res['specs']
+  q = 'Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel'
+  if mesh.get('model', 1) > 1:
+    assert "'model'" in specs[q]  # Heads split over the model axis.
+    assert "'model'" in specs['Transformer/encoderblock_0/MlpBlock_0/Dense_0/'
+                              'kernel']
+  if mesh.get('fsdp', 1) > 1:
+    assert "'fsdp'" in specs[q]
+
+
+def test_gradient_accumulation_matches(single_device):
+  res = _run({'data': -1}, 1, accum=4)
+  np.testing.assert_allclose(res['losses'], single_device['losses'], atol=TOL)
+
+
+def test_fsdp_shards_largest_divisible_dim():
+  mesh = shd.make_mesh(data=1, fsdp=1, model=1)
+  assert shd.param_spec('x/kernel', (768, 3072), mesh) == jax.sharding.PartitionSpec(None, None)
+
+  class FakeMesh:
+    shape = {'data': 1, 'fsdp': 4, 'model': 2}
+  spec = shd.param_spec('Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel',
+                        (768, 3072), FakeMesh())
+  assert tuple(spec) == ('fsdp', 'model')
+  spec = shd.param_spec('embedding/kernel', (16, 16, 3, 768), FakeMesh())
+  assert tuple(spec) == (None, None, None, 'fsdp')
+  # Small tensors stay replicated.
+  assert tuple(shd.param_spec('cls', (1, 1, 768), FakeMesh())) == (None,) * 3
+
+
+def test_mesh_errors():
+  n = jax.device_count()
+  with pytest.raises(ValueError, match='at most one axis may be -1'):
+    shd.make_mesh(data=-1, fsdp=-1)
+  with pytest.raises(ValueError, match=f'needs {n * 2} devices'):
+    shd.make_mesh(data=n, fsdp=2)
+
+
+def test_batch_not_divisible_is_a_clear_error():
+  class FakeMesh:
+    shape = {'data': 4, 'fsdp': 2, 'model': 1}
+  with pytest.raises(ValueError, match=r'input.batch_size=100 is not '
+                     r'divisible by the 8 devices.*multiple of 8, e.g. 96'):
+    shd.check_batch_size(100, FakeMesh(), 'input.batch_size')
+  shd.check_batch_size(96, FakeMesh())
+
+
+def _cfg(**kw):
+  base = dict(name='adam', lr=1.0, warmup_steps=10, decay='linear',
+              linear_end=0.01)
+  base.update(kw)
+  return ml_collections.ConfigDict(base)
+
+
+def test_schedules():
+  lr = optim.schedule(_cfg(), 110)
+  assert float(lr(0)) == 0.0 and float(lr(5)) == pytest.approx(0.5)
+  assert float(lr(10)) == pytest.approx(1.0)
+  assert float(lr(110)) == pytest.approx(0.01)
+  cos = optim.schedule(_cfg(decay='cosine'), 110)
+  assert float(cos(60)) == pytest.approx(0.5, abs=1e-6)
+  assert float(cos(110)) == pytest.approx(0.0, abs=1e-6)
+  with pytest.raises(ValueError, match="optim.decay='step'"):
+    optim.schedule(_cfg(decay='step'), 100)
+  with pytest.raises(ValueError, match='warmup_steps=10 is not below'):
+    optim.schedule(_cfg(), 10)
+
+
+def test_weight_decay_only_on_kernels():
+  params = {'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones((2,))},
+            'cls': jnp.ones((1, 1, 2))}
+  tx, _ = optim.make(_cfg(lr=0.1, warmup_steps=0, decay='constant',
+                          weight_decay=0.5), 10)
+  grads = jax.tree.map(jnp.zeros_like, params)
+  updates, _ = tx.update(grads, tx.init(params), params)
+  new = optax.apply_updates(params, updates)
+  np.testing.assert_allclose(new['dense']['kernel'], 1 - 0.1 * 0.5)
+  np.testing.assert_array_equal(new['dense']['bias'], 1.0)
+  np.testing.assert_array_equal(new['cls'], 1.0)
+
+
+def test_sgd_momentum_and_clipping():
+  params = {'w': {'kernel': jnp.zeros((3,))}}
+  tx, _ = optim.make(_cfg(name='sgd', lr=1.0, warmup_steps=0,
+                          decay='constant', momentum=0.9,
+                          grad_clip_norm=1.0), 10)
+  state = tx.init(params)
+  g = {'w': {'kernel': jnp.array([30.0, 40.0, 0.0])}}  # Norm 50 -> clipped.
+  u1, state = tx.update(g, state, params)
+  np.testing.assert_allclose(u1['w']['kernel'], [-0.6, -0.8, 0.0], rtol=1e-6)
+  u2, _ = tx.update(g, state, params)
+  np.testing.assert_allclose(u2['w']['kernel'], [-1.14, -1.52, 0.0],
+                             rtol=1e-6)
+
+
+def test_bfloat16_moments():
+  params = {'w': {'kernel': jnp.zeros((3,))}}
+  tx, _ = optim.make(_cfg(mu_dtype='bfloat16'), 100)
+  mu = optax.tree_utils.tree_get(tx.init(params), 'mu')
+  assert mu['w']['kernel'].dtype == jnp.bfloat16
+
+
+def test_bad_optimiser_name():
+  with pytest.raises(ValueError, match="optim.name='lamb'"):
+    optim.make(_cfg(name='lamb'), 10)
+
+
+def test_losses():
+  logits = jnp.array([[2.0, 0.0, -1.0]])
+  labels = jnp.array([0])
+  plain = step_lib.loss_fn(logits, labels)
+  assert float(plain) == pytest.approx(
+      float(-jax.nn.log_softmax(logits)[0, 0]), rel=1e-6)
+  smooth = step_lib.loss_fn(logits, labels, label_smoothing=0.3)
+  assert float(smooth) > float(plain)
+  sig = step_lib.loss_fn(logits, labels, kind='sigmoid')
+  expected = optax.sigmoid_binary_cross_entropy(
+      logits, jnp.array([[1.0, 0.0, 0.0]])).sum()
+  assert float(sig) == pytest.approx(float(expected), rel=1e-6)
+  with pytest.raises(ValueError, match="loss='hinge'"):
+    step_lib.loss_fn(logits, labels, kind='hinge')

@@ -1,0 +1,1 @@
+"""The training engine: mesh and sharding, optimiser, jitted step, loop."""

@@ -1,0 +1,78 @@
+"""Train-state checkpoints with orbax: async, atomic, keep the last K, resume.
+
+A checkpoint step directory holds the sharded `state` (every process writes
+its own shards) and the input pipeline's position (`data`, JSON). Orbax
+writes into a temporary directory and renames it when complete, so a run
+killed mid-save keeps its previous checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class Checkpointer:
+  """Saves every `every` steps (and on demand); restores the latest."""
+
+  def __init__(self, workdir: str, *, every: int, keep: int = 3,
+               async_save: bool = True):
+    directory = os.path.join(os.path.abspath(workdir), 'checkpoints') \
+        if '://' not in workdir else workdir.rstrip('/') + '/checkpoints'
+    self.every = every
+    self.manager = ocp.CheckpointManager(
+        directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True,
+            enable_async_checkpointing=async_save),
+        item_names=('state', 'data'))
+
+  def latest_step(self) -> Optional[int]:
+    return self.manager.latest_step()
+
+  def due(self, step: int) -> bool:
+    """Whether `step` is a multiple of `every` (0: only final saves)."""
+    return self.every > 0 and step % self.every == 0
+
+  def maybe_save(self, step: int, state: Any, data_state: dict, *,
+                 force: bool = False) -> bool:
+    """Saves when `due(step)` (or when forced); returns whether it did."""
+    if not force and not self.due(step):
+      return False
+    if step in self.manager.all_steps():
+      return False
+    return self.manager.save(
+        step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            data=ocp.args.JsonSave(data_state)), force=True)
+
+  def restore(self, abstract_state: Any, shardings: Any
+              ) -> Tuple[Optional[int], Any, Optional[dict]]:
+    """(step, state, data_state) of the latest checkpoint, or (None, ...)."""
+    step = self.manager.latest_step()
+    if step is None:
+      return None, None, None
+    target = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        abstract_state, shardings)
+    try:
+      restored = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(target),
+          data=ocp.args.JsonRestore()))
+    except Exception as e:  # Orbax raises many types; name the directory.
+      raise RuntimeError(
+          f'cannot restore checkpoint step {step} from '
+          f'{self.manager.directory}: {e}. If the model or optimiser config '
+          'changed, use a new --workdir (or start from these weights with '
+          '--config.init)') from e
+    return step, restored['state'], restored['data']
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()

@@ -1,0 +1,199 @@
+"""The training loop: owns I/O, checkpoints, evaluation and reporting.
+
+config -> data -> model -> jitted step -> checkpoint / metrics. Everything
+numeric happens in `step.py`; this file only moves things around it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, Optional
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from absl import logging
+
+from vit_jax import accounting, models
+from vit_jax.checkpoint import load_pretrained
+from vit_jax.data import pipeline
+from vit_jax.train import checkpoints, optim, reporting
+from vit_jax.train import sharding as shd
+from vit_jax.train import step as step_lib
+
+
+class NonFiniteLossError(FloatingPointError):
+  """The loss became NaN or Inf; the last good checkpoint is kept."""
+
+
+def model_from_config(config: ml_collections.ConfigDict, num_classes: int):
+  kw = dict(config.model)
+  name = kw.pop('name')
+  for key in ('dtype', 'param_dtype'):
+    if kw.get(key):
+      kw[key] = jnp.dtype(kw[key])
+  return models.create(name, num_classes=num_classes,
+                       **{k: v for k, v in kw.items() if v is not None})
+
+
+def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
+  if config.get('total_steps'):
+    return int(config.total_steps)
+  if config.get('total_epochs'):
+    return max(1, math.ceil(config.total_epochs * num_train /
+                            config.input.batch_size))
+  raise ValueError('config sets neither total_steps nor total_epochs')
+
+
+def _global_batch(batch: Dict[str, np.ndarray], mesh) -> Dict[str, jax.Array]:
+  """Process-local numpy batch -> global arrays split over (data, fsdp)."""
+  return {k: jax.make_array_from_process_local_data(
+      shd.batch_sharding(mesh, v.ndim), v) for k, v in batch.items()}
+
+
+def evaluate(eval_fn, params, config, mesh) -> Dict[str, float]:
+  """Top-1 accuracy and loss over every example of the eval split, once."""
+  sums = None
+  for batch in pipeline.eval_iterator(
+      config.input, process_index=jax.process_index(),
+      process_count=jax.process_count()):
+    out = eval_fn(params, _global_batch(batch, mesh))
+    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+  sums = jax.tree.map(float, jax.device_get(sums))
+  return {'eval_accuracy': sums['correct'] / sums['count'],
+          'eval_loss': sums['loss'] / sums['count'],
+          'eval_examples': sums['count']}
+
+
+def _init_params(config, state, state_sh):
+  """Replaces fresh params with `config.init` (pre-trained) weights."""
+  host = jax.device_get(state.params)
+  params = load_pretrained(config.init, host)
+  params = jax.device_put(params, state_sh.params)
+  logging.info('initialised from %s', config.init)
+  return state.replace(params=params)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict,
+                       workdir: str) -> Dict[str, Any]:
+  """Trains (resuming from `workdir` when it holds a checkpoint); returns
+  the summary written to `workdir/summary.json`."""
+  mesh = shd.make_mesh(**config.get('mesh', {}))
+  accum = config.get('accum_steps', 1)
+  shd.check_batch_size(config.input.batch_size, mesh, 'input.batch_size',
+                       accum)
+  shd.check_batch_size(config.input.eval_batch_size, mesh,
+                       'input.eval_batch_size')
+  info = pipeline.dataset_info(config.input)
+  num_classes = config.get('num_classes') or info.num_classes
+  steps = total_steps(config, info.num_train_examples)
+  model = model_from_config(config, num_classes)
+  tx, lr_fn = optim.make(config.optim, steps)
+  image_shape = tuple(info.image_shape)
+  fsdp_min = config.get('fsdp_min_size', 2**18)
+  state, state_sh = step_lib.create_state(model, tx, config.seed, image_shape,
+                                          mesh, fsdp_min)
+  ckpt = checkpoints.Checkpointer(
+      workdir, every=config.get('checkpoint_every', 1000),
+      keep=config.get('keep_checkpoints', 3),
+      async_save=config.get('async_checkpoints', True))
+  train_it = pipeline.train_iterator(
+      config.input, seed=config.seed, process_index=jax.process_index(),
+      process_count=jax.process_count())
+
+  start, restored, run_state = ckpt.restore(
+      step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh)
+  prior_wall = 0.0
+  if start is not None:
+    state = restored
+    train_it.set_state(run_state['input'])
+    prior_wall = run_state.get('wall_s', 0.0)
+    logging.info('resumed from step %d in %s', start, workdir)
+  else:
+    start = 0
+    if config.get('init'):
+      state = _init_params(config, state, state_sh)
+
+  label_ndim = 2 if config.input.get('mixup') else 1
+  train_fn, eval_fn = step_lib.compile_steps(model, tx, lr_fn, state_sh, mesh,
+                                             config, label_ndim)
+  fwd = accounting.forward_flops(
+      config.model.name, image_shape[:2], num_classes, **{
+          k: v for k, v in dict(config.model).items()
+          if k not in ('name', 'dtype', 'param_dtype') and v is not None})
+  writer = reporting.make_writer(workdir)
+  progress = reporting.Progress(total_steps=steps,
+                                batch_size=config.input.batch_size,
+                                start_step=start, forward_flops=fwd)
+  log_every = config.get('log_every', 50)
+  eval_every = config.get('eval_every', 0)
+
+  def run_state_now():
+    return {'input': train_it.get_state(),
+            'wall_s': prior_wall + progress.elapsed()}
+
+  pending = None  # (step, metrics) of the previous step, checked one late.
+  eval_metrics: Dict[str, float] = {}
+  step = start
+  try:
+    with jax.set_mesh(mesh):
+      while step < steps:
+        batch = _global_batch(next(train_it), mesh)
+        state, metrics = train_fn(state, batch)
+        step += 1
+        if pending is not None:
+          _check_finite(*pending, ckpt)
+        pending = (step, metrics)
+        if step % log_every == 0 or step == steps:
+          _check_finite(*pending, ckpt)
+          scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
+          scalars.update(progress.report(step))
+          writer.write_scalars(step, scalars)
+        if eval_every and step % eval_every == 0 and step < steps:
+          eval_metrics = evaluate(eval_fn, state.params, config, mesh)
+          writer.write_scalars(step, eval_metrics)
+        if ckpt.due(step):
+          _check_finite(*pending, ckpt)  # Never save a diverged state.
+          ckpt.maybe_save(step, state, run_state_now())
+      if pending:
+        _check_finite(*pending, ckpt)
+      final_metrics = jax.device_get(pending[1]) if pending else {}
+      ckpt.maybe_save(step, state, run_state_now(), force=True)
+      eval_metrics = evaluate(eval_fn, state.params, config, mesh)
+      writer.write_scalars(step, eval_metrics)
+  finally:
+    ckpt.close()
+    writer.flush()
+
+  wall = prior_wall + progress.elapsed()
+  examples = step * config.input.batch_size
+  summary = {
+      'model': config.model.name, 'dataset': config.input.data,
+      'steps': step, 'batch_size': config.input.batch_size,
+      'examples_seen': examples, 'wall_s': wall,
+      'num_devices': jax.device_count(), 'hardware': progress.hardware,
+      'device_hours': jax.device_count() * wall / 3600,
+      'core_days': jax.device_count() * progress.cores_per_device * wall
+                   / 86400,
+      'forward_gflops': fwd / 1e9,
+      'exaflops': examples * 3 * fwd / 1e18,
+      **{f'train_{k}': float(v) for k, v in final_metrics.items()},
+      **eval_metrics,
+  }
+  path = reporting.write_summary(workdir, summary)
+  logging.info('summary written to %s: %s', path, summary)
+  return summary
+
+
+def _check_finite(step: int, metrics: Dict[str, Any],
+                  ckpt: checkpoints.Checkpointer) -> None:
+  loss = float(metrics['loss'])
+  if not math.isfinite(loss):
+    ckpt.wait()
+    last = ckpt.latest_step()
+    raise NonFiniteLossError(
+        f'loss is {loss} at step {step}; stopping. The last good checkpoint '
+        f'(step {last}) is kept in {ckpt.manager.directory}. Lower optim.lr, '
+        'raise optim.warmup_steps or set optim.grad_clip_norm, then resume.')

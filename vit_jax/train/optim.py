@@ -1,0 +1,86 @@
+"""The optimiser and learning-rate schedule, built from `config.optim`.
+
+Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
+  name            'adam' (decoupled weight decay: AdamW) or 'sgd' (momentum)
+  lr              base learning rate
+  warmup_steps    linear warm-up from 0 to `lr`
+  decay           'linear' (to `linear_end`), 'cosine' (to 0) or 'constant'
+  linear_end      floor of the linear decay (e.g. 1e-5 for i21k pre-training)
+  b1, b2, eps     Adam moments (0.9, 0.999)
+  weight_decay    decoupled, on kernels only; multiplied by the schedule (the
+                  optax.adamw convention: decay = lr_t * weight_decay * w)
+  momentum        SGD momentum (0.9)
+  grad_clip_norm  global-norm clipping (None: off)
+  mu_dtype        dtype of Adam's first moment / SGD's trace ('bfloat16' saves
+                  memory; None: the parameters' dtype)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+from flax import traverse_util
+
+NAMES = ('adam', 'sgd')
+DECAYS = ('linear', 'cosine', 'constant')
+
+
+def schedule(cfg: ml_collections.ConfigDict,
+             total_steps: int) -> optax.Schedule:
+  """Linear warm-up, then linear-to-floor, cosine or constant decay."""
+  if cfg.decay not in DECAYS:
+    raise ValueError(f'optim.decay={cfg.decay!r}: expected one of {DECAYS}')
+  warmup = int(cfg.get('warmup_steps', 0))
+  if warmup >= total_steps and total_steps > 1:
+    raise ValueError(f'optim.warmup_steps={warmup} is not below the '
+                     f'{total_steps} total steps: shorten the warm-up')
+  rest = max(total_steps - warmup, 1)
+  if cfg.decay == 'linear':
+    decay = optax.linear_schedule(cfg.lr, cfg.get('linear_end', 0.0), rest)
+  elif cfg.decay == 'cosine':
+    decay = optax.cosine_decay_schedule(cfg.lr, rest)
+  else:
+    decay = optax.constant_schedule(cfg.lr)
+  if not warmup:
+    return decay
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, cfg.lr, warmup), decay], [warmup])
+
+
+def kernel_mask(params: Any) -> Any:
+  """True for weight matrices and convolution kernels (weight decay targets)."""
+  flat = traverse_util.flatten_dict(params)
+  return traverse_util.unflatten_dict(
+      {k: k[-1] == 'kernel' for k in flat})
+
+
+def make(cfg: ml_collections.ConfigDict, total_steps: int
+         ) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
+  """(optimiser, learning-rate schedule) for `config.optim`."""
+  if cfg.name not in NAMES:
+    raise ValueError(f'optim.name={cfg.name!r}: expected one of {NAMES}')
+  if cfg.lr <= 0:
+    raise ValueError(f'optim.lr={cfg.lr} must be positive')
+  lr = schedule(cfg, total_steps)
+  mu_dtype = cfg.get('mu_dtype')
+  mu_dtype = jnp.dtype(mu_dtype) if mu_dtype else None
+  parts = []
+  if cfg.get('grad_clip_norm'):
+    parts.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
+  if cfg.name == 'adam':
+    parts.append(optax.adamw(
+        lr, b1=cfg.get('b1', 0.9), b2=cfg.get('b2', 0.999),
+        eps=cfg.get('eps', 1e-8), mu_dtype=mu_dtype,
+        weight_decay=cfg.get('weight_decay', 0.0), mask=kernel_mask))
+  else:
+    if cfg.get('weight_decay'):
+      parts.append(optax.masked(
+          optax.add_decayed_weights(cfg.weight_decay), kernel_mask))
+    parts.append(optax.sgd(lr, momentum=cfg.get('momentum', 0.9) or None,
+                           nesterov=cfg.get('nesterov', False),
+                           accumulator_dtype=mu_dtype))
+  return optax.chain(*parts), lr
+
