@@ -246,3 +246,17 @@ def test_save_is_atomic(tmp_path, vit, monkeypatch):
     checkpoint.save_npz(params, path)
   assert open(path, 'rb').read() == before
   assert os.listdir(tmp_path) == ['ckpt.npz']
+
+
+def test_layouts_convert_both_ways(tmp_path, vit):
+  model, params = vit
+  scanned = models.create('ViT-test', num_classes=5, representation_size=16,
+                          scan_layers=True)
+  init = _init(scanned, (1, 28, 28, 3))
+  path = str(tmp_path / 'unrolled.npz')
+  checkpoint.save_npz(params, path)
+  new = checkpoint.load_pretrained(path, init, keep_head=True)
+  x = _images((2, 28, 28, 3))
+  np.testing.assert_allclose(scanned.apply({'params': new}, x),
+                             model.apply({'params': params}, x), atol=1e-5)
+  _assert_trees_equal(checkpoint.unstack_blocks(new), params)

@@ -187,3 +187,25 @@ def test_unknown_name_and_option_are_clear_errors():
 
 def test_create_returns_linen_module():
   assert isinstance(models.create('ViT-B/16'), nn.Module)
+
+
+def test_scan_and_remat_compute_the_same(rng):
+  from vit_jax.checkpoint import stack_blocks
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 28, 28, 3)), jnp.float32)
+  plain = models.create('ViT-test', num_classes=5)
+  scanned = models.create('ViT-test', num_classes=5, scan_layers=True,
+                          remat=True)
+  p = jax.tree.map(lambda a: a + 0.05 * rng.normal(size=a.shape),
+                   _init(plain, x.shape))
+  ps = stack_blocks(jax.device_get(p))
+  assert jax.tree.structure(ps) == jax.tree.structure(
+      _init(scanned, x.shape))
+  chex.assert_shape(ps['Transformer']['encoderblock']['MlpBlock_0']['Dense_0']
+                    ['kernel'], (2, 32, 64))
+  np.testing.assert_allclose(scanned.apply({'params': ps}, x),
+                             plain.apply({'params': p}, x), atol=1e-5)
+  loss = lambda m, q: m.apply({'params': q}, x, train=True).sum()
+  g = stack_blocks(jax.device_get(jax.grad(lambda q: loss(plain, q))(p)))
+  gs = jax.grad(lambda q: loss(scanned, q))(ps)
+  for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(gs)):
+    np.testing.assert_allclose(a, b, atol=1e-5)

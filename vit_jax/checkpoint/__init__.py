@@ -5,15 +5,19 @@
   * `load_pretrained`: pre-trained weights into a fine-tuning model (head
     reset, pre-logits dropped, position embeddings resized) - `pretrained.py`;
   * `from_hf` / `to_hf` / `hf_config`: Hugging Face `transformers` ViT state
-    dicts, 4.x and 5.x key names - `hf.py`.
+    dicts, 4.x and 5.x key names - `hf.py`;
+  * `stack_blocks` / `unstack_blocks`: unrolled <-> scanned (`scan_layers`)
+    encoder layouts - `layers.py`.
 """
 
 from vit_jax.checkpoint.hf import from_hf, hf_config, to_hf
+from vit_jax.checkpoint.layers import stack_blocks, unstack_blocks
 from vit_jax.checkpoint.npz import (CheckpointError, check_params, load_npz,
                                     save_npz)
 from vit_jax.checkpoint.pretrained import load_pretrained, resize_posemb
 
 __all__ = [
     'CheckpointError', 'check_params', 'from_hf', 'hf_config', 'load_npz',
-    'load_pretrained', 'resize_posemb', 'save_npz', 'to_hf',
+    'load_pretrained', 'resize_posemb', 'save_npz', 'stack_blocks', 'to_hf',
+    'unstack_blocks',
 ]

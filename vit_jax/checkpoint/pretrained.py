@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 
+from vit_jax.checkpoint.layers import is_scanned, stack_blocks, unstack_blocks
 from vit_jax.checkpoint.npz import CheckpointError, check_params, load_npz
 
 POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
@@ -47,6 +48,9 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
   """
   source = pretrained if isinstance(pretrained, str) else 'pretrained params'
   loaded = load_npz(pretrained) if isinstance(pretrained, str) else pretrained
+  # Match the target's encoder layout (unrolled or scanned).
+  loaded = (stack_blocks(loaded) if is_scanned(init_params)
+            else unstack_blocks(loaded))
   loaded = traverse_util.flatten_dict(dict(loaded))
   target = traverse_util.flatten_dict(dict(init_params))
 

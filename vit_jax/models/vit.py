@@ -72,7 +72,7 @@ class Encoder1DBlock(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, deterministic: bool):
+  def __call__(self, x, deterministic: bool):
     norm = lambda: nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                                 param_dtype=self.param_dtype)
     y = norm()(x)
@@ -90,13 +90,29 @@ class Encoder1DBlock(nn.Module):
     return x + y
 
 
+class _ScannedBlock(Encoder1DBlock):
+  """Encoder1DBlock with the (carry, output) signature nn.scan wants."""
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    return super().__call__(x, deterministic=deterministic), None
+
+
 class Encoder(nn.Module):
-  """Position embeddings, `num_layers` blocks and the final LayerNorm."""
+  """Position embeddings, `num_layers` blocks and the final LayerNorm.
+
+  `scan_layers` runs the blocks with nn.scan (one compiled block, parameters
+  stacked under `encoderblock` with a leading layer axis; convert with
+  `vit_jax.checkpoint.stack_blocks` / `unstack_blocks`); `remat` recomputes
+  each block's activations in the backward pass to save memory.
+  """
   num_layers: int
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  scan_layers: bool = False
+  remat: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -104,13 +120,24 @@ class Encoder(nn.Module):
   def __call__(self, x, *, train: bool):
     x = AddPositionEmbs(self.param_dtype, name='posembed_input')(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
-    for i in range(self.num_layers):
-      x = Encoder1DBlock(
-          mlp_dim=self.mlp_dim, num_heads=self.num_heads,
-          dropout_rate=self.dropout_rate,
-          attention_dropout_rate=self.attention_dropout_rate,
-          dtype=self.dtype, param_dtype=self.param_dtype,
-          name=f'encoderblock_{i}')(x, deterministic=not train)
+    kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
+              dropout_rate=self.dropout_rate,
+              attention_dropout_rate=self.attention_dropout_rate,
+              dtype=self.dtype, param_dtype=self.param_dtype)
+    if self.scan_layers:
+      block = _ScannedBlock
+      if self.remat:
+        block = nn.remat(block, prevent_cse=False, static_argnums=(2,))
+      x, _ = nn.scan(block, variable_axes={'params': 0},
+                     split_rngs={'params': True, 'dropout': True},
+                     in_axes=nn.broadcast, length=self.num_layers)(
+                         name='encoderblock', **kw)(x, not train)
+    else:
+      block = Encoder1DBlock
+      if self.remat:
+        block = nn.remat(block, static_argnums=(2,))
+      for i in range(self.num_layers):
+        x = block(name=f'encoderblock_{i}', **kw)(x, not train)
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                         param_dtype=self.param_dtype, name='encoder_norm')(x)
 
@@ -128,6 +155,8 @@ class VisionTransformer(nn.Module):
     resnet_layers / resnet_width: units per stage and width factor of the
       hybrid's ResNet stem (e.g. (3, 4, 9), 1 for R50+ViT-B/16).
     head_bias_init: constant for the head bias (e.g. -10 for i21k pre-training).
+    scan_layers / remat: see `Encoder` (same numbers, less compile time and
+      memory for deep models).
     dtype: compute dtype of every layer; param_dtype: storage dtype of params.
   """
   num_classes: Optional[int]
@@ -143,6 +172,8 @@ class VisionTransformer(nn.Module):
   resnet_layers: Optional[Sequence[int]] = None
   resnet_width: float = 1.0
   head_bias_init: float = 0.0
+  scan_layers: bool = False
+  remat: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -176,6 +207,7 @@ class VisionTransformer(nn.Module):
     x = Encoder(num_layers=self.num_layers, mlp_dim=self.mlp_dim,
                 num_heads=self.num_heads, dropout_rate=self.dropout_rate,
                 attention_dropout_rate=self.attention_dropout_rate,
+                scan_layers=self.scan_layers, remat=self.remat,
                 dtype=self.dtype, param_dtype=self.param_dtype,
                 name='Transformer')(x, train=train)
     x = x[:, 0] if self.classifier == 'token' else jnp.mean(x, axis=1)
