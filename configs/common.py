@@ -47,11 +47,31 @@ def base() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
   c.num_classes = 1000
   c.input = ml_collections.ConfigDict(dict(
-      data='imagenet2012', image_size=224, batch_size=4096,
-      num_train_examples=1_281_167))
+      data='imagenet2012', data_dir=ml_collections.FieldReference(
+          None, field_type=str), image_size=224, batch_size=4096,
+      eval_batch_size=1024, num_train_examples=1_281_167))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)
+  c.loss = 'softmax'  # or 'sigmoid' (i21k pre-training).
+  c.label_smoothing = 0.0
+  c.accum_steps = 1  # Gradient accumulation: micro-batches per step.
+  c.optim = ml_collections.ConfigDict(dict(
+      name='adam', lr=1e-3, warmup_steps=10_000, decay='linear',
+      linear_end=0.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1,
+      momentum=0.9, grad_clip_norm=ml_collections.FieldReference(
+          None, field_type=float), mu_dtype=ml_collections.FieldReference(
+              None, field_type=str)))
+  # Device mesh (-1 fills): batch over data x fsdp, heads/MLP over model.
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
+  c.fsdp_min_size = 2**18  # Smaller tensors stay replicated under FSDP.
+  # Pre-trained weights to start from (.npz); None: from scratch.
+  c.init = ml_collections.FieldReference(None, field_type=str)
+  c.log_every = 50
+  c.eval_every = 0  # 0: evaluate at the end only.
+  c.checkpoint_every = 1000
+  c.keep_checkpoints = 3
+  c.async_checkpoints = True
   # What `python -m vit_jax.accounting --config=...` estimates the run on.
   c.accounting = ml_collections.ConfigDict(dict(
       hardware='tpu_v3', num_devices=ml_collections.FieldReference(

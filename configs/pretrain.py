@@ -17,6 +17,12 @@ JFT_LR = {
     'R50+ViT-B/16': 8e-4, 'R50+ViT-B/32': 8e-4, 'R50+ViT-L/32': 2e-4,
     'R50+ViT-L/16': 4e-4,
 }
+# (learning rate or None for JFT_LR, decay, weight decay, dropout) per data.
+RECIPE = {
+    'jft': (None, 'linear', 0.1, 0.0),
+    'i21k': (1e-3, 'linear', 0.03, 0.1),
+    'i1k': (3e-3, 'cosine', 0.3, 0.1),
+}
 DATA = {
     # data: (dataset, classes, train images, default epochs)
     'jft': ('jft', 18_291, 303_000_000, 7.0),
@@ -41,10 +47,21 @@ def get_config(arg=None):
   c.input.batch_size = 4096
   c.input.image_size = 224
   c.total_epochs = args.epochs or epochs
+  lr, decay, wd, dropout = RECIPE[args.data]
+  c.optim.name = 'adam'
+  c.optim.lr = lr or JFT_LR[args.model]
+  c.optim.warmup_steps = 10_000
+  c.optim.decay = decay
+  c.optim.weight_decay = wd
+  if args.data != 'jft':
+    c.optim.grad_clip_norm = 1.0  # ImageNet runs clip at global norm 1.
+  if dropout and not args.model.startswith('BiT'):
+    c.model.dropout_rate = dropout
   if args.data == 'i21k':
-    # Reference i21k recipe: 768-wide pre-logits, head bias -10.
+    # The reference i21k recipe (public issue threads): a 768-wide pre-logits
+    # layer, head bias -10, sigmoid cross-entropy, linear decay to 1e-5.
     c.model.representation_size = 768
     c.model.head_bias_init = -10.0
-  if args.data != 'jft' and not args.model.startswith('BiT'):
-    c.model.dropout_rate = 0.1
+    c.loss = 'sigmoid'
+    c.optim.linear_end = 1e-5
   return c

@@ -12,6 +12,7 @@ initialised automatically there) or pass --coordinator/--num_processes/
 
 from __future__ import annotations
 
+import logging as logging_std
 import os
 
 from absl import app, flags, logging
@@ -44,10 +45,19 @@ def _init_distributed():
     jax.distributed.initialize()  # Every worker of a pod finds the others.
 
 
+class _QuietLibraries(logging_std.Filter):
+  """Drops INFO chatter of orbax and tfds; their warnings still show."""
+
+  def filter(self, record):
+    return record.levelno >= logging_std.WARNING or not any(
+        n in record.pathname for n in ('/orbax/', '/tensorflow_datasets/'))
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   _init_distributed()
   import jax
   import tensorflow as tf

@@ -15,10 +15,11 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
+from jax.experimental import multihost_utils
 
 from vit_jax import accounting, models
 from vit_jax.checkpoint import load_pretrained
-from vit_jax.data import pipeline
+from vit_jax.data import pipeline, prepare
 from vit_jax.train import checkpoints, optim, reporting
 from vit_jax.train import sharding as shd
 from vit_jax.train import step as step_lib
@@ -76,10 +77,25 @@ def _init_params(config, state, state_sh):
   return state.replace(params=params)
 
 
+def _ensure_prepared(input_config) -> None:
+  """With `input.prepare`, prepares a missing dataset (process 0 only)."""
+  if not input_config.get('prepare'):
+    return
+  name, data_dir = input_config.data, input_config.get('data_dir')
+  if name in prepare.NOTHING_TO_PREPARE:
+    return
+  if jax.process_index() == 0 and not prepare.is_prepared(name, data_dir):
+    logging.info('preparing %s in %s', name, data_dir or 'the tfds data dir')
+    prepare.prepare(name, data_dir=data_dir)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('dataset prepared')
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> Dict[str, Any]:
   """Trains (resuming from `workdir` when it holds a checkpoint); returns
   the summary written to `workdir/summary.json`."""
+  _ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   accum = config.get('accum_steps', 1)
   shd.check_batch_size(config.input.batch_size, mesh, 'input.batch_size',
