@@ -1,8 +1,11 @@
 """Runs a few train steps of a tiny ViT under one mesh; prints JSON results.
 
-Used by test_train_step.py in a subprocess, so that the number of simulated
-CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N) can differ
-per run:  python tests/mesh_steps.py '{"data": -1, "fsdp": 1, "model": 1}'
+Used by the tests in a subprocess, so that the number of simulated CPU devices
+(XLA_FLAGS=--xla_force_host_platform_device_count=N) can differ per run:
+    python tests/mesh_steps.py '{"data": -1, "fsdp": 1, "model": 1}'
+With {"num_processes": 2, "process_id": i, "coordinator": "host:port"} as
+second argument it is one process of a multi-process run (gloo collectives
+on CPU); each process feeds its own rows of the same global batches.
 """
 
 import json
@@ -13,6 +16,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
 import jax  # noqa: E402
 import ml_collections  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
@@ -36,6 +40,10 @@ def digits_batches(batch, steps):
 def main():
   mesh_cfg = json.loads(sys.argv[1])
   extra = json.loads(sys.argv[2]) if len(sys.argv) > 2 else {}
+  if extra.get('num_processes'):
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    jax.distributed.initialize(extra['coordinator'], extra['num_processes'],
+                               extra['process_id'])
   mesh = shd.make_mesh(**mesh_cfg)
   model = models.create('ViT-test', num_classes=10, hidden_size=32,
                         num_heads=4, mlp_dim=64, patch_size=4)
@@ -50,18 +58,22 @@ def main():
       model, tx, lr_fn, sh, mesh, ml_collections.ConfigDict(
           {'accum_steps': extra.get('accum', 1)}))
   losses = []
+  n, i = jax.process_count(), jax.process_index()
   with jax.set_mesh(mesh):
     for b in digits_batches(32, steps):
-      b = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim))
+      b = {k: jax.make_array_from_process_local_data(
+          shd.batch_sharding(mesh, v.ndim), np.split(v, n)[i])
            for k, v in b.items()}
       state, m = train(state, b)
       losses.append(float(m['loss']))
   specs = {'/'.join(str(getattr(k, 'key', k)) for k in path): str(
       leaf.sharding.spec) for path, leaf in
       jax.tree_util.tree_flatten_with_path(state.params)[0]}
+  gathered = multihost_utils.process_allgather(state.params, tiled=True)
   params = {k: np.asarray(v).ravel()[:8].tolist() for k, v in
-            zip(specs, jax.tree.leaves(jax.device_get(state.params)))}
+            zip(specs, jax.tree.leaves(gathered))}
   print(json.dumps({'losses': losses, 'devices': jax.device_count(),
+                    'processes': n,
                     'mesh': dict(mesh.shape), 'specs': specs,
                     'params': params}))
 

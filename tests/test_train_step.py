@@ -171,3 +171,33 @@ def test_losses():
   assert float(sig) == pytest.approx(float(expected), rel=1e-6)
   with pytest.raises(ValueError, match="loss='hinge'"):
     step_lib.loss_fn(logits, labels, kind='hinge')
+
+
+def _free_port():
+  import socket
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one_process_with_four_devices():
+  one = _run({'data': 2, 'fsdp': 2}, 4)
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS='--xla_force_host_platform_device_count=2')
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.join(HERE, 'mesh_steps.py'),
+       json.dumps({'data': 2, 'fsdp': 2}),
+       json.dumps({'num_processes': 2, 'process_id': i,
+                   'coordinator': f'127.0.0.1:{port}'})],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+      for i in range(2)]
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+  for res in results:
+    assert res['processes'] == 2 and res['devices'] == 4
+    np.testing.assert_allclose(res['losses'], one['losses'], atol=TOL)
+    for k, v in one['params'].items():
+      np.testing.assert_allclose(res['params'][k], v, atol=TOL, err_msg=k)

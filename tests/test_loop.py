@@ -1,0 +1,142 @@
+"""The training loop end to end: summary, metrics, resume after SIGKILL, NaN.
+
+Runs `python -m vit_jax.main` on scikit-learn's real `digits` in subprocesses
+(the way users run it).
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = ['--config=configs/smoke.py:data=digits,steps=40,batch=32',
+        '--config.log_every=10', '--config.checkpoint_every=10',
+        '--config.async_checkpoints=false']
+
+
+def _main(workdir, *flags, env=None, **kw):
+  cmd = [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+         *BASE, *flags]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu', **(env or {})),
+                        **kw)
+
+
+def _final_params(workdir):
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
+  step = max(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+  state = ocp.StandardCheckpointer().restore(
+      os.path.join(ckpt_dir, str(step), 'state'))
+  return step, state['params']
+
+
+def _leaves(tree, prefix=''):
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from _leaves(tree[k], f'{prefix}/{k}')
+  else:
+    yield prefix, np.asarray(tree)
+
+
+@pytest.fixture(scope='module')
+def reference_run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('ref'))
+  out = _main(workdir)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return workdir, out
+
+
+def test_run_writes_summary_metrics_and_checkpoints(reference_run):
+  workdir, out = reference_run
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  assert summary['steps'] == 40 and summary['dataset'] == 'digits'
+  assert summary['eval_examples'] == 360  # Every test image, once.
+  assert 0.0 <= summary['eval_accuracy'] <= 1.0
+  for key in ('train_loss', 'eval_loss', 'eval_accuracy', 'exaflops',
+              'core_days', 'wall_s'):
+    assert isinstance(summary[key], float), key
+  rows = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  train = [r for r in rows if 'loss' in r]
+  assert [r['step'] for r in train] == [10, 20, 30, 40]
+  for key in ('img_per_s', 'img_per_s_per_device', 'eta_hours', 'lr',
+              'grad_norm', 'core_days', 'exaflops', 'steps_per_s'):
+    assert key in train[-1], key
+  assert train[-1]['loss'] < train[0]['loss']
+  assert any(f.startswith('events.out.tfevents') for f in os.listdir(workdir))
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
+      '20', '30', '40']  # keep_checkpoints=3.
+  assert 'eval_accuracy' in out.stdout
+
+
+def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
+  workdir, _ = reference_run
+  out = _main(workdir)
+  assert out.returncode == 0, out.stderr[-4000:]
+  assert 'resumed from step 40' in out.stderr
+
+
+def test_sigkill_and_restart_matches_uninterrupted_run(reference_run,
+                                                       tmp_path):
+  ref_dir, _ = reference_run
+  workdir = str(tmp_path / 'killed')
+  cmd = [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *BASE]
+  proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL,
+                          env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  ckpt_dir = os.path.join(workdir, 'checkpoints')
+  # Kill at a random moment after the first checkpoint (steps 10 or 20 ...).
+  deadline = time.time() + 300
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.isdir(os.path.join(ckpt_dir, '10')):
+      break
+    time.sleep(0.05)
+  time.sleep(random.uniform(0.0, 0.3))
+  proc.send_signal(signal.SIGKILL)
+  assert proc.wait() == -signal.SIGKILL, 'the run ended before the kill'
+  assert not os.path.isfile(os.path.join(workdir, 'summary.json'))
+  out = _main(workdir)
+  assert out.returncode == 0, out.stderr[-4000:]
+  step, params = _final_params(workdir)
+  ref_step, ref = _final_params(ref_dir)
+  assert step == ref_step == 40
+  for (k, a), (_, b) in zip(_leaves(params), _leaves(ref)):
+    np.testing.assert_array_equal(a, b, err_msg=k)  # Bitwise on CPU.
+  assert json.load(open(os.path.join(workdir, 'summary.json')))[
+      'eval_accuracy'] == json.load(open(os.path.join(
+          ref_dir, 'summary.json')))['eval_accuracy']
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
+  workdir = str(tmp_path / 'nan')
+  out = _main(workdir, '--config.optim.lr=1e12',
+              '--config.optim.grad_clip_norm=1e30',
+              '--config.checkpoint_every=1', '--config.log_every=1')
+  assert out.returncode != 0
+  assert 'loss is nan' in out.stderr or 'loss is inf' in out.stderr
+  assert 'last good checkpoint' in out.stderr
+  steps = [int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+           if d.isdigit()]
+  assert steps, 'no checkpoint kept'
+  _, params = _final_params(workdir)
+  assert all(np.all(np.isfinite(v)) for _, v in _leaves(params))
+
+
+def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
+  out = _main(str(tmp_path / 'bad'), '--config.input.batch_size=30',
+              env={'XLA_FLAGS': '--xla_force_host_platform_device_count=4'})
+  assert out.returncode != 0
+  assert 'input.batch_size=30 is not divisible by the 4 devices' in out.stderr
+
+
+def test_unknown_config_field_is_refused(tmp_path):
+  out = _main(str(tmp_path / 'bad'), '--config.optim.lrr=0.1')
+  assert out.returncode != 0
+  assert 'lrr' in out.stderr
