@@ -27,6 +27,7 @@ setup(
         'tensorflow>=2.18; platform_system!="Linux" or '
         'platform_machine!="x86_64"',
         'tensorflow-datasets>=4.9.8',
+        'importlib_resources>=6',  # tfds needs it to prepare datasets.
         'tensorboard>=2.18',  # clu's TensorBoard metric writer.
     ],
     extras_require={

@@ -45,7 +45,8 @@ def base() -> ml_collections.ConfigDict:
   c.seed = 0
   # `name` picks the model from the zoo; other fields override its options.
   c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
-  c.num_classes = 1000
+  # None: the dataset's class count.
+  c.num_classes = ml_collections.FieldReference(None, field_type=int)
   c.input = ml_collections.ConfigDict(dict(
       data='imagenet2012', data_dir=ml_collections.FieldReference(
           None, field_type=str), image_size=224, batch_size=4096,

@@ -340,7 +340,7 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
       utilization=utilization if utilization is not None else acc.get(
           'utilization'),
       num_devices=num_devices or acc.get('num_devices'),
-      num_classes=config.num_classes,
+      num_classes=config.get('num_classes') or 1000,
       **{k: v for k, v in model_cfg.items() if v is not None})
 
 

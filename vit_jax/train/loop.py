@@ -19,7 +19,7 @@ from jax.experimental import multihost_utils
 
 from vit_jax import accounting, models
 from vit_jax.checkpoint import load_pretrained
-from vit_jax.data import pipeline, prepare
+from vit_jax.data import pipeline, prepare, registry
 from vit_jax.train import checkpoints, optim, reporting
 from vit_jax.train import sharding as shd
 from vit_jax.train import step as step_lib
@@ -82,13 +82,20 @@ def _ensure_prepared(input_config) -> None:
   if not input_config.get('prepare'):
     return
   name, data_dir = input_config.data, input_config.get('data_dir')
-  if name in prepare.NOTHING_TO_PREPARE:
-    return
-  if jax.process_index() == 0 and not prepare.is_prepared(name, data_dir):
+  if registry.get(name).source != 'tfds':
+    return  # Folders, TFRecords and in-memory data need no preparation.
+  if jax.process_index() == 0 and not _is_prepared(name, data_dir):
     logging.info('preparing %s in %s', name, data_dir or 'the tfds data dir')
     prepare.prepare(name, data_dir=data_dir)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('dataset prepared')
+
+
+def _is_prepared(name, data_dir) -> bool:
+  try:
+    return prepare.is_prepared(name, data_dir)
+  except ValueError:  # No tfds builder (e.g. a user-prepared i21k): leave it.
+    return True
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,

@@ -1,0 +1,239 @@
+"""The registry, per-process sharding, exact-once evaluation and resuming.
+
+The pipeline runs on scikit-learn's real `digits` (1797 8x8 images, all
+distinct, so an image identifies its example).
+"""
+
+import json
+
+import ml_collections
+import numpy as np
+import pytest
+
+from vit_jax.data import pipeline, registry
+from vit_jax.data.errors import (DatasetNotPreparedError, UnknownDatasetError,
+                                 UnknownSplitError)
+from vit_jax.data.digits_source import load
+
+
+def _config(**kw):
+  base = dict(data='digits', batch_size=64, eval_batch_size=64)
+  return ml_collections.ConfigDict({**base, **kw})
+
+
+def _ids(images):
+  """Image -> bytes of its uint8 pixels (the identity of a digits example)."""
+  pixels = np.round((np.asarray(images)[..., 0] + 1) * 127.5)
+  return [p.astype(np.uint8).tobytes() for p in pixels]
+
+
+DIGITS, _ = load()
+TRAIN_IDS = set(_ids(DIGITS[:1437] / 127.5 - 1))
+TEST_IDS = _ids(DIGITS[1437:] / 127.5 - 1)
+
+
+# The registry.
+
+def test_registry_covers_the_papers_datasets():
+  names = registry.names()
+  for name in ('imagenet2012', 'imagenet2012_real', 'imagenet21k', 'jft',
+               'cifar10', 'cifar100', 'oxford_iiit_pet', 'oxford_flowers102',
+               'fashion_mnist', 'mnist', 'digits', 'folder', 'tfrecord'):
+    assert name in names
+  assert len(registry.VTAB_TASKS) == 19
+  groups = [registry.get(t).group for t in registry.VTAB_TASKS]
+  assert (groups.count('vtab-natural'), groups.count('vtab-specialized'),
+          groups.count('vtab-structured')) == (7, 4, 8)
+  i1k = registry.get('imagenet2012')
+  assert (i1k.num_classes, i1k.num_train_examples) == (1000, 1_281_167)
+  assert i1k.pp_train == 'inception' and i1k.splits['dev'] == 'train[99%:]'
+  assert registry.get('cifar10').splits['train_dev'] == 'train[:98%]'
+  assert registry.get('imagenet2012_real').real_label_key == 'real_label'
+  assert registry.get('imagenet21k').num_classes == 21_843
+
+
+def test_vtab_1k_splits():
+  for name in registry.VTAB_TASKS:
+    spec = registry.get(name)
+    assert spec.train_split == 'train800val200' and spec.eval_split == 'test'
+    assert spec.splits['train800'] == 'train[:800]'
+    assert spec.splits['train800val200'] == (
+        'train[:800]+' + spec.splits['val200'])
+    for split in spec.splits.values():
+      assert spec.resolve_split(split) == split  # Over its base splits.
+  assert registry.get('vtab/cifar100').splits['val200'] == (
+      'train[45000:45200]')
+  assert registry.get('vtab/dtd').splits['val200'] == 'validation[:200]'
+  assert registry.get('vtab/eurosat').splits['test'] == 'train[21600:]'
+  assert registry.get('vtab/smallnorb_azimuth').splits['test'] == (
+      'test[50%:]')
+  assert registry.get('vtab/clevr_count').splits['test'] == 'validation'
+
+
+def test_unknown_names_list_the_known_ones():
+  with pytest.raises(UnknownDatasetError, match='cifar10.*Known datasets'):
+    registry.get('cifar_10')
+  spec = registry.get('vtab/dtd')
+  with pytest.raises(UnknownSplitError, match="named splits.*train800"):
+    spec.resolve_split('train900')
+  assert spec.resolve_split('val200') == 'validation[:200]'
+  assert spec.resolve_split('train[:10%]+test') == 'train[:10%]+test'
+  with pytest.raises(UnknownDatasetError):
+    pipeline.train_iterator(_config(data='nope'), seed=0)
+  with pytest.raises(UnknownSplitError, match="'digits' has no split 'validation'"):
+    pipeline.dataset_info(_config(eval_split='validation'))
+
+
+def test_missing_tfds_data_names_the_prepare_command(tmp_path):
+  with pytest.raises(DatasetNotPreparedError,
+                     match='python -m vit_jax.data.prepare cifar10'):
+    pipeline.dataset_info(_config(data='cifar10', data_dir=str(tmp_path)))
+  with pytest.raises(DatasetNotPreparedError, match='image folder|folder'):
+    pipeline.dataset_info(_config(data='folder',
+                                  data_dir=str(tmp_path / 'none')))
+
+
+def test_batch_must_divide_over_processes():
+  with pytest.raises(ValueError, match='not divisible by the process count 3'):
+    pipeline.train_iterator(_config(batch_size=64), seed=0, process_index=0,
+                            process_count=3)
+  with pytest.raises(ValueError, match='eval_batch_size'):
+    pipeline.eval_iterator(_config(eval_batch_size=10), process_count=4)
+  with pytest.raises(ValueError, match='process_index'):
+    pipeline.train_iterator(_config(), seed=0, process_index=2,
+                            process_count=2)
+
+
+# The pipeline.
+
+def test_dataset_info():
+  info = pipeline.dataset_info(_config(image_size=16))
+  assert (info.num_classes, info.num_train_examples,
+          info.num_eval_examples) == (10, 1437, 360)
+  assert info.image_shape == info.eval_image_shape == (16, 16, 3)
+  info = pipeline.dataset_info(_config(train_split='train[:100]'),
+                               split='train[100:150]')
+  assert (info.num_train_examples, info.num_eval_examples) == (100, 50)
+
+
+def test_train_batches():
+  it = pipeline.train_iterator(_config(pp_train='finetune', image_size=16),
+                               seed=0)
+  for _ in range(3):
+    batch = next(it)
+    assert set(batch) == {'image', 'label'}
+    assert batch['image'].shape == (64, 16, 16, 3)
+    assert batch['image'].dtype == np.float32
+    assert -1 <= batch['image'].min() < batch['image'].max() <= 1
+    assert batch['label'].shape == (64,) and batch['label'].dtype == np.int32
+  assert json.loads(json.dumps(it.get_state())) == it.get_state()
+
+
+def _first_epoch(process_index, process_count, **kw):
+  """The examples one process reads in its first pass over its shard."""
+  config = _config(batch_size=32 * process_count, **kw)
+  it = pipeline.train_iterator(config, seed=3, process_index=process_index,
+                               process_count=process_count)
+  ids = []
+  while it.get_state()['epoch'] == 0:
+    ids += _ids(next(it)['image'])
+  size = len(ids) - it.get_state()['index']
+  return ids[:size]
+
+
+@pytest.mark.parametrize('cache', [False, True])
+def test_two_processes_read_disjoint_shards_covering_the_split(cache):
+  shards = [_first_epoch(p, 2, cache=cache) for p in (0, 1)]
+  assert [len(s) for s in shards] == [719, 718]
+  assert all(len(set(s)) == len(s) for s in shards)  # No repeats.
+  assert not set(shards[0]) & set(shards[1])
+  assert set(shards[0]) | set(shards[1]) == TRAIN_IDS
+
+
+def test_epochs_and_seeds_reshuffle():
+  it = pipeline.train_iterator(_config(batch_size=1437), seed=0)
+  e0, e1 = (_ids(next(it)['image']) for _ in range(2))
+  assert set(e0) == set(e1) == TRAIN_IDS and e0 != e1
+  other = _ids(next(pipeline.train_iterator(_config(batch_size=1437),
+                                            seed=1))['image'])
+  assert other != e0
+
+
+@pytest.mark.parametrize('process_count,eval_batch', [(1, 64), (2, 64),
+                                                     (3, 96), (7, 56)])
+def test_eval_sees_every_example_once(process_count, eval_batch):
+  config = _config(eval_batch_size=eval_batch)
+  seen, lengths = [], []
+  for p in range(process_count):
+    batches = list(pipeline.eval_iterator(config, process_index=p,
+                                          process_count=process_count))
+    lengths.append(len(batches))
+    for batch in batches:
+      assert batch['image'].shape == (eval_batch // process_count, 8, 8, 3)
+      assert batch['mask'].dtype == bool
+      assert not batch['image'][~batch['mask']].any()  # Zero padding.
+      seen += _ids(batch['image'][batch['mask']])
+  assert len(set(lengths)) == 1  # Same step count on every process.
+  assert sorted(seen) == sorted(TEST_IDS)
+
+
+def test_eval_pads_the_last_batch_and_iterates_again():
+  ev = pipeline.eval_iterator(_config(eval_batch_size=100, cache=True))
+  for _ in range(2):
+    batches = list(ev)
+    assert len(batches) == len(ev) == 4
+    assert [int(b['mask'].sum()) for b in batches] == [100, 100, 100, 60]
+    labels = np.concatenate([b['label'][b['mask']] for b in batches])
+    np.testing.assert_array_equal(labels, load()[1][1437:])
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@pytest.mark.parametrize('kw', [
+    dict(), dict(pp_train='finetune', image_size=12, cache=True),
+    dict(mixup=0.5, shuffle_buffer=100)])
+def test_resume_gives_the_batches_of_an_uninterrupted_run(kw):
+  config = _config(batch_size=100, **kw)
+  run = pipeline.train_iterator(config, seed=7)
+  _take(run, 20)  # Past the end of the first epoch (1437 examples).
+  state = json.loads(json.dumps(run.get_state()))
+  assert state['epoch'] == 1 and state['batches'] == 20
+  expected = _take(run, 5)
+  resumed = pipeline.train_iterator(config, seed=7)
+  resumed.set_state(state)
+  _assert_same(_take(resumed, 5), expected)
+  assert resumed.get_state() == run.get_state()
+  if kw.get('mixup'):
+    assert expected[0]['label'].shape == (100, 10)
+
+
+def test_process_zero_state_restores_every_process():
+  config = _config(batch_size=60, pp_train='finetune', image_size=8)
+  runs = [pipeline.train_iterator(config, seed=1, process_index=p,
+                                  process_count=2) for p in (0, 1)]
+  for run in runs:
+    _take(run, 30)
+  state = runs[0].get_state()
+  expected = _take(runs[1], 3)
+  resumed = pipeline.train_iterator(config, seed=1, process_index=1,
+                                    process_count=2)
+  resumed.set_state(state)
+  _assert_same(_take(resumed, 3), expected)
+
+
+def test_resume_with_other_settings_is_refused():
+  run = pipeline.train_iterator(_config(), seed=0)
+  next(run)
+  other = pipeline.train_iterator(_config(batch_size=32), seed=0)
+  with pytest.raises(ValueError, match='batch_size'):
+    other.set_state(run.get_state())

@@ -1,0 +1,103 @@
+"""A user's folder of class sub-folders: real JPEG/PNG photos, a corrupt file."""
+
+import logging
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+import skimage.data
+import tensorflow as tf
+
+from vit_jax.data import pipeline
+from vit_jax.data.errors import BadImageError, UnknownSplitError
+
+# class -> (photo, format) of its images.
+PHOTOS = {
+    'animals': [('chelsea', 'jpg'), ('cat', 'png'), ('chelsea', 'png')],
+    'objects': [('coffee', 'jpg'), ('camera', 'png'), ('coffee', 'jpeg')],
+    'space': [('astronaut', 'jpg'), ('rocket', 'jpg'), ('astronaut', 'png'),
+              ('rocket', 'png')],
+}
+
+
+def _write(folder, corrupt=True):
+  n = 0
+  for cls, photos in PHOTOS.items():
+    os.makedirs(folder / cls)
+    for photo, fmt in photos:
+      image = getattr(skimage.data, photo)()
+      image = image[..., None] if image.ndim == 2 else image
+      image = image[n % 7:, n % 5:]  # Every file different.
+      data = (tf.io.encode_png(image) if fmt == 'png'
+              else tf.io.encode_jpeg(image, quality=90)).numpy()
+      (folder / cls / f'{photo}_{n}.{fmt.upper() if n == 2 else fmt}'
+       ).write_bytes(data)
+      n += 1
+  (folder / 'objects' / 'notes.txt').write_text('not an image')
+  if corrupt:
+    good = (folder / 'space' / 'rocket_7.jpg').read_bytes()
+    (folder / 'space' / 'bad.jpg').write_bytes(good[:len(good) // 3])
+  return n
+
+
+def _config(folder, **kw):
+  return ml_collections.ConfigDict(dict(
+      data='folder', data_dir=str(folder), batch_size=4, eval_batch_size=4,
+      image_size=32, **kw))
+
+
+def test_folder_classes_splits_and_batches(tmp_path):
+  n = _write(tmp_path, corrupt=False)
+  config = _config(tmp_path, train_split='train[:80%]',
+                   eval_split='train[80%:]')
+  info = pipeline.dataset_info(config)
+  assert info.num_classes == 3 and info.image_shape == (32, 32, 3)
+  assert (info.num_train_examples, info.num_eval_examples) == (8, 2)
+  it = pipeline.train_iterator(config, seed=0)
+  for _ in range(5):
+    batch = next(it)
+    assert batch['image'].shape == (4, 32, 32, 3)
+    assert set(batch['label']) <= {0, 1, 2}
+  labels = np.concatenate([b['label'][b['mask']]
+                           for b in pipeline.eval_iterator(config)])
+  np.testing.assert_array_equal(labels, [2, 2])  # Sorted: last 2 are space.
+  assert n == 10
+  with pytest.raises(UnknownSplitError, match='set input.eval_split'):
+    pipeline.eval_iterator(_config(tmp_path))
+
+
+def test_split_folders_layout(tmp_path):
+  _write(tmp_path / 'train', corrupt=False)
+  _write(tmp_path / 'test', corrupt=False)
+  info = pipeline.dataset_info(_config(tmp_path))
+  assert (info.num_classes, info.eval_split) == (3, 'test')
+  assert info.num_eval_examples == 10
+
+
+def test_corrupt_image_error_names_the_file(tmp_path):
+  _write(tmp_path)
+  it = pipeline.train_iterator(_config(tmp_path), seed=0)
+  with pytest.raises(BadImageError, match=r'bad\.jpg.*skip_bad_images') as e:
+    for _ in range(10):
+      next(it)
+  assert [os.path.basename(p) for p in e.value.paths] == ['bad.jpg']
+  with pytest.raises(BadImageError, match=r'bad\.jpg'):
+    list(pipeline.eval_iterator(_config(tmp_path, eval_split='train')))
+
+
+def test_skip_bad_images_skips_and_logs(tmp_path, caplog):
+  _write(tmp_path)
+  config = _config(tmp_path, skip_bad_images=True, eval_split='train')
+  with caplog.at_level(logging.WARNING):
+    it = pipeline.train_iterator(config, seed=0, process_index=1,
+                                 process_count=2)
+    for _ in range(6):  # Over two epochs of the 5 good images of process 1.
+      next(it)
+  assert 'skipped 1 of 5 images' in caplog.text and 'bad.jpg' in caplog.text
+  total = 0
+  for p in range(2):
+    for batch in pipeline.eval_iterator(config, process_index=p,
+                                        process_count=2):
+      total += int(batch['mask'].sum())
+  assert total == 10  # Every good image once.

@@ -1,0 +1,191 @@
+"""Every pre-processing op on real photos: shapes, value ranges, determinism."""
+
+import numpy as np
+import pytest
+import skimage.data
+import tensorflow as tf
+
+from vit_jax.data import mixup, ops, preprocess
+
+PHOTO = skimage.data.astronaut()            # 512 x 512 x 3
+WIDE = skimage.data.coffee()                 # 400 x 600 x 3
+GRAY = skimage.data.camera()                 # 512 x 512
+JPEG = tf.io.encode_jpeg(WIDE, quality=95)
+PNG = tf.io.encode_png(PHOTO)
+GRAY_PNG = tf.io.encode_png(GRAY[..., None])
+
+
+def _seed(i=0):
+  return tf.constant([i, 7], tf.int64)
+
+
+def _run(spec, image, seed=None, size=224, label=3):
+  out = preprocess.build(spec, size)(
+      {'image': image, 'label': tf.constant(label, tf.int64)},
+      _seed() if seed is None else seed)
+  return {k: v.numpy() for k, v in out.items()}
+
+
+@pytest.mark.parametrize('data,shape', [
+    (JPEG, (400, 600, 3)), (PNG, (512, 512, 3)), (GRAY_PNG, (512, 512, 3))])
+def test_decode_gives_uint8_rgb(data, shape):
+  image = _run('decode', data)['image']
+  assert image.shape == shape and image.dtype == np.uint8
+  if data is PNG:
+    np.testing.assert_array_equal(image, PHOTO)  # PNG is lossless.
+
+
+def test_decode_keeps_one_channel_and_passes_decoded_images():
+  assert _run('decode(1)', GRAY_PNG)['image'].shape == (512, 512, 1)
+  image = _run('decode', tf.constant(GRAY[..., None]))['image']
+  assert image.shape == (512, 512, 3)
+  np.testing.assert_array_equal(image[..., 2], GRAY)
+  np.testing.assert_array_equal(_run('decode|to_rgb', PNG)['image'], PHOTO)
+
+
+@pytest.mark.parametrize('spec', [
+    'decode|inception_crop(224)', 'decode|to_rgb|inception_crop(224)',
+    'decode|inception_crop|resize(224)'])
+def test_inception_crop(spec):
+  outs = [_run(spec, JPEG, _seed(i))['image'] for i in range(6)]
+  for out in outs:
+    assert out.shape == (224, 224, 3) and out.dtype == np.float32
+    assert 0 <= out.min() and out.max() <= 255
+  np.testing.assert_array_equal(outs[0], _run(spec, JPEG, _seed(0))['image'])
+  assert len({o.tobytes() for o in outs}) == 6  # Different crops.
+
+
+def test_inception_crop_area_range_is_respected():
+  shapes = [_run('decode|inception_crop(area_min=0.5, area_max=0.6)', PNG,
+                 _seed(i))['image'].shape for i in range(20)]
+  areas = [h * w / 512**2 for h, w, _ in shapes]
+  # Rounding of the sampled box moves the area by a few pixel rows at most.
+  assert all(0.48 <= a <= 0.62 for a in areas), areas
+  with pytest.raises(ValueError, match='area_min'):
+    preprocess.build('inception_crop(224, area_min=0)', 224)
+
+
+def test_fused_jpeg_crop_matches_decode_then_crop():
+  """Same window; pixels agree up to JPEG chroma upsampling at its edges."""
+  fused = preprocess.build('decode|inception_crop(224)', 224)
+  assert fused.ops == ['decode_jpeg_and_inception_crop']
+  for i in range(5):
+    seed = _seed(i)
+    a = fused({'image': JPEG}, seed)['image'].numpy()
+    sub = tf.random.experimental.stateless_split(seed, 1)[0]
+    decoded = ops.make('decode')({'image': JPEG}, None)
+    b = ops.make('inception_crop', 224)(decoded, sub)['image'].numpy()
+    assert np.abs(a - b).mean() < 0.5, i
+  png = fused({'image': PNG}, _seed())['image'].numpy()  # Non-JPEG path.
+  assert png.shape == (224, 224, 3)
+
+
+def test_resize_and_resize_small():
+  assert _run('decode|resize(100, 50)', JPEG)['image'].shape == (100, 50, 3)
+  out = _run('decode|resize_small(200)', JPEG)['image']
+  assert out.shape == (200, 300, 3) and out.dtype == np.float32
+  assert 0 <= out.min() and out.max() <= 255
+  np.testing.assert_allclose(out.mean(), WIDE.mean(), atol=2)
+
+
+def test_random_crop_is_a_crop_and_seeded():
+  crops = [_run('decode|random_crop(64, 32)', PNG, _seed(i))['image']
+           for i in range(4)]
+  for crop in crops:
+    assert crop.shape == (64, 32, 3) and crop.dtype == np.uint8
+    # Found in the photo at some offset.
+    hits = [(y, x) for y in range(512 - 63) for x in range(512 - 31)
+            if (PHOTO[y, x] == crop[0, 0]).all()
+            and np.array_equal(PHOTO[y:y + 64, x:x + 32], crop)]
+    assert hits
+  np.testing.assert_array_equal(
+      crops[1], _run('decode|random_crop(64, 32)', PNG, _seed(1))['image'])
+  assert len({c.tobytes() for c in crops}) == 4
+
+
+def test_central_crop():
+  out = _run('decode|central_crop(100)', PNG)['image']
+  np.testing.assert_array_equal(out, PHOTO[206:306, 206:306])
+  with pytest.raises(tf.errors.InvalidArgumentError, match='smaller'):
+    _run('decode|central_crop(600)', PNG)
+
+
+def test_flip_lr_flips_about_half_the_time():
+  flipped = []
+  for i in range(40):
+    out = _run('decode|flip_lr', PNG, _seed(i))['image']
+    assert np.array_equal(out, PHOTO) or np.array_equal(out, PHOTO[:, ::-1])
+    flipped.append(np.array_equal(out, PHOTO[:, ::-1]))
+  assert 8 <= sum(flipped) <= 32
+  again = [np.array_equal(_run('decode|flip_lr', PNG, _seed(i))['image'],
+                          PHOTO[:, ::-1]) for i in range(40)]
+  assert again == flipped
+
+
+def test_value_range():
+  out = _run('decode|value_range(-1, 1)', PNG)['image']
+  assert out.dtype == np.float32 and out.min() == -1 and out.max() == 1
+  np.testing.assert_allclose(out, PHOTO / 127.5 - 1, atol=1e-6)
+  out = _run('decode|value_range(0, 1)', PNG)['image']
+  np.testing.assert_allclose(out, PHOTO / 255, atol=1e-6)
+
+
+def test_onehot_and_keep():
+  out = _run('decode|onehot(5)|keep("label")', PNG, label=2)
+  assert list(out) == ['label']
+  np.testing.assert_array_equal(out['label'], [0, 0, 1, 0, 0])
+
+
+@pytest.mark.parametrize('preset,size', [
+    ('inception', 224), ('finetune', 384), ('resize', 96), ('eval', 384)])
+def test_presets_give_model_inputs(preset, size):
+  for data in (JPEG, PNG, GRAY_PNG):
+    out = _run(preset, data, size=size)['image']
+    assert out.shape == (size, size, 3) and out.dtype == np.float32
+    assert -1 <= out.min() < 0 < out.max() <= 1
+
+
+def test_preset_expansions():
+  assert preprocess.expand('finetune', 384) == [
+      'decode', 'resize(448)', 'random_crop(384)', 'flip_lr',
+      'value_range(-1,1)']
+  assert preprocess.expand('eval', 224) == [
+      'decode', 'resize_small(224)', 'central_crop(224)', 'value_range(-1,1)']
+  assert preprocess.expand(['decode', ' resize(8) '], 8) == [
+      'decode', 'resize(8)']
+
+
+def test_random_pipeline_is_deterministic_per_seed():
+  spec = 'finetune'
+  a = _run(spec, JPEG, _seed(5), size=384)['image']
+  b = _run(spec, JPEG, _seed(5), size=384)['image']
+  c = _run(spec, JPEG, _seed(6), size=384)['image']
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+
+
+def test_spec_errors_are_clear():
+  with pytest.raises(ValueError, match='unknown pre-processing op.*known'):
+    preprocess.build('decode|sharpen', 224)
+  with pytest.raises(ValueError, match='bad arguments for op resize'):
+    preprocess.build('resize(1, 2, 3, 4, 5)', 224)
+  with pytest.raises(ValueError, match='cannot parse'):
+    preprocess.build('resize(size)', 224)
+
+
+def test_mixup_blends_images_and_one_hot_labels():
+  images = tf.constant(np.stack([PHOTO, PHOTO[::-1]]), tf.float32)
+  batch = {'image': images, 'label': tf.constant([0, 2], tf.int32)}
+  out = mixup.mixup(batch, 0.2, 3, _seed(1))
+  labels = out['label'].numpy()
+  r = labels[0, 0]
+  assert 0 <= r <= 1
+  np.testing.assert_allclose(labels, [[r, 0, 1 - r], [1 - r, 0, r]],
+                             atol=1e-6)
+  np.testing.assert_allclose(out['image'].numpy()[0],
+                             r * PHOTO + (1 - r) * PHOTO[::-1], atol=1e-2)
+  again = mixup.mixup(batch, 0.2, 3, _seed(1))['label'].numpy()
+  np.testing.assert_array_equal(labels, again)
+  ratios = [float(mixup.beta_ratio(0.2, _seed(i))) for i in range(200)]
+  assert all(0 <= x <= 1 for x in ratios)
+  assert np.mean([x < 0.1 or x > 0.9 for x in ratios]) > 0.4  # U-shaped.

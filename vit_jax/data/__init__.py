@@ -1,0 +1,15 @@
+"""The input pipeline: datasets -> pre-processing -> per-process batches.
+
+  * `pipeline.py`: `train_iterator`, `eval_iterator`, `dataset_info` - what
+    the training loop calls;
+  * `registry.py`: every dataset by name (tfds builders, VTAB-1k splits,
+    folders, TFRecords, digits); `settings.py`: the `input` config fields;
+  * `sources.py` and `*_source.py`: reading one process's shard;
+  * `ops.py`, `preprocess.py`, `mixup.py`: pre-processing;
+  * `prepare.py`: `python -m vit_jax.data.prepare NAME` (fashion_mnist
+    offline); `bench.py`: input throughput.
+
+Importing this package is cheap; TensorFlow loads with `pipeline`:
+
+    from vit_jax.data import pipeline
+"""

@@ -1,0 +1,267 @@
+"""Pre-processing ops: per-example transforms that run in tf.data on the host.
+
+Every op is made by a factory registered under its name; the factory takes
+the op's arguments and returns `fn(features, seed) -> features`. `features`
+is the example dict (`image`, `label`, ...); `seed` is a shape-[2] integer
+tensor, distinct per op and per example, that random ops feed to TensorFlow's
+stateless random functions: the same seed gives the same output on any
+machine, whatever the tf.data parallelism.
+
+| op | what it does |
+|---|---|
+| `decode(channels=3)` | encoded JPEG/PNG/GIF/BMP -> uint8 HxWxC; uint8 input passes (channels adjusted) |
+| `inception_crop(size=None, area_min=0.05, area_max=1.0, aspect_min=0.75, aspect_max=1.333)` | random crop of 5-100% of the area (then resized to `size`) |
+| `decode_jpeg_and_inception_crop(size=None, ...)` | the two above fused: decodes only the crop window of a JPEG |
+| `resize(h, w=h, method='bilinear', antialias=False)` | resize to h x w (float32 out) |
+| `resize_small(size, method='bilinear')` | resize the shorter side to `size`, keep the aspect ratio |
+| `random_crop(h, w=h)` | random h x w crop |
+| `central_crop(h, w=h)` | central h x w crop |
+| `flip_lr` | random left-right flip |
+| `value_range(vmin=-1, vmax=1, in_min=0, in_max=255, clip=True)` | affine map of pixel values |
+| `to_rgb` | grayscale (1 channel) -> 3 channels |
+| `onehot(depth, on=1.0, off=0.0)` | label -> float32 one-hot [depth] |
+| `keep(*keys)` | drop every other feature |
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable, Dict, List, Optional, Tuple
+
+import tensorflow as tf
+
+Features = Dict[str, tf.Tensor]
+OpFn = Callable[[Features, tf.Tensor], Features]
+
+_FACTORIES: Dict[str, Tuple[Callable[..., OpFn], bool]] = {}
+
+
+def register(name: str, *, random: bool = False):
+  """Registers `factory(*args) -> OpFn` as op `name` (`random`: uses seed)."""
+  def deco(factory):
+    _FACTORIES[name] = (factory, random)
+    return factory
+  return deco
+
+
+def names() -> List[str]:
+  return sorted(_FACTORIES)
+
+
+def is_random(name: str) -> bool:
+  return _FACTORIES[name][1]
+
+
+def make(name: str, *args, **kwargs) -> OpFn:
+  """Builds op `name`; errors list the known ops or the op's signature."""
+  if name not in _FACTORIES:
+    raise ValueError(f'unknown pre-processing op {name!r}; known ops: '
+                     f'{", ".join(names())}')
+  factory = _FACTORIES[name][0]
+  try:
+    inspect.signature(factory).bind(*args, **kwargs)
+  except TypeError as e:
+    raise ValueError(f'bad arguments for op {name}{inspect.signature(factory)}'
+                     f': {e}') from None
+  return factory(*args, **kwargs)
+
+
+def _on_image(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> OpFn:
+  def op(features: Features, seed: tf.Tensor) -> Features:
+    return {**features, 'image': fn(features['image'], seed)}
+  return op
+
+
+def _hw(h: int, w: Optional[int]) -> Tuple[int, int]:
+  return int(h), int(h if w is None else w)
+
+
+def _set_channels(image: tf.Tensor, channels: Optional[int]) -> tf.Tensor:
+  """Grayscale -> RGB (tile) or RGB -> grayscale; None keeps the channels."""
+  if not channels:
+    return image
+  have = image.shape[-1]
+  if have == channels:
+    return image
+  if channels == 3 and have == 1:
+    return tf.tile(image, [1, 1, 3])
+  if channels == 1 and have == 3:
+    return tf.cast(tf.round(tf.image.rgb_to_grayscale(
+        tf.cast(image, tf.float32))), image.dtype)
+  # Channels unknown statically: decide at run time (1 -> tile, else keep).
+  image = tf.cond(tf.equal(tf.shape(image)[-1], 1),
+                  lambda: tf.tile(image, [1, 1, channels]),
+                  lambda: image[..., :channels])
+  return tf.ensure_shape(image, [None, None, channels])
+
+
+def decode_image(data: tf.Tensor, channels: Optional[int] = 3) -> tf.Tensor:
+  """Encoded bytes -> uint8 [H, W, C]; an already decoded image passes."""
+  if data.dtype != tf.string:
+    return _set_channels(data, channels)
+  image = tf.io.decode_image(data, channels=channels or 0,
+                             expand_animations=False)
+  return tf.ensure_shape(image, [None, None, channels or None])
+
+
+@register('decode')
+def decode(channels: Optional[int] = 3) -> OpFn:
+  return _on_image(lambda image, seed: decode_image(image, channels))
+
+
+def _sample_crop(shape: tf.Tensor, seed: tf.Tensor, area: Tuple[float, float],
+                 aspect: Tuple[float, float]):
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, tf.zeros([0, 0, 4], tf.float32), seed=seed, area_range=area,
+      aspect_ratio_range=aspect, min_object_covered=0.0, max_attempts=10,
+      use_image_if_no_bounding_boxes=True)
+  return begin, size
+
+
+def _check_area(area_min: float, area_max: float) -> None:
+  if not 0 < area_min <= area_max <= 1:
+    raise ValueError(f'inception_crop needs 0 < area_min <= area_max <= 1, '
+                     f'got ({area_min}, {area_max})')
+
+
+def _resize(image: tf.Tensor, h: int, w: int, method: str = 'bilinear',
+            antialias: bool = False) -> tf.Tensor:
+  out = tf.image.resize(image, [h, w], method=method, antialias=antialias)
+  return tf.cast(out, tf.float32)
+
+
+@register('inception_crop', random=True)
+def inception_crop(size: Optional[int] = None, area_min: float = 0.05,
+                   area_max: float = 1.0, aspect_min: float = 3 / 4,
+                   aspect_max: float = 4 / 3) -> OpFn:
+  """A crop covering a random 5-100% of the area ("Inception" crop)."""
+  _check_area(area_min, area_max)
+
+  def fn(image, seed):
+    begin, crop = _sample_crop(tf.shape(image), seed, (area_min, area_max),
+                               (aspect_min, aspect_max))
+    image = tf.slice(image, begin, crop)
+    return _resize(image, size, size) if size else image
+  return _on_image(fn)
+
+
+@register('decode_jpeg_and_inception_crop', random=True)
+def decode_jpeg_and_inception_crop(
+    size: Optional[int] = None, area_min: float = 0.05, area_max: float = 1.0,
+    aspect_min: float = 3 / 4, aspect_max: float = 4 / 3,
+    channels: int = 3) -> OpFn:
+  """`decode|inception_crop`, decoding only the crop window of a JPEG.
+
+  For the same seed the window is the unfused ops' window; pixels agree up
+  to JPEG chroma upsampling at its edges. Non-JPEG bytes and decoded images
+  take the unfused path.
+  """
+  _check_area(area_min, area_max)
+  area, aspect = (area_min, area_max), (aspect_min, aspect_max)
+
+  def unfused(image, seed):
+    image = decode_image(image, channels)
+    begin, crop = _sample_crop(tf.shape(image), seed, area, aspect)
+    return tf.slice(image, begin, crop)
+
+  def fn(data, seed):
+    if data.dtype != tf.string:
+      image = unfused(data, seed)
+    else:
+      def jpeg():
+        shape = tf.image.extract_jpeg_shape(data)
+        shape = tf.concat([shape[:2], [channels]], axis=0)
+        begin, crop = _sample_crop(shape, seed, area, aspect)
+        window = tf.stack([begin[0], begin[1], crop[0], crop[1]])
+        return tf.image.decode_and_crop_jpeg(data, window, channels=channels)
+      image = tf.cond(tf.io.is_jpeg(data), jpeg, lambda: unfused(data, seed))
+      image = tf.ensure_shape(image, [None, None, channels])
+    return _resize(image, size, size) if size else image
+  return _on_image(fn)
+
+
+@register('resize')
+def resize(h: int, w: Optional[int] = None, method: str = 'bilinear',
+           antialias: bool = False) -> OpFn:
+  h, w = _hw(h, w)
+  return _on_image(lambda image, seed: _resize(image, h, w, method, antialias))
+
+
+@register('resize_small')
+def resize_small(size: int, method: str = 'bilinear',
+                 antialias: bool = False) -> OpFn:
+  """Resizes so that the shorter side is `size`, keeping the aspect ratio."""
+  def fn(image, seed):
+    hw = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = size / tf.reduce_min(hw)
+    new = tf.maximum(tf.cast(tf.round(hw * scale), tf.int32), size)
+    out = tf.image.resize(image, new, method=method, antialias=antialias)
+    return tf.cast(out, tf.float32)
+  return _on_image(fn)
+
+
+@register('random_crop', random=True)
+def random_crop(h: int, w: Optional[int] = None) -> OpFn:
+  h, w = _hw(h, w)
+
+  def fn(image, seed):
+    channels = tf.shape(image)[-1]
+    out = tf.image.stateless_random_crop(image, [h, w, channels], seed=seed)
+    return tf.ensure_shape(out, [h, w, image.shape[-1]])
+  return _on_image(fn)
+
+
+@register('central_crop')
+def central_crop(h: int, w: Optional[int] = None) -> OpFn:
+  h, w = _hw(h, w)
+
+  def fn(image, seed):
+    shape = tf.shape(image)
+    top, left = (shape[0] - h) // 2, (shape[1] - w) // 2
+    tf.debugging.assert_non_negative(
+        tf.minimum(top, left),
+        message=f'central_crop({h}, {w}): image is smaller than the crop')
+    out = image[top:top + h, left:left + w]
+    return tf.ensure_shape(out, [h, w, image.shape[-1]])
+  return _on_image(fn)
+
+
+@register('flip_lr', random=True)
+def flip_lr() -> OpFn:
+  return _on_image(lambda image, seed:
+                   tf.image.stateless_random_flip_left_right(image, seed))
+
+
+@register('value_range')
+def value_range(vmin: float = -1.0, vmax: float = 1.0, in_min: float = 0.0,
+                in_max: float = 255.0, clip: bool = True) -> OpFn:
+  """Maps [in_min, in_max] affinely onto [vmin, vmax] (float32)."""
+  scale = (vmax - vmin) / (in_max - in_min)
+
+  def fn(image, seed):
+    out = vmin + (tf.cast(image, tf.float32) - in_min) * scale
+    if clip:
+      out = tf.clip_by_value(out, min(vmin, vmax), max(vmin, vmax))
+    return out
+  return _on_image(fn)
+
+
+@register('to_rgb')
+def to_rgb() -> OpFn:
+  return _on_image(lambda image, seed: _set_channels(image, 3))
+
+
+@register('onehot')
+def onehot(depth: int, on: float = 1.0, off: float = 0.0) -> OpFn:
+  def op(features, seed):
+    label = tf.one_hot(features['label'], depth, on_value=on, off_value=off,
+                       dtype=tf.float32)
+    return {**features, 'label': label}
+  return op
+
+
+@register('keep')
+def keep(*keys: str) -> OpFn:
+  def op(features, seed):
+    return {k: v for k, v in features.items() if k in keys}
+  return op

@@ -1,0 +1,394 @@
+"""What the training loop calls: per-process train and eval batches.
+
+    it = train_iterator(config.input, seed=0, process_index=i, process_count=n)
+    batch = next(it)            # {'image': f32 [B/n, H, W, C], 'label': i32 [B/n]}
+    state = it.get_state()      # JSON; it.set_state(state) resumes exactly
+    for batch in eval_iterator(config.input, process_index=i, process_count=n):
+      ...                       # + 'mask': False on padding; every example once
+    info = dataset_info(config.input)
+
+Training stream of one process: epochs 0, 1, 2, ... of its shard; epoch e
+reads the files in an order seeded by (seed, process, e), shuffles examples
+in a buffer seeded likewise, and numbers them 0, 1, ...; example (e, i) is
+pre-processed with random ops seeded by (seed, process, e, i). Batches run
+across epoch ends, none is dropped. So the stream is a pure function of
+(seed, process_index, process_count, config), and a position (e, i) is all
+a resume needs: rebuild epoch e, skip i examples (read, not decoded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from vit_jax.data import mixup as mixup_lib
+from vit_jax.data import preprocess
+from vit_jax.data import settings as settings_lib
+from vit_jax.data.errors import DataError
+
+_EPOCH, _INDEX = '_epoch', '_index'
+_STATE_FORMAT = 1
+_hidden = False
+
+
+def _hide_accelerators_from_tf() -> None:
+  """tf.data runs on the host CPU; keep TensorFlow off GPUs JAX uses.
+
+  Called first by every entry point: it only works before TensorFlow runs
+  an op (a no-op with tensorflow-cpu).
+  """
+  global _hidden
+  if not _hidden:
+    _hidden = True
+    try:
+      tf.config.set_visible_devices([], 'GPU')
+    except (RuntimeError, ValueError):  # Already initialised: nothing to do.
+      pass
+
+
+def _fold(key: tf.Tensor, *data: tf.Tensor) -> tf.Tensor:
+  for d in data:
+    key = tf.random.experimental.stateless_fold_in(key, d)
+  return key
+
+
+def _seed64(key: tf.Tensor, *data: tf.Tensor) -> tf.Tensor:
+  """A scalar int64 seed (for `shuffle`) from a key and data."""
+  return tf.bitcast(tf.cast(_fold(key, *data), tf.int32), tf.int64)
+
+
+def _keys(seed: int, process_index: int) -> Dict[str, np.ndarray]:
+  """Independent stateless keys for each use, per (seed, process)."""
+  base = tf.constant([seed, process_index], tf.int64)
+  return {name: tf.random.experimental.stateless_fold_in(base, i).numpy()
+          for i, name in enumerate(('order', 'shuffle', 'pp', 'mixup'))}
+
+
+def _finalize(features: Dict[str, tf.Tensor]) -> Dict[str, tf.Tensor]:
+  out = dict(features)
+  out['image'] = tf.cast(out['image'], tf.float32)
+  if out['label'].dtype.is_integer:
+    out['label'] = tf.cast(out['label'], tf.int32)
+  return out
+
+
+def _options() -> tf.data.Options:
+  options = tf.data.Options()
+  options.deterministic = True
+  options.threading.max_intra_op_parallelism = 1
+  return options
+
+
+def _raise_explained(st: settings_lib.Settings, error: tf.errors.OpError,
+                     split: str, process_index: int, process_count: int):
+  """Re-raises a reading error, replaced by the source's clearer one."""
+  better = st.source.explain_error(error, split, process_index,
+                                   process_count)
+  if better is None:
+    raise error
+  raise better from error
+
+
+class TrainIterator:
+  """Endless local train batches with an exact, cheap, resumable position.
+
+  `get_state()` is a small JSON dict; `set_state(state)` makes the next
+  batch the one an uninterrupted run would have produced next. For sources
+  of known size (tfds, folders, digits) the position follows from the batch
+  count alone, so process 0's state restores every process; TFRecord
+  sources need each process's own state for an exact resume (with another
+  process's state they resume approximately, from the estimated size).
+  """
+
+  def __init__(self, st: settings_lib.Settings, *, seed: int,
+               process_index: int, process_count: int):
+    self._st = st
+    self._seed = int(seed)
+    self._pi, self._pc = process_index, process_count
+    self._local = settings_lib.local_batch_size(st.batch_size, process_count,
+                                                'batch_size')
+    if st.train_split is None:
+      raise DataError(f'{st.spec.name} has no train split (evaluation only)')
+    self._host_size = st.source.host_size(st.train_split, process_index,
+                                          process_count)
+    if self._host_size == 0:
+      raise DataError(
+          f'{st.spec.name} split {st.train_split!r} has no examples for '
+          f'process {process_index} of {process_count}')
+    self._pp = preprocess.build(st.pp_train, st.image_size)
+    self._keys = _keys(self._seed, process_index)
+    self._num_classes = st.source.num_classes
+    self._position: Tuple[int, int] = (0, 0)
+    self._batches = 0
+    self._iterator: Optional[Iterator[Dict[str, np.ndarray]]] = None
+
+  @property
+  def local_batch_size(self) -> int:
+    return self._local
+
+  def dataset(self, epoch: int = 0, index: int = 0) -> tf.data.Dataset:
+    """The batched stream starting at example `index` of epoch `epoch`."""
+    st, keys = self._st, self._keys
+    source, split = st.source, st.train_split
+    pi, pc = self._pi, self._pc
+    buffer = max(1, min(st.shuffle_buffer, self._host_size or
+                        st.shuffle_buffer))
+    cached = (source.host_dataset(split, pi, pc).cache() if st.cache
+              else None)
+
+    def one_epoch(e):
+      if cached is not None:  # In memory: the buffer shuffle is the order.
+        ds = cached
+      else:
+        ds = source.host_dataset(split, pi, pc,
+                                 order_seed=_seed64(keys['order'], e))
+      ds = ds.shuffle(buffer, seed=_seed64(keys['shuffle'], e),
+                      reshuffle_each_iteration=False)
+      ds = ds.enumerate().map(lambda i, x: {**x, _EPOCH: e, _INDEX: i})
+      return ds.skip(tf.where(tf.equal(e, epoch), tf.cast(index, tf.int64),
+                              tf.constant(0, tf.int64)))
+
+    def process(x):
+      e, i = x[_EPOCH], x[_INDEX]
+      features = {k: v for k, v in x.items() if k not in (_EPOCH, _INDEX)}
+      out = _finalize(self._pp(features, _fold(keys['pp'], e, i)))
+      return {**out, _EPOCH: e, _INDEX: i}
+
+    ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
+    ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(self._local, drop_remainder=True)
+    if st.mixup > 0:
+      ds = ds.map(lambda b: mixup_lib.mixup(
+          b, st.mixup, self._num_classes,
+          _fold(keys['mixup'], b[_EPOCH][0], b[_INDEX][0])))
+    return ds.prefetch(st.prefetch).with_options(_options())
+
+  def __iter__(self) -> 'TrainIterator':
+    return self
+
+  def __next__(self) -> Dict[str, np.ndarray]:
+    if self._iterator is None:
+      self._iterator = self.dataset(*self._position).as_numpy_iterator()
+    try:
+      batch = next(self._iterator)
+    except tf.errors.OpError as e:
+      _raise_explained(self._st, e, self._st.train_split, self._pi, self._pc)
+    epoch, index = batch.pop(_EPOCH)[-1], batch.pop(_INDEX)[-1]
+    self._position = (int(epoch), int(index) + 1)
+    self._batches += 1
+    return batch
+
+  def _identity(self) -> Dict[str, Any]:
+    st = self._st
+    return {'data': st.spec.name, 'split': st.train_split, 'seed': self._seed,
+            'batch_size': st.batch_size, 'process_count': self._pc,
+            'pp': preprocess.expand(st.pp_train, st.image_size)}
+
+  def get_state(self) -> Dict[str, Any]:
+    """The position after the last batch returned, JSON-serialisable."""
+    epoch, index = self._position
+    return {'format': _STATE_FORMAT, 'batches': self._batches,
+            'epoch': epoch, 'index': index, 'process_index': self._pi,
+            **self._identity()}
+
+  def set_state(self, state: Dict[str, Any]) -> None:
+    """Continues from `state` (from `get_state`) at the next batch."""
+    mine = self._identity()
+    diff = {k: (state.get(k), v) for k, v in mine.items()
+            if state.get(k) != v}
+    if state.get('format') != _STATE_FORMAT or diff:
+      raise ValueError(
+          'cannot resume the input pipeline exactly: the saved state was '
+          'made with other settings (saved, now): '
+          f'{diff or {"format": (state.get("format"), _STATE_FORMAT)}}. '
+          'Restore with the same input config, seed and process count, or '
+          'start the input stream afresh.')
+    batches = int(state['batches'])
+    if state.get('process_index') == self._pi:
+      position = (int(state['epoch']), int(state['index']))
+    elif self._host_size:
+      position = divmod(batches * self._local, self._host_size)
+    else:
+      estimate = max(1, (self._st.num_train_examples or 1) // self._pc)
+      position = divmod(batches * self._local, estimate)
+      logging.warning(
+          'input state of process %s restored on process %d: %s has no '
+          'known size, resuming approximately at epoch %d, example %d',
+          state.get('process_index'), self._pi, self._st.spec.name,
+          *position)
+    self._position = (int(position[0]), int(position[1]))
+    self._batches = batches
+    self._iterator = None
+
+
+def train_iterator(input_config, *, seed: int, process_index: int = 0,
+                   process_count: int = 1) -> TrainIterator:
+  """Endless train batches of this process's shard; see `TrainIterator`.
+
+  Args:
+    input_config: the `input` ConfigDict (fields: `settings.py`).
+    seed: the run's seed; with the process index it seeds file order,
+      shuffling and random pre-processing.
+    process_index: this process, in [0, process_count).
+    process_count: number of processes; `input.batch_size` must divide.
+
+  Returns:
+    An iterator of {'image': float32 [B/n, H, W, C], 'label': int32 [B/n]}
+    (label float32 [B/n, classes] with mixup), with get_state / set_state.
+  """
+  _hide_accelerators_from_tf()
+  settings_lib.check_process(process_index, process_count)
+  st = settings_lib.read(input_config)
+  return TrainIterator(st, seed=seed, process_index=process_index,
+                       process_count=process_count)
+
+
+class EvalIterable:
+  """Fixed-size local eval batches; each pass sees every example once.
+
+  Every process yields `num_batches` batches (the same number on every
+  process), the last ones padded with zeros and `mask` False; together the
+  processes' unmasked rows are exactly the split. Iterating again makes a
+  new pass (reusing the in-memory cache with `input.cache`).
+  """
+
+  def __init__(self, st: settings_lib.Settings, *, process_index: int,
+               process_count: int):
+    self._st = st
+    self._pi, self._pc = process_index, process_count
+    self.split = st.require_eval_split()
+    self.local_batch_size = settings_lib.local_batch_size(
+        st.eval_batch_size, process_count, 'eval_batch_size')
+    source = st.source
+    bound = max(source.size_bound(self.split, p, process_count)
+                for p in range(process_count))
+    self.num_batches = math.ceil(bound / self.local_batch_size)
+    self._dataset = self._build()
+
+  def _build(self) -> tf.data.Dataset:
+    st = self._st
+    pp = preprocess.build(st.pp_eval, st.image_size)
+    ds = st.source.host_dataset(self.split, self._pi, self._pc)
+    if st.cache:
+      ds = ds.cache()
+    key = tf.constant([0, 0], tf.int64)
+    ds = ds.enumerate().map(lambda i, x: _finalize(pp(x, _fold(key, i))),
+                            num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.batch(self.local_batch_size)
+    for name, spec in ds.element_spec.items():
+      if not spec.shape[1:].is_fully_defined():
+        raise DataError(
+            f'eval feature {name!r} has shape {spec.shape[1:]} per example: '
+            'input.pp_eval must produce fixed-size images (end with '
+            'resize(S) or central_crop(S))')
+    return ds.prefetch(st.prefetch).with_options(_options())
+
+  def __len__(self) -> int:
+    return self.num_batches
+
+  def _padding(self, n: int) -> Dict[str, np.ndarray]:
+    return {name: np.zeros((n, *spec.shape[1:]), spec.dtype.as_numpy_dtype)
+            for name, spec in self._dataset.element_spec.items()}
+
+  def __iter__(self) -> Iterator[Dict[str, np.ndarray]]:
+    b = self.local_batch_size
+    done = 0
+    iterator = self._dataset.as_numpy_iterator()
+    while True:
+      try:
+        batch = next(iterator)
+      except StopIteration:
+        break
+      except tf.errors.OpError as e:
+        _raise_explained(self._st, e, self.split, self._pi, self._pc)
+      if done == self.num_batches:  # Processes would fall out of step.
+        raise AssertionError(f'{self.split}: more than the {done} eval '
+                             'batches counted')
+      n = len(batch['label'])
+      if n < b:
+        pad = self._padding(b - n)
+        batch = {k: np.concatenate([v, pad[k]]) for k, v in batch.items()}
+      batch['mask'] = np.arange(b) < n
+      done += 1
+      yield batch
+    for _ in range(self.num_batches - done):
+      batch = self._padding(b)
+      batch['mask'] = np.zeros(b, bool)
+      yield batch
+
+
+def eval_iterator(input_config, *, split: Optional[str] = None,
+                  process_index: int = 0,
+                  process_count: int = 1) -> EvalIterable:
+  """Local eval batches {'image', 'label', 'mask'} covering `split` once.
+
+  Args:
+    input_config: the `input` ConfigDict.
+    split: a split to evaluate instead of `input.eval_split`.
+    process_index: this process, in [0, process_count).
+    process_count: number of processes; `input.eval_batch_size` must divide.
+
+  Returns:
+    A re-iterable of batches of `eval_batch_size // process_count` rows;
+    `mask` is False on padding rows. ImageNet ReaL adds `real_label`
+    (bool [B, 1000]).
+  """
+  _hide_accelerators_from_tf()
+  settings_lib.check_process(process_index, process_count)
+  st = settings_lib.read(input_config, eval_split=split)
+  return EvalIterable(st, process_index=process_index,
+                      process_count=process_count)
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  """What the trainer needs to know before the first batch."""
+  name: str
+  num_classes: int
+  num_train_examples: Optional[int]
+  num_eval_examples: int
+  image_shape: Tuple[int, int, int]
+  eval_image_shape: Tuple[int, int, int]
+  train_split: Optional[str]
+  eval_split: str
+
+
+def _output_shape(st: settings_lib.Settings, split: str, pp_spec):
+  pp = preprocess.build(pp_spec, st.image_size)
+  spec = st.source.element_spec(split)
+  fn = tf.function(lambda x: _finalize(pp(x, tf.constant([0, 0], tf.int64))))
+  shape = fn.get_concrete_function(spec).structured_outputs['image'].shape
+  if not shape.is_fully_defined():
+    raise DataError(f'pre-processing {pp_spec!r} gives images of shape '
+                    f'{shape}: end it with resize(S) or a crop to S')
+  return tuple(shape.as_list())
+
+
+def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
+  """Classes, split sizes and the model's input shape for `input_config`.
+
+  `split` replaces `input.eval_split` (as in `eval_iterator`).
+  """
+  _hide_accelerators_from_tf()
+  st = settings_lib.read(input_config, eval_split=split)
+  source = st.source
+  num_train = None
+  if st.train_split:
+    num_train = source.split_size(st.train_split) or st.num_train_examples
+  eval_split = st.require_eval_split()
+  num_eval = source.split_size(eval_split)
+  if num_eval is None:
+    num_eval = source.count_host(eval_split, 0, 1)
+  eval_shape = _output_shape(st, eval_split, st.pp_eval)
+  train_shape = (_output_shape(st, st.train_split, st.pp_train)
+                 if st.train_split else eval_shape)
+  return DatasetInfo(
+      name=st.spec.name, num_classes=source.num_classes,
+      num_train_examples=num_train, num_eval_examples=num_eval,
+      image_shape=train_shape, eval_image_shape=eval_shape,
+      train_split=st.train_split, eval_split=eval_split)

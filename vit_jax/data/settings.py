@@ -1,0 +1,112 @@
+"""The `input` config fields, their defaults, and their checks.
+
+| field | default | meaning |
+|---|---|---|
+| `data` | required | registry name (`vit_jax/data/registry.py`) |
+| `data_dir` | tfds default (`TFDS_DATA_DIR`) | tfds data dir, image folder or TFRecord folder; may be gs:// |
+| `train_split`, `eval_split` | the registry's | named split or tfds split expression |
+| `batch_size` | required for training | global train batch (all processes) |
+| `eval_batch_size` | `batch_size` | global eval batch |
+| `image_size` | the registry's | side of the square model input |
+| `pp_train`, `pp_eval` | the registry's preset | preset name, op string or op list (`preprocess.py`) |
+| `shuffle_buffer` | 10_000 | examples in the shuffle buffer |
+| `cache` | False | keep the (still encoded) examples in memory after the first pass |
+| `prefetch` | 2 | batches prepared ahead |
+| `mixup` | 0.0 | mixup alpha; > 0 mixes each train batch, labels become [B, classes] |
+| `skip_bad_images` | False | folder datasets: skip undecodable files instead of failing |
+| `num_classes` | the registry's | generic TFRecords only |
+| `num_train_examples` | the registry's | where the source cannot count (TFRecords) |
+| `image_key`, `label_key` | the registry's | TFRecord feature names |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from vit_jax.data import registry, sources
+
+DEFAULT_SHUFFLE_BUFFER = 10_000
+DEFAULT_PREFETCH = 2
+
+
+@dataclasses.dataclass
+class Settings:
+  """An input config with defaults filled in and names resolved."""
+  spec: registry.DatasetSpec
+  source: sources.Source
+  train_split: Optional[str]
+  eval_split: Optional[str]
+  image_size: int
+  batch_size: Optional[int]
+  eval_batch_size: Optional[int]
+  pp_train: object
+  pp_eval: object
+  shuffle_buffer: int
+  cache: bool
+  prefetch: int
+  mixup: float
+  num_train_examples: Optional[int]
+  eval_split_error: Optional[Exception] = None
+
+  def require_eval_split(self) -> str:
+    """The eval split, or the error saying how to set one."""
+    if self.eval_split is None:
+      raise self.eval_split_error
+    return self.eval_split
+
+
+def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
+  """Fills defaults, opens the source and resolves the splits."""
+  name = input_config.get('data')
+  if not name:
+    raise ValueError('input.data is not set; known datasets: '
+                     f'{", ".join(registry.names())}')
+  spec = registry.get(name)
+  source = sources.open_source(spec, input_config)
+  train = input_config.get('train_split') or spec.train_split
+  evals, error = eval_split or input_config.get('eval_split'), None
+  if not evals:
+    try:
+      evals = source.default_eval_split()
+    except ValueError as e:  # Only evaluation needs it.
+      error = e
+  image_size = int(input_config.get('image_size') or spec.image_size)
+  batch = input_config.get('batch_size')
+  return Settings(
+      spec=spec, source=source,
+      train_split=spec.resolve_split(train) if train else None,
+      eval_split=spec.resolve_split(evals) if evals else None,
+      image_size=image_size,
+      batch_size=batch,
+      eval_batch_size=input_config.get('eval_batch_size') or batch,
+      pp_train=input_config.get('pp_train') or spec.pp_train,
+      pp_eval=input_config.get('pp_eval') or spec.pp_eval,
+      shuffle_buffer=int(input_config.get('shuffle_buffer')
+                         or DEFAULT_SHUFFLE_BUFFER),
+      cache=bool(input_config.get('cache', False)),
+      prefetch=int(input_config.get('prefetch') or DEFAULT_PREFETCH),
+      mixup=float(input_config.get('mixup') or 0.0),
+      num_train_examples=(input_config.get('num_train_examples')
+                          or spec.num_train_examples),
+      eval_split_error=error)
+
+
+def local_batch_size(global_batch: Optional[int], process_count: int,
+                     field: str) -> int:
+  """The per-process batch; global batches must split evenly."""
+  if not global_batch or global_batch <= 0:
+    raise ValueError(f'input.{field} must be a positive integer, got '
+                     f'{global_batch!r}')
+  if global_batch % process_count:
+    raise ValueError(
+        f'input.{field}={global_batch} is not divisible by the process count '
+        f'{process_count}: use a multiple of {process_count}, e.g. '
+        f'{max(1, round(global_batch / process_count)) * process_count}')
+  return global_batch // process_count
+
+
+def check_process(process_index: int, process_count: int) -> None:
+  if process_count < 1 or not 0 <= process_index < process_count:
+    raise ValueError(f'process_index={process_index} must be in '
+                     f'[0, process_count={process_count})')

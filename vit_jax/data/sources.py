@@ -1,0 +1,154 @@
+"""Where examples come from: the interface every source implements.
+
+A source turns (split, process) into a tf.data pass over that process's
+shard, in a fixed order, of `{'image': encoded bytes or uint8 HxWxC,
+'label': int}` (plus `real_label` for ImageNet ReaL). Shards are the
+contiguous `tfds.even_splits` of the split (TFRecords: every n-th file):
+process i of n reads only its own examples, the shards are disjoint and
+together cover the split, and their sizes differ by at most one.
+
+`open_source` picks the implementation for a registry entry:
+`tfds_source.py` (prepared tfds datasets), `folder_source.py` (a user's
+folder of class sub-folders), `tfrecord_source.py` (JFT-style TFRecords),
+`digits_source.py` (scikit-learn's digits, in memory).
+"""
+
+from __future__ import annotations
+
+import abc
+import types
+from typing import Dict, List, Mapping, Optional, Tuple
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax.data.registry import DatasetSpec
+
+
+class Source(abc.ABC):
+  """One dataset's examples, split by split and process by process."""
+
+  spec: DatasetSpec
+
+  @property
+  @abc.abstractmethod
+  def num_classes(self) -> int:
+    """Number of classes."""
+
+  @abc.abstractmethod
+  def split_names(self) -> List[str]:
+    """The base splits that exist (for error messages)."""
+
+  @abc.abstractmethod
+  def host_size(self, split: str, process_index: int,
+                process_count: int) -> Optional[int]:
+    """Examples in the process's shard; None if unknown without reading."""
+
+  def count_host(self, split: str, process_index: int,
+                 process_count: int) -> int:
+    """Examples in the process's shard, reading the data if it must."""
+    size = self.host_size(split, process_index, process_count)
+    assert size is not None, type(self).__name__
+    return size
+
+  def size_bound(self, split: str, process_index: int,
+                 process_count: int) -> int:
+    """At least `host_size`, and computed alike on every process.
+
+    Evaluation pads every process to the batch count of the largest bound,
+    so that all processes run the same number of steps.
+    """
+    return self.count_host(split, process_index, process_count)
+
+  def split_size(self, split: str) -> Optional[int]:
+    """Examples in the whole split (all processes); None if unknown."""
+    return self.host_size(split, 0, 1)
+
+  @abc.abstractmethod
+  def host_dataset(self, split: str, process_index: int, process_count: int,
+                   *, order_seed: Optional[tf.Tensor] = None
+                   ) -> tf.data.Dataset:
+    """One pass over the process's shard of `split`.
+
+    Args:
+      split: a split expression (registry named splits already resolved).
+      process_index: this process, in [0, process_count).
+      process_count: number of processes reading the split.
+      order_seed: optional int64 scalar (may be a tensor): permute the coarse
+        read order (files, paths) with it; cheap, no examples held in memory.
+
+    Returns:
+      A dataset of example dicts; same order for the same arguments.
+    """
+
+  def element_spec(self, split: str):
+    """The structure of `host_dataset` elements (reads no data)."""
+    return self.host_dataset(split, 0, 1).element_spec
+
+  def default_eval_split(self) -> str:
+    split = self.spec.eval_split
+    if split is None:
+      raise ValueError(f'{self.spec.name}: set input.eval_split')
+    return split
+
+  def explain_error(self, error: Exception, split: str, process_index: int,
+                    process_count: int) -> Optional[Exception]:
+    """A clearer error for a failure while reading, or None to re-raise."""
+    del error, split, process_index, process_count
+    return None
+
+
+def host_ranges(split: str, sizes: Mapping[str, int], process_index: int,
+                process_count: int) -> List[Tuple[str, int, int]]:
+  """(base split, start, stop) ranges of `split` read by one process.
+
+  The same arithmetic as `tfds.even_splits` applies to tfds datasets, so
+  every source shards and slices alike ('train[:800]', 'test[50%:]', '+').
+  """
+  sub = tfds.even_splits(split, n=process_count)[process_index]
+  infos = {name: types.SimpleNamespace(num_examples=n, shard_lengths=[n])
+           for name, n in sizes.items()}
+  try:
+    absolute = sub.to_absolute(infos)
+  except (ValueError, AssertionError) as e:
+    raise ValueError(f'split {split!r}: {e} (splits: {dict(sizes)})') from e
+  return [(a.splitname, a.from_ or 0, sizes[a.splitname] if a.to is None
+           else a.to) for a in absolute]
+
+
+_OPENED: Dict[tuple, Source] = {}
+
+
+def open_source(spec: DatasetSpec, input_config) -> Source:
+  """The source for a registry entry, configured by `input_config`.
+
+  Sources are kept per configuration: a folder is listed (and a tfds
+  builder loaded) once per process, however many iterators read it.
+  """
+  fields = ('data_dir', 'skip_bad_images', 'num_classes', 'image_key',
+            'label_key')
+  key = (spec.name,) + tuple(input_config.get(f) for f in fields)
+  if key not in _OPENED:
+    _OPENED[key] = _open(spec, input_config)
+  return _OPENED[key]
+
+
+def _open(spec: DatasetSpec, input_config) -> Source:
+  data_dir = input_config.get('data_dir')
+  if spec.source == 'tfds':
+    from vit_jax.data import tfds_source, tfrecord_source
+    if spec.name == 'imagenet21k' and tfrecord_source.has_records(data_dir):
+      return tfrecord_source.TFRecordSource(spec, input_config)
+    return tfds_source.TfdsSource(spec, data_dir)
+  if spec.source == 'folder':
+    from vit_jax.data import folder_source
+    return folder_source.FolderSource(
+        spec, data_dir, skip_bad_images=input_config.get(
+            'skip_bad_images', False))
+  if spec.source == 'tfrecord':
+    from vit_jax.data import tfrecord_source
+    return tfrecord_source.TFRecordSource(spec, input_config)
+  if spec.source == 'digits':
+    from vit_jax.data import digits_source
+    return digits_source.DigitsSource(spec)
+  raise ValueError(f'{spec.name}: unknown source kind {spec.source!r}')

@@ -1,0 +1,123 @@
+"""Prepared tfds datasets, read shard by shard with an optional file order.
+
+Images stay encoded (tfds `SkipDecoding`) until the `decode` op. For the
+usual TFRecord format the process's shard is read from tfds' file
+instructions directly, so that each epoch can read the files in its own
+order (a permutation seeded by a tensor, which tfds' reader cannot take).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from vit_jax.data import vtab
+from vit_jax.data.errors import DatasetNotPreparedError, UnknownSplitError
+from vit_jax.data.registry import DatasetSpec
+from vit_jax.data.sources import Source
+
+# Files read concurrently by one process; the order stays deterministic.
+_CYCLE_LENGTH = 16
+
+
+def default_data_dir() -> str:
+  """Where tfds reads and writes by default (`TFDS_DATA_DIR` or ~)."""
+  return os.environ.get('TFDS_DATA_DIR') or os.path.expanduser(
+      '~/tensorflow_datasets')
+
+
+def load_builder(spec: DatasetSpec, data_dir: Optional[str]):
+  """The prepared builder; a DatasetNotPreparedError names the fix."""
+  where = data_dir or default_data_dir()
+  try:
+    builder = tfds.builder(spec.tfds_name, data_dir=data_dir)
+  except tfds.core.registered.DatasetNotFoundError:
+    raise DatasetNotPreparedError(
+        f'{spec.name}: no tfds dataset {spec.tfds_name!r} in {where}. '
+        f'Prepare it: {spec.prepare}') from None
+  if not builder.is_prepared():
+    raise DatasetNotPreparedError(
+        f'{spec.name}: tfds dataset {builder.info.full_name} is not prepared '
+        f'in {where} (looked for {builder.data_dir}). Prepare it: '
+        f'{spec.prepare}')
+  return builder
+
+
+class TfdsSource(Source):
+  """A registry entry backed by a prepared tfds builder."""
+
+  def __init__(self, spec: DatasetSpec, data_dir: Optional[str]):
+    self.spec = spec
+    self.builder = load_builder(spec, data_dir)
+    features = self.builder.info.features
+    self._decoders = {k: tfds.decode.SkipDecoding()
+                      for k, f in features.items()
+                      if isinstance(f, tfds.features.Image)}
+    self._task = vtab.TASKS[spec.task] if spec.task else None
+
+  @property
+  def num_classes(self) -> int:
+    if self.spec.num_classes:
+      return self.spec.num_classes
+    return self.builder.info.features[self.spec.label_key].num_classes
+
+  def split_names(self) -> List[str]:
+    return list(self.builder.info.splits)
+
+  def _shard(self, split: str, process_index: int, process_count: int):
+    sub = tfds.even_splits(split, n=process_count)[process_index]
+    try:
+      return self.builder.info.splits[sub]
+    except (KeyError, ValueError, AssertionError) as e:
+      raise UnknownSplitError(
+          f'{self.spec.name}: cannot read split {split!r} ({e}); its tfds '
+          f'splits: {self.split_names()}') from None
+
+  def host_size(self, split, process_index, process_count) -> int:
+    return self._shard(split, process_index, process_count).num_examples
+
+  def host_dataset(self, split, process_index, process_count, *,
+                   order_seed=None) -> tf.data.Dataset:
+    shard = self._shard(split, process_index, process_count)
+    info = self.builder.info
+    if info.file_format != tfds.core.FileFormat.TFRECORD:
+      # Other formats: tfds' reader, files in their stored order.
+      sub = tfds.even_splits(split, n=process_count)[process_index]
+      ds = self.builder.as_dataset(split=sub, shuffle_files=False,
+                                   decoders=self._decoders)
+      return ds.map(self._select, num_parallel_calls=tf.data.AUTOTUNE)
+    instructions = [f for f in shard.file_instructions if f.take > 0]
+    files = tf.data.Dataset.from_tensor_slices((
+        tf.constant([f.filename for f in instructions], tf.string),
+        tf.constant([f.skip for f in instructions], tf.int64),
+        tf.constant([f.take for f in instructions], tf.int64)))
+    if order_seed is not None and len(instructions) > 1:
+      files = files.shuffle(len(instructions), seed=order_seed)
+    records = files.interleave(
+        lambda name, skip, take: tf.data.TFRecordDataset(
+            name, buffer_size=8 << 20).skip(skip).take(take),
+        cycle_length=max(1, min(_CYCLE_LENGTH, len(instructions))),
+        block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=True)
+    return records.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
+
+  def _parse(self, serialized: tf.Tensor):
+    example = self.builder.info.features.deserialize_example(
+        serialized, decoders=self._decoders)
+    return self._select(example)
+
+  def _select(self, example):
+    spec = self.spec
+    if self._task:
+      out = self._task(example)
+    else:
+      out = {'image': example[spec.image_key],
+             'label': example[spec.label_key]}
+    if spec.real_label_key:
+      real = tf.cast(example[spec.real_label_key], tf.int32)
+      out['real_label'] = tf.math.bincount(
+          real, minlength=self.num_classes, maxlength=self.num_classes) > 0
+    return out
