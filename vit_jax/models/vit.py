@@ -23,7 +23,7 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models import resnet
+from vit_jax.models import matmul, resnet
 from vit_jax.models.inputs import check_image_shape
 
 Dtype = Any
@@ -52,6 +52,7 @@ class MlpBlock(nn.Module):
   def __call__(self, x, *, deterministic: bool):
     dense = lambda n: nn.Dense(
         n, dtype=self.dtype, param_dtype=self.param_dtype,
+        dot_general=matmul.dot_general,
         kernel_init=nn.initializers.xavier_uniform(),
         bias_init=nn.initializers.normal(stddev=1e-6))
     out_dim = x.shape[-1]
@@ -80,6 +81,8 @@ class Encoder1DBlock(nn.Module):
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
         kernel_init=nn.initializers.xavier_uniform(),
+        qkv_dot_general=matmul.dot_general,
+        out_dot_general=matmul.dot_general,
         broadcast_dropout=False, dropout_rate=self.attention_dropout_rate,
         deterministic=deterministic)(y, y)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
@@ -214,7 +217,8 @@ class VisionTransformer(nn.Module):
 
     if self.representation_size:
       x = nn.Dense(self.representation_size, dtype=self.dtype,
-                   param_dtype=self.param_dtype, name='pre_logits')(x)
+                   param_dtype=self.param_dtype,
+                   dot_general=matmul.dot_general, name='pre_logits')(x)
       x = nn.tanh(x)
     # The image representation (few-shot evaluators read it from here).
     self.sow('intermediates', 'representation', x)
@@ -222,6 +226,7 @@ class VisionTransformer(nn.Module):
       return x
     x = nn.Dense(self.num_classes, dtype=self.dtype,
                  param_dtype=self.param_dtype, name='head',
+                 dot_general=matmul.dot_general,
                  kernel_init=nn.initializers.zeros,
                  bias_init=nn.initializers.constant(self.head_bias_init))(x)
     return x.astype(jnp.float32)

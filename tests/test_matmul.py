@@ -1,0 +1,65 @@
+"""The models' mixed-precision matmul: float32 accumulation, exact fallback."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from vit_jax.models import matmul
+
+DN_DENSE = (((2,), (0,)), ((), ()))  # (B, N, D) x (D, F), as nn.Dense.
+DN_OUT = (((2, 3), (0, 1)), ((), ()))  # (B, N, H, d) x (H, d, D), attention out.
+
+
+def _inputs(seed, *shapes):
+  keys = jax.random.split(jax.random.key(seed), len(shapes))
+  return [jax.random.normal(k, s) / np.sqrt(s[0] if i else 1)
+          for i, (k, s) in enumerate(zip(keys, shapes))]
+
+
+def test_float32_is_exactly_lax():
+  x, w = _inputs(0, (2, 5, 8), (8, 6))
+  np.testing.assert_array_equal(matmul.dot_general(x, w, DN_DENSE),
+                                lax.dot_general(x, w, DN_DENSE))
+
+
+def _loss(dot, dn, dtype):
+  return lambda x, w: (dot(x.astype(dtype), w.astype(dtype), dn)
+                       .astype(jnp.float32) ** 2).sum()
+
+
+def test_bf16_forward_and_gradients_match_float32():
+  for dn, shapes in [(DN_DENSE, ((4, 33, 64), (64, 96))),
+                     (DN_OUT, ((4, 33, 3, 16), (3, 16, 40)))]:
+    x, w = _inputs(1, *shapes)
+    ours = matmul.dot_general(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16),
+                              dn)
+    assert ours.dtype == jnp.bfloat16
+    ref = lax.dot_general(x, w, dn)
+    np.testing.assert_allclose(np.asarray(ours, np.float32), ref,
+                               atol=0.02 * float(jnp.abs(ref).max()))
+    g = jax.grad(_loss(matmul.dot_general, dn, jnp.bfloat16), (0, 1))(x, w)
+    g_ref = jax.grad(_loss(lax.dot_general, dn, jnp.float32), (0, 1))(x, w)
+    for a, b in zip(g, g_ref):
+      assert a.shape == b.shape
+      err = float(jnp.abs(a.astype(jnp.float32) - b).max() / jnp.abs(b).max())
+      assert err < 0.02, err
+
+
+def test_bf16_result_is_the_float32_sum_rounded_once():
+  x, w = _inputs(3, (64, 4096), (4096, 32))
+  xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  ours = matmul.dot_general(xb, wb, (((1,), (0,)), ((), ())))
+  exact = np.asarray(xb, np.float64) @ np.asarray(wb, np.float64)
+  rounded = np.asarray(jnp.asarray(exact, jnp.float32).astype(jnp.bfloat16),
+                       np.float64)
+  ulp = np.abs(rounded) * 2.0**-7
+  assert np.all(np.abs(np.asarray(ours, np.float64) - rounded) <= ulp + 1e-30)
+
+
+def test_batched_dots_fall_back_to_lax():
+  q, k = _inputs(2, (2, 5, 8), (2, 8, 5))
+  dn = (((2,), (1,)), ((0,), (0,)))
+  qb, kb = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16)
+  np.testing.assert_array_equal(matmul.dot_general(qb, kb, dn),
+                                lax.dot_general(qb, kb, dn))
