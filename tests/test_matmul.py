@@ -57,9 +57,24 @@ def test_bf16_result_is_the_float32_sum_rounded_once():
   assert np.all(np.abs(np.asarray(ours, np.float64) - rounded) <= ulp + 1e-30)
 
 
-def test_batched_dots_fall_back_to_lax():
-  q, k = _inputs(2, (2, 5, 8), (2, 8, 5))
-  dn = (((2,), (1,)), ((0,), (0,)))
-  qb, kb = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16)
-  np.testing.assert_array_equal(matmul.dot_general(qb, kb, dn),
-                                lax.dot_general(qb, kb, dn))
+def test_batched_attention_einsums():
+  q, k = _inputs(2, (2, 7, 3, 8), (2, 9, 3, 8))
+  for spec in ('bqhd,bkhd->bhqk', 'bhqk,bkhd->bqhd'):
+    a, b = (q, k) if spec.startswith('bqhd') else (
+        jnp.einsum('bqhd,bkhd->bhqk', q, k), k)
+
+    def loss(dot, dtype):
+      return lambda a, b: (jnp.einsum(spec, a.astype(dtype), b.astype(dtype),
+                                      _dot_general=dot).astype(jnp.float32)
+                           ** 2).sum()
+    ours = jnp.einsum(spec, a.astype(jnp.bfloat16), b.astype(jnp.bfloat16),
+                      _dot_general=matmul.dot_general)
+    ref = jnp.einsum(spec, a, b)
+    assert ours.shape == ref.shape
+    np.testing.assert_allclose(np.asarray(ours, np.float32), ref,
+                               atol=0.02 * float(jnp.abs(ref).max()))
+    g = jax.grad(loss(matmul.dot_general, jnp.bfloat16), (0, 1))(a, b)
+    g_ref = jax.grad(loss(lax.dot_general, jnp.float32), (0, 1))(a, b)
+    for x, y in zip(g, g_ref):
+      err = float(jnp.abs(x.astype(jnp.float32) - y).max() / jnp.abs(y).max())
+      assert err < 0.02, (spec, err)

@@ -1,9 +1,10 @@
 """Mixed-precision matmuls for the dense layers: bf16 in, f32 accumulate.
 
-`dot_general` is a drop-in for `lax.dot_general` (flax's `dot_general=`
-hook). For float32 operands it is `lax.dot_general`. For bfloat16 operands
-it multiplies with float32 accumulation and returns bfloat16, forward and
-backward (a custom VJP), in the canonical layout (M, K) x (K, N):
+`dot_general` is a drop-in for `lax.dot_general` (flax's `dot_general=` and
+`einsum_dot_general=` hooks). For float32 operands it is `lax.dot_general`.
+For bfloat16 operands it multiplies with float32 accumulation and returns
+bfloat16, forward and backward (a custom VJP), in the canonical layout
+(M, K) x (K, N), with one leading batch axis for batched dots (attention):
 
   * numerics: every product is accumulated in float32 (what TPUs and GPUs do
     for bf16 matmuls anyway), also in the backward pass, where plain autodiff
@@ -35,37 +36,48 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
                 preferred_element_type=None, **kwargs):
   """`lax.dot_general`, with float32 accumulation for bf16 x bf16."""
   (lc, rc), (lb, rb) = dimension_numbers
-  if (lhs.dtype != BF16 or rhs.dtype != BF16 or lb or rb
+  if (lhs.dtype != BF16 or rhs.dtype != BF16
       or preferred_element_type not in (None, BF16)):
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type,
                            **kwargs)
-  lc, rc = tuple(lc), tuple(rc)
-  lfree = [i for i in range(lhs.ndim) if i not in lc]
-  rfree = [i for i in range(rhs.ndim) if i not in rc]
+  lc, rc, lb, rb = map(tuple, (lc, rc, lb, rb))
+  lfree = [i for i in range(lhs.ndim) if i not in lc + lb]
+  rfree = [i for i in range(rhs.ndim) if i not in rc + rb]
   k = math.prod(lhs.shape[i] for i in lc)
-  a = jnp.transpose(lhs, lfree + list(lc)).reshape(-1, k)
-  b = jnp.transpose(rhs, list(rc) + rfree).reshape(k, -1)
-  out = _matmul(a, b)
-  return out.reshape([lhs.shape[i] for i in lfree] +
+  batch = [lhs.shape[i] for i in lb]
+  a = jnp.transpose(lhs, list(lb) + lfree + list(lc))
+  b = jnp.transpose(rhs, list(rb) + list(rc) + rfree)
+  if batch:
+    out = _matmul(a.reshape(math.prod(batch), -1, k),
+                  b.reshape(math.prod(batch), k, -1))
+  else:
+    out = _matmul(a.reshape(-1, k), b.reshape(k, -1))
+  return out.reshape(batch + [lhs.shape[i] for i in lfree] +
                      [rhs.shape[i] for i in rfree])
 
 
-def _dot(a, b, dims):
-  return lax.dot_general(a, b, (dims, ((), ())),
+def _dot(a, b, contract):
+  """a x b contracting a's axis `contract[0]` with b's `contract[1]`;
+  3-D operands have a leading batch axis."""
+  batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
+  return lax.dot_general(a, b, (contract, batch),
                          preferred_element_type=F32).astype(BF16)
 
 
 def _transposed(x):
-  """x.T, materialised in row-major order on the CPU (see module doc)."""
+  """x with its last two axes swapped, materialised in row-major order on
+  the CPU (see module doc)."""
+  t = jnp.swapaxes(x, -1, -2)
   if jax.default_backend() != 'cpu':
-    return x.T
-  return lax.optimization_barrier(x.T.reshape(-1)).reshape(x.shape[::-1])
+    return t
+  return lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
 
 
 @jax.custom_vjp
 def _matmul(a, b):
-  return _dot(a, b, ((1,), (0,)))
+  """(..., M, K) x (..., K, N) -> (..., M, N); `...` is one batch axis or none."""
+  return _dot(a, b, ((a.ndim - 1,), (b.ndim - 2,)))
 
 
 def _matmul_fwd(a, b):
@@ -75,8 +87,9 @@ def _matmul_fwd(a, b):
 def _matmul_bwd(res, g):
   a, b = res
   g = g.astype(BF16)
-  da = _dot(g, b, ((1,), (1,)))  # (M, N) x (K, N)^T
-  db = _dot(_transposed(a), g, ((1,), (0,)))  # (K, M) x (M, N)
+  last = g.ndim - 1
+  da = _dot(g, b, ((last,), (last,)))  # (M, N) x (K, N)^T
+  db = _dot(_transposed(a), g, ((last,), (last - 1,)))  # (K, M) x (M, N)
   return da, db
 
 

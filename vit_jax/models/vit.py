@@ -18,6 +18,7 @@ Placement of the paper's pieces:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -83,6 +84,8 @@ class Encoder1DBlock(nn.Module):
         kernel_init=nn.initializers.xavier_uniform(),
         qkv_dot_general=matmul.dot_general,
         out_dot_general=matmul.dot_general,
+        attention_fn=functools.partial(nn.dot_product_attention,
+                                       einsum_dot_general=matmul.dot_general),
         broadcast_dropout=False, dropout_rate=self.attention_dropout_rate,
         deterministic=deterministic)(y, y)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
