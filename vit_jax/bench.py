@@ -3,6 +3,7 @@
     python -m vit_jax.bench --model=ViT-B/16 --batch=8 [--dtype=bfloat16]
         [--mesh=data=-1,fsdp=1,model=1] [--steps=10] [--json=out.json]
     python -m vit_jax.bench --input-only --data=imagenet2012 [--data_dir=DIR]
+        [--batch=256] [--image_size=224]
 
 Reports compile time, the median train-step time after warm-up, img/s,
 achieved TFLOP/s (3 x XLA forward FLOPs per image, the paper's convention),
@@ -34,7 +35,11 @@ flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.')
 flags.DEFINE_integer('num_classes', 1000, 'Head size.')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
-flags.DEFINE_string('data', 'imagenet2012', 'Dataset for --input_only.')
+flags.DEFINE_alias('input-only', 'input_only')
+flags.DEFINE_string('data', 'imagenet2012', 'Dataset for --input_only; '
+                    '"jpeg_records": 4096 JPEG photo crops (skimage) written '
+                    'as TFRecords to a temporary folder, 224-px inception '
+                    'pre-processing.')
 flags.DEFINE_string('data_dir', None, 'tfds data dir for --input_only.')
 
 
@@ -163,6 +168,23 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
   return out
 
 
+def _bench_input() -> Dict[str, Any]:
+  import tempfile
+
+  import ml_collections
+  from vit_jax.data import bench as data_bench
+  cfg = dict(data=FLAGS.data, data_dir=FLAGS.data_dir,
+             batch_size=FLAGS.batch, image_size=FLAGS.image_size)
+  if FLAGS.data != 'jpeg_records':
+    return data_bench.measure_input(ml_collections.ConfigDict(cfg),
+                                    FLAGS.steps)
+  with tempfile.TemporaryDirectory(prefix='jpeg_records_') as tmp:
+    cfg.update(data='tfrecord', num_classes=1000, pp_train='inception',
+               data_dir=data_bench.synthetic_jpeg_records(tmp, 4096))
+    return data_bench.measure_input(ml_collections.ConfigDict(cfg),
+                                    FLAGS.steps)
+
+
 def _print_table(res: Dict[str, Any]) -> None:
   width = max(len(k) for k in res)
   for k, v in res.items():
@@ -175,11 +197,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if FLAGS.input_only:
-    import ml_collections
-    from vit_jax.data import bench as data_bench
-    res = data_bench.measure_input(ml_collections.ConfigDict(dict(
-        data=FLAGS.data, data_dir=FLAGS.data_dir, batch_size=FLAGS.batch,
-        image_size=FLAGS.image_size)), FLAGS.steps)
+    res = _bench_input()
   else:
     res = bench_train_step(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,

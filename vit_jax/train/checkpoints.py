@@ -20,8 +20,9 @@ class Checkpointer:
 
   def __init__(self, workdir: str, *, every: int, keep: int = 3,
                async_save: bool = True):
-    directory = os.path.join(os.path.abspath(workdir), 'checkpoints') \
-        if '://' not in workdir else workdir.rstrip('/') + '/checkpoints'
+    if '://' not in workdir:  # Local: absolute. gs:// and others: as given.
+      workdir = os.path.abspath(workdir)
+    directory = workdir.rstrip('/') + '/checkpoints'
     self.every = every
     self.manager = ocp.CheckpointManager(
         directory,
@@ -76,3 +77,28 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def load_params(path: str) -> Any:
+  """Parameters from a training workdir, its checkpoints dir or one step dir.
+
+  `path` may be DIR (a workdir: its latest checkpoint), DIR/checkpoints, or
+  DIR/checkpoints/<step>. Returns a nested dict of host arrays.
+  """
+  import tensorflow as tf
+  path = path.rstrip('/')
+  candidates = [path + '/checkpoints', path]
+  for directory in candidates:
+    if tf.io.gfile.isdir(directory):
+      steps = [int(d.rstrip('/')) for d in tf.io.gfile.listdir(directory)
+               if d.rstrip('/').isdigit()]
+      if steps:
+        path = f'{directory}/{max(steps)}'
+        break
+  state_dir = path + '/state'
+  if not tf.io.gfile.isdir(state_dir):
+    raise FileNotFoundError(
+        f'no orbax train state under {path}: expected a workdir, its '
+        'checkpoints/ folder or checkpoints/<step> (or pass an .npz file)')
+  state = ocp.StandardCheckpointer().restore(state_dir)
+  return state['params']

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Any, Dict, Optional
 
 import jax
@@ -69,9 +70,13 @@ def evaluate(eval_fn, params, config, mesh) -> Dict[str, float]:
 
 
 def _init_params(config, state, state_sh):
-  """Replaces fresh params with `config.init` (pre-trained) weights."""
+  """Replaces fresh params with `config.init` weights (an .npz file, or an
+  orbax workdir / checkpoint directory of an earlier run)."""
   host = jax.device_get(state.params)
-  params = load_pretrained(config.init, host)
+  source = config.init
+  if not source.endswith('.npz'):
+    source = checkpoints.load_params(source)
+  params = load_pretrained(source, host)
   params = jax.device_put(params, state_sh.params)
   logging.info('initialised from %s', config.init)
   return state.replace(params=params)
@@ -163,7 +168,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   try:
     with jax.set_mesh(mesh):
       while step < steps:
+        t0 = time.perf_counter()
         batch = _global_batch(next(train_it), mesh)
+        progress.input_wait(time.perf_counter() - t0)
         state, metrics = train_fn(state, batch)
         step += 1
         if pending is not None:
@@ -174,6 +181,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
           scalars.update(progress.report(step))
           writer.write_scalars(step, scalars)
+          writer.flush()
         if eval_every and step % eval_every == 0 and step < steps:
           eval_metrics = evaluate(eval_fn, state.params, config, mesh)
           writer.write_scalars(step, eval_metrics)
@@ -188,7 +196,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       writer.write_scalars(step, eval_metrics)
   finally:
     ckpt.close()
-    writer.flush()
+    writer.close()
 
   wall = prior_wall + progress.elapsed()
   examples = step * config.input.batch_size

@@ -15,33 +15,46 @@ from typing import Any, Dict, Mapping, Optional
 
 import jax
 import numpy as np
+import tensorflow as tf
 from clu import metric_writers
 
 from vit_jax import accounting
 
 
 class JsonlWriter(metric_writers.LoggingWriter):
-  """Appends one JSON object per `write_scalars` call to a file."""
+  """One JSON object per `write_scalars` call, in a file (local or gs://).
+
+  Rows of an earlier run in the same workdir are kept (resume appends).
+  The file is rewritten whole at each flush: object stores cannot append,
+  and a run's metrics are small.
+  """
 
   def __init__(self, path: str):
     super().__init__()
     self._path = path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    self._file = open(path, 'a', encoding='utf-8')
+    tf.io.gfile.makedirs(os.path.dirname(path))
+    self._lines = []
+    if tf.io.gfile.exists(path):
+      with tf.io.gfile.GFile(path, 'r') as f:
+        self._lines = [l for l in f.read().splitlines() if l.strip()]
+    self._dirty = False
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]):
     row = {'step': int(step)}
     row.update({k: float(np.asarray(v)) for k, v in scalars.items()})
-    self._file.write(json.dumps(row) + '\n')
+    self._lines.append(json.dumps(row))
+    self._dirty = True
 
   def write_hparams(self, hparams: Mapping[str, Any]):
     pass
 
   def flush(self):
-    self._file.flush()
+    if self._dirty:
+      _write_text(self._path, '\n'.join(self._lines) + '\n')
+      self._dirty = False
 
   def close(self):
-    self._file.close()
+    self.flush()
 
 
 def make_writer(workdir: str) -> metric_writers.MetricWriter:
@@ -69,7 +82,10 @@ class Progress:
     self.start_step = start_step
     self._t0 = time.perf_counter()
     self._last = (self._t0, start_step)
-    self.steps_this_run = 0
+    self._waited = 0.0  # Seconds spent waiting for input since last report.
+
+  def input_wait(self, seconds: float) -> None:
+    self._waited += seconds
 
   def elapsed(self) -> float:
     return time.perf_counter() - self._t0
@@ -84,7 +100,9 @@ class Progress:
     examples = (step - self.start_step) * self.batch_size
     device_hours = self.num_devices * wall / 3600
     remaining = self.total_steps - step
+    waited, self._waited = self._waited, 0.0
     return {
+        'input_wait_share': waited / max(now - t, 1e-9),
         'steps_per_s': steps_per_s,
         'img_per_s': steps_per_s * self.batch_size,
         'img_per_s_per_device': steps_per_s * self.batch_size / self.num_devices,
@@ -98,10 +116,14 @@ class Progress:
 def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
   """Writes summary.json atomically (process 0 only); returns its path."""
   path = os.path.join(workdir, 'summary.json')
-  if jax.process_index() != 0:
-    return path
-  tmp = path + '.tmp'
-  with open(tmp, 'w', encoding='utf-8') as f:
-    json.dump(summary, f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
+  if jax.process_index() == 0:
+    _write_text(path, json.dumps(summary, indent=2, sort_keys=True) + '\n')
   return path
+
+
+def _write_text(path: str, text: str) -> None:
+  """Writes via a temporary file and a rename (local or gs:// paths)."""
+  tmp = path + '.tmp'
+  with tf.io.gfile.GFile(tmp, 'w') as f:
+    f.write(text)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
