@@ -163,3 +163,11 @@ def test_missing_init_is_a_clear_error(tmp_path):
   out = _main(str(tmp_path / 'ft'), f'--config.init={tmp_path}/nothing')
   assert out.returncode != 0
   assert 'no orbax train state' in out.stderr
+
+
+def test_workdir_of_a_different_model_is_a_clear_error(reference_run):
+  ref_dir, _ = reference_run
+  out = _main(ref_dir, '--config.model.name=ViT-Ti/16')
+  assert out.returncode != 0
+  assert 'holds a checkpoint (step 40) of a different model' in out.stderr
+  assert 'ViT-Ti/16' in out.stderr

@@ -50,12 +50,26 @@ class Checkpointer:
             state=ocp.args.StandardSave(state),
             data=ocp.args.JsonSave(data_state)), force=True)
 
-  def restore(self, abstract_state: Any, shardings: Any
+  def restore(self, abstract_state: Any, shardings: Any,
+              expect: Optional[dict] = None
               ) -> Tuple[Optional[int], Any, Optional[dict]]:
-    """(step, state, data_state) of the latest checkpoint, or (None, ...)."""
+    """(step, state, data_state) of the latest checkpoint, or (None, ...).
+
+    `expect`: entries the saved JSON item must hold with equal values (e.g.
+    the model config); a difference is an error naming both values.
+    """
     step = self.manager.latest_step()
     if step is None:
       return None, None, None
+    saved = self.manager.restore(step, args=ocp.args.Composite(
+        data=ocp.args.JsonRestore()))['data']
+    for key, value in (expect or {}).items():
+      if key in saved and saved[key] != value:
+        raise ValueError(
+            f'{self.manager.directory} holds a checkpoint (step {step}) of a '
+            f'different {key}: {saved[key]} there, {value} in this config. '
+            'Use a new --workdir, or start from those weights with '
+            '--config.init=<that workdir>')
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         abstract_state, shardings)

@@ -131,8 +131,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       config.input, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
 
+  model_spec = config.model.to_dict()
   start, restored, run_state = ckpt.restore(
-      step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh)
+      step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh,
+      expect={'model': model_spec})
   prior_wall = 0.0
   if start is not None:
     state = restored
@@ -159,7 +161,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   eval_every = config.get('eval_every', 0)
 
   def run_state_now():
-    return {'input': train_it.get_state(),
+    return {'input': train_it.get_state(), 'model': model_spec,
             'wall_s': prior_wall + progress.elapsed()}
 
   pending = None  # (step, metrics) of the previous step, checked one late.
