@@ -201,3 +201,21 @@ def test_two_processes_match_one_process_with_four_devices():
     np.testing.assert_allclose(res['losses'], one['losses'], atol=TOL)
     for k, v in one['params'].items():
       np.testing.assert_allclose(res['params'][k], v, atol=TOL, err_msg=k)
+
+
+def test_activations_carry_logical_sharding_constraints():
+  from vit_jax import models
+  mesh = shd.make_mesh(data=-1)
+  model = models.create('ViT-test', num_classes=10)
+  tx, lr = optim.make(_cfg(warmup_steps=0, decay='constant'), 10)
+  state, sh = step_lib.create_state(model, tx, 0, (16, 16, 3), mesh)
+  train, _ = step_lib.compile_steps(model, tx, lr, sh, mesh,
+                                    ml_collections.ConfigDict({}))
+  batch = {'image': jnp.zeros((4, 16, 16, 3)),
+           'label': jnp.zeros((4,), jnp.int32)}
+  with jax.set_mesh(mesh):
+    text = train.lower(state, batch).as_text()
+  constraints = [l for l in text.splitlines() if 'sharding_constraint' in l]
+  # Block inputs: batch over (data, fsdp); MLP hidden: also over model.
+  assert any('[{"data", "fsdp"}, {}, {}]' in l for l in constraints)
+  assert any('[{"data", "fsdp"}, {}, {"model"}]' in l for l in constraints)

@@ -58,6 +58,7 @@ class MlpBlock(nn.Module):
         bias_init=nn.initializers.normal(stddev=1e-6))
     out_dim = x.shape[-1]
     x = dense(self.mlp_dim)(x)
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
     x = nn.gelu(x, approximate=True)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim)(x)
@@ -77,6 +78,9 @@ class Encoder1DBlock(nn.Module):
   def __call__(self, x, deterministic: bool):
     norm = lambda: nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                                 param_dtype=self.param_dtype)
+    # Logical activation axes: no-ops unless the caller sets axis rules
+    # (the train step maps 'batch' to the data axes, 'mlp' to 'model').
+    x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     y = norm()(x)
     y = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, dtype=self.dtype,

@@ -38,6 +38,17 @@ LOGICAL_RULES: Dict[str, Optional[str]] = {
     'classes': None,
 }
 
+# Logical activation axes (`nn.with_logical_constraint` in the models) ->
+# mesh axes, active inside the train and eval steps.
+ACTIVATION_RULES = (
+    ('batch', BATCH),
+    ('length', None),
+    ('embed', None),
+    ('mlp', 'model'),
+    ('heads', 'model'),
+    ('kv', None),
+)
+
 # (path regex, logical axes) for every parameter; the first match wins.
 # Paths are module names joined by '/', e.g.
 # 'Transformer/encoderblock_3/MultiHeadDotProductAttention_0/query/kernel'.

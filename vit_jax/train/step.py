@@ -92,8 +92,9 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
   rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_of(params, images, labels, rng):
-    logits = model.apply({'params': params}, images, train=True,
-                         rngs={'dropout': rng})
+    with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+      logits = model.apply({'params': params}, images, train=True,
+                           rngs={'dropout': rng})
     return loss_fn(logits, labels, loss, label_smoothing)
 
   grad_fn = jax.value_and_grad(loss_of)
@@ -132,7 +133,8 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
 def eval_step(params: Any, batch: Dict[str, jax.Array], *,
               model: nn.Module) -> Dict[str, jax.Array]:
   """Sums over the real (mask=True) examples of a padded eval batch."""
-  logits = model.apply({'params': params}, batch['image'], train=False)
+  with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+    logits = model.apply({'params': params}, batch['image'], train=False)
   mask = batch['mask'].astype(jnp.float32)
   labels = batch['label']
   correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
