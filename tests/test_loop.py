@@ -78,9 +78,13 @@ def test_run_writes_summary_metrics_and_checkpoints(reference_run):
 
 def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
   workdir, _ = reference_run
+  before = json.load(open(os.path.join(workdir, 'summary.json')))
   out = _main(workdir)
   assert out.returncode == 0, out.stderr[-4000:]
   assert 'resumed from step 40' in out.stderr
+  after = json.load(open(os.path.join(workdir, 'summary.json')))
+  assert after['train_loss'] == before['train_loss']
+  assert after['eval_accuracy'] == before['eval_accuracy']
 
 
 def test_sigkill_and_restart_matches_uninterrupted_run(reference_run,

@@ -114,9 +114,17 @@ class Progress:
 
 
 def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
-  """Writes summary.json atomically (process 0 only); returns its path."""
+  """Writes summary.json atomically (process 0 only); returns its path.
+
+  Keys of an earlier summary in the workdir that this one lacks (e.g. the
+  final train metrics, when a finished run is resumed and only evaluates)
+  are kept.
+  """
   path = os.path.join(workdir, 'summary.json')
   if jax.process_index() == 0:
+    if tf.io.gfile.exists(path):
+      with tf.io.gfile.GFile(path, 'r') as f:
+        summary = {**json.load(f), **summary}
     _write_text(path, json.dumps(summary, indent=2, sort_keys=True) + '\n')
   return path
 
