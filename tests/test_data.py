@@ -9,8 +9,9 @@ import json
 import ml_collections
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from vit_jax.data import pipeline, registry
+from vit_jax.data import pipeline, registry, sources
 from vit_jax.data.errors import (DatasetNotPreparedError, UnknownDatasetError,
                                  UnknownSplitError)
 from vit_jax.data.digits_source import load
@@ -231,9 +232,43 @@ def test_process_zero_state_restores_every_process():
   _assert_same(_take(resumed, 3), expected)
 
 
-def test_resume_with_other_settings_is_refused():
+@pytest.mark.parametrize('field,value', [
+    ('batch_size', 32), ('shuffle_buffer', 100), ('cache', True),
+    ('mixup', 0.2), ('skip_bad_images', True), ('data_dir', '/elsewhere')])
+def test_resume_with_other_settings_is_refused(field, value):
   run = pipeline.train_iterator(_config(), seed=0)
   next(run)
-  other = pipeline.train_iterator(_config(batch_size=32), seed=0)
-  with pytest.raises(ValueError, match='batch_size'):
+  other = pipeline.train_iterator(_config(**{field: value}), seed=0)
+  with pytest.raises(ValueError, match=f'other settings.*{field}'):
     other.set_state(run.get_state())
+
+
+def test_resume_from_an_older_state_format_is_refused():
+  run = pipeline.train_iterator(_config(), seed=0)
+  state = {**run.get_state(), 'format': 1}
+  with pytest.raises(ValueError, match='format 1.*afresh'):
+    run.set_state(state)
+
+
+@pytest.mark.parametrize('cache', [False, True])
+def test_stream_ignores_tensorflows_global_seed(cache):
+  config = _config(batch_size=500, shuffle_buffer=300, cache=cache,
+                   pp_train='finetune', image_size=8)
+
+  def batches(global_seed):
+    if global_seed is not None:
+      tf.random.set_seed(global_seed)
+    try:
+      return _take(pipeline.train_iterator(config, seed=2), 4)  # 1+ epoch.
+    finally:
+      tf.random.set_seed(None)
+
+  _assert_same(batches(5), batches(None))
+
+
+def test_shards_of_a_sum_of_splits_are_one_range_per_part():
+  sizes = {'train': 1000, 'validation': 500}
+  split = 'train[:800]+validation[:200]'
+  ranges = [sources.host_ranges(split, sizes, p, 3) for p in range(3)]
+  assert ranges[1] == [('train', 267, 534), ('validation', 67, 134)]
+  assert [sum(b - a for _, a, b in r) for r in ranges] == [334, 334, 332]

@@ -9,8 +9,9 @@ import pytest
 import skimage.data
 import tensorflow as tf
 
-from vit_jax.data import pipeline
-from vit_jax.data.errors import BadImageError, UnknownSplitError
+from vit_jax.data import folder_source, pipeline
+from vit_jax.data.errors import (BadImageError, DatasetNotPreparedError,
+                                 UnknownSplitError)
 
 # class -> (photo, format) of its images.
 PHOTOS = {
@@ -73,6 +74,42 @@ def test_split_folders_layout(tmp_path):
   info = pipeline.dataset_info(_config(tmp_path))
   assert (info.num_classes, info.eval_split) == (3, 'test')
   assert info.num_eval_examples == 10
+
+
+def test_hidden_and_underscore_folders_are_not_classes(tmp_path):
+  _write(tmp_path, corrupt=False)
+  junk = (tmp_path / 'animals' / 'chelsea_0.jpg').read_bytes()
+  for folder in ('.ipynb_checkpoints', '__MACOSX/animals', '_tmp'):
+    os.makedirs(tmp_path / folder)
+    (tmp_path / folder / 'x.jpg').write_bytes(junk)
+  (tmp_path / 'animals' / '._chelsea_0.jpg').write_bytes(b'AppleDouble')
+  info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
+  assert (info.num_classes, info.num_train_examples) == (3, 10)
+
+
+def test_split_folders_beside_other_folders_are_refused(tmp_path):
+  _write(tmp_path / 'train', corrupt=False)
+  os.makedirs(tmp_path / 'cats')
+  with pytest.raises(DatasetNotPreparedError,
+                     match=r'mixes split folders \(train\) with other '
+                     r'folders \(cats\)'):
+    pipeline.dataset_info(_config(tmp_path))
+  os.rename(tmp_path / 'train', tmp_path / 'test')
+  os.rmdir(tmp_path / 'cats')
+  with pytest.raises(DatasetNotPreparedError, match='no train/ folder'):
+    pipeline.dataset_info(_config(tmp_path))
+
+
+def test_dataset_info_counts_files_without_decoding(tmp_path, monkeypatch):
+  _write(tmp_path / 'train')
+  _write(tmp_path / 'test', corrupt=False)
+
+  def decode(paths):
+    raise AssertionError(f'decoded {len(paths)} images')
+
+  monkeypatch.setattr(folder_source, 'unreadable', decode)
+  info = pipeline.dataset_info(_config(tmp_path, skip_bad_images=True))
+  assert (info.num_train_examples, info.num_eval_examples) == (11, 10)
 
 
 def test_corrupt_image_error_names_the_file(tmp_path):

@@ -1,12 +1,38 @@
-"""JFT-style TFRecords of JPEG photos: sharding, exact-once eval, throughput."""
+"""JFT-style TFRecords: file matching, sharding, resuming, exact-once eval.
+
+`records`: 60 JPEG photos in 3 train files and 25 records in 2 validation
+files. `shards`: 8 train files of 10, 11, ..., 17 small images (label =
+record id), so that two processes' shards differ in size (52 and 56).
+"""
+
+import json
+import os
 
 import ml_collections
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.data import bench, pipeline
-from vit_jax.data.errors import UnknownSplitError
+from vit_jax.data import bench, pipeline, tfrecord_source
+from vit_jax.data.errors import DataError, UnknownSplitError
+
+
+def _example(image, label):
+  return tf.train.Example(features=tf.train.Features(feature={
+      'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(
+          value=[tf.io.encode_png(image).numpy()])),
+      'image/class/label': tf.train.Feature(
+          int64_list=tf.train.Int64List(value=[label, 99])),
+  })).SerializeToString()
+
+
+def _write(path, labels, size=(40, 50)):
+  """A TFRecord file of one image per label (pixels from the label)."""
+  rng = np.random.RandomState(len(labels))
+  with tf.io.TFRecordWriter(path) as writer:
+    for label in labels:
+      image = (rng.randint(0, 40, (*size, 3)) + label * 2).astype(np.uint8)
+      writer.write(_example(image, label))
 
 
 @pytest.fixture(scope='module')
@@ -16,17 +42,45 @@ def records(tmp_path_factory):
                                num_classes=60, size=(96, 128))
   # A validation split of 25 records in 2 files, labels 0..24.
   for i, labels in enumerate([range(0, 13), range(13, 25)]):
-    with tf.io.TFRecordWriter(f'{directory}/validation-{i:05d}-of-00002') \
-        as writer:
-      for label in labels:
-        image = np.full((40, 50, 3), label * 10, np.uint8)
-        writer.write(tf.train.Example(features=tf.train.Features(feature={
-            'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(
-                value=[tf.io.encode_jpeg(image).numpy()])),
-            'image/class/label': tf.train.Feature(
-                int64_list=tf.train.Int64List(value=[label, 99])),
-        })).SerializeToString())
+    _write(f'{directory}/validation-{i:05d}-of-00002', labels)
   return directory
+
+
+SHARD_SIZES = [10 + i for i in range(8)]  # Process 0: 52, process 1: 56.
+
+
+@pytest.fixture(scope='module')
+def shards(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp('shards'))
+  start = 0
+  for i, n in enumerate(SHARD_SIZES):
+    _write(f'{directory}/train-{i:05d}-of-00008', range(start, start + n),
+           size=(12, 12))
+    start += n
+  return directory
+
+
+def _file_of(label):
+  return int(np.searchsorted(np.cumsum(SHARD_SIZES), label, side='right'))
+
+
+def _shards_config(directory, **kw):
+  base = dict(data='tfrecord', data_dir=directory, num_classes=108,
+              batch_size=12, image_size=8, pp_train='inception',
+              shuffle_buffer=10)
+  return ml_collections.ConfigDict({**base, **kw})
+
+
+def _take(it, n):
+  return [next(it) for _ in range(n)]
+
+
+def _assert_same(a, b):
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 def _config(directory, **kw):
@@ -34,6 +88,59 @@ def _config(directory, **kw):
               batch_size=8, eval_batch_size=8, image_size=32,
               num_train_examples=60)
   return ml_collections.ConfigDict({**base, **kw})
+
+
+def test_split_files_match_only_the_split(tmp_path):
+  names = ['train', 'train-00000-of-00002', 'train-00001-of-00002',
+           'train.tfrecord', 'train.tfrecord-00000-of-00004', 'train_dev-00000',
+           'train-dev-00000', 'train.bak', 'train.tfrecord.bak', 'trainval',
+           'validation-00000']
+  for name in names:
+    (tmp_path / name).write_bytes(b'')
+  found = [os.path.basename(f)
+           for f in tfrecord_source.split_files(str(tmp_path), 'train')]
+  assert found == sorted(names[:5])
+  folder = tmp_path / 'test'
+  folder.mkdir()
+  for name in ['part-0', 'part-1', '_SUCCESS', '.part-2.crc']:
+    (folder / name).write_bytes(b'')
+  found = tfrecord_source.split_files(str(tmp_path), 'test')
+  assert [os.path.basename(f) for f in found] == ['part-0', 'part-1']
+
+
+def test_record_counts_are_cached_next_to_the_data(tmp_path, monkeypatch):
+  _write(str(tmp_path / 'train-00000'), range(3), size=(4, 4))
+  _write(str(tmp_path / 'train-00001'), range(5), size=(4, 4))
+  assert tfrecord_source.count_records(str(tmp_path), 'train') == 8
+  cache = tmp_path / tfrecord_source.COUNTS_DIR
+  assert sorted(os.listdir(cache)) == ['train-00000.json', 'train-00001.json']
+  monkeypatch.setattr(tfrecord_source, '_COUNTS', {})
+
+  def fail(paths):
+    raise AssertionError(f'counted {paths} again')
+
+  with monkeypatch.context() as m:
+    m.setattr(tfrecord_source, '_count_files', fail)
+    assert tfrecord_source.count_records(str(tmp_path), 'train') == 8
+  _write(str(tmp_path / 'train-00001'), range(6), size=(4, 4))  # Changed.
+  monkeypatch.setattr(tfrecord_source, '_COUNTS', {})
+  assert tfrecord_source.count_records(str(tmp_path), 'train') == 9
+
+
+def test_a_wrong_record_count_is_detected(tmp_path, monkeypatch):
+  _write(str(tmp_path / 'train-00000'), range(3), size=(4, 4))
+  _write(str(tmp_path / 'train-00001'), range(3, 8), size=(4, 4))
+  path = str(tmp_path / 'train-00001')
+  cache = tfrecord_source._cache_file(str(tmp_path), path)
+  os.makedirs(os.path.dirname(cache))
+  with open(cache, 'w') as f:  # Right size, wrong count.
+    json.dump({'records': 4, 'bytes': os.path.getsize(path)}, f)
+  monkeypatch.setattr(tfrecord_source, '_COUNTS', {})
+  it = pipeline.train_iterator(_config(str(tmp_path), batch_size=4,
+                                       num_classes=8), seed=0)
+  next(it)
+  with pytest.raises(DataError, match='counted as 7 examples.*record_counts'):
+    next(it)
 
 
 def test_train_processes_read_their_own_files(records):
@@ -48,6 +155,81 @@ def test_train_processes_read_their_own_files(records):
   assert all(len(s) == 10 for s in labels)
   assert not (labels[0] & labels[1] or labels[1] & labels[2])
   assert all(l % 3 == p for p, s in enumerate(labels) for l in s)
+
+
+def test_uneven_files_fail_for_training_but_not_for_eval(records):
+  config = _config(records, batch_size=8, eval_batch_size=8)
+  with pytest.raises(DataError, match=r'3 TFRecord files.*2 processes.*'
+                     r'Re-shard.*multiple of 2 files'):
+    pipeline.train_iterator(config, seed=0, process_index=0, process_count=2)
+  seen = []
+  for p in range(2):
+    for b in pipeline.eval_iterator(config, split='train', process_index=p,
+                                    process_count=2):
+      seen += b['label'][b['mask']].tolist()
+  assert sorted(seen) == list(range(60))
+
+
+def _first_epoch(directory, process_index, **kw):
+  """Labels of one process's first pass over its shard (2 processes)."""
+  it = pipeline.train_iterator(_shards_config(directory, **kw), seed=3,
+                               process_index=process_index, process_count=2)
+  labels = []
+  while it.get_state()['epoch'] == 0:
+    labels += next(it)['label'].tolist()
+  return labels[:len(labels) - it.get_state()['index']]
+
+
+def test_two_processes_read_disjoint_shards_covering_the_split(shards):
+  epochs = [_first_epoch(shards, p) for p in (0, 1)]
+  assert [len(e) for e in epochs] == [52, 56]
+  for p, labels in enumerate(epochs):
+    assert len(set(labels)) == len(labels)
+    assert {_file_of(l) % 2 for l in labels} == {p}  # Its own files.
+  assert sorted(epochs[0] + epochs[1]) == list(range(108))
+
+
+def test_each_epoch_reads_the_files_in_its_own_order(shards):
+  # No example shuffle: 4 files read round-robin, in the epoch's file order.
+  it = pipeline.train_iterator(_shards_config(shards, shuffle_buffer=1,
+                                              batch_size=104), seed=0,
+                               process_index=0, process_count=2)
+  orders = [tuple(_file_of(l) for l in next(it)['label'][:4])
+            for _ in range(4)]  # An epoch is 52 examples: 1 batch.
+  assert all(sorted(o) == [0, 2, 4, 6] for o in orders)
+  assert len(set(orders)) > 1
+
+
+def test_process_zero_state_resumes_both_processes_exactly(shards):
+  config = _shards_config(shards)
+  runs = [pipeline.train_iterator(config, seed=5, process_index=p,
+                                  process_count=2) for p in (0, 1)]
+  for run in runs:
+    _take(run, 13)  # 78 examples: epoch 1 on both, at different indices.
+  state = json.loads(json.dumps(runs[0].get_state()))
+  assert (state['epoch'], state['index']) == (1, 26)
+  assert runs[1].get_state()['index'] == 22
+  expected = [_take(run, 10) for run in runs]  # Into epoch 2.
+  for p in (0, 1):
+    resumed = pipeline.train_iterator(config, seed=5, process_index=p,
+                                      process_count=2)
+    resumed.set_state(state)
+    _assert_same(_take(resumed, 10), expected[p])
+    assert resumed.get_state() == runs[p].get_state()
+
+
+def test_stream_ignores_tensorflows_global_seed(shards):
+  def batches(global_seed):
+    if global_seed is not None:
+      tf.random.set_seed(global_seed)
+    try:
+      it = pipeline.train_iterator(_shards_config(shards), seed=1,
+                                   process_index=1, process_count=2)
+      return _take(it, 12)  # Two epochs.
+    finally:
+      tf.random.set_seed(None)
+
+  _assert_same(batches(5), batches(None))
 
 
 def test_tfrecord_resume(records):

@@ -5,6 +5,7 @@
   * `registry.py`: every dataset by name (tfds builders, VTAB-1k splits,
     folders, TFRecords, digits); `settings.py`: the `input` config fields;
   * `sources.py` and `*_source.py`: reading one process's shard;
+  * `shuffle.py`: stateless permutations and the block shuffle;
   * `ops.py`, `preprocess.py`, `mixup.py`: pre-processing;
   * `prepare.py`: `python -m vit_jax.data.prepare NAME` (fashion_mnist
     offline); `bench.py`: input throughput.

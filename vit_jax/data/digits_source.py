@@ -57,7 +57,8 @@ class DigitsSource(Source):
         split, process_index, process_count))
 
   def host_dataset(self, split, process_index, process_count, *,
-                   order_seed=None) -> tf.data.Dataset:
+                   order_key=None) -> tf.data.Dataset:
+    del order_key  # In memory: the pipeline's block shuffle is the order.
     parts = [(self._splits[s][0][a:b], self._splits[s][1][a:b])
              for s, a, b in self._ranges(split, process_index, process_count)]
     images = np.concatenate([i for i, _ in parts])

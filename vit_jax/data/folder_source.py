@@ -7,9 +7,16 @@ Two layouts (local paths or gs://):
 
 Labels are the indices of the sorted class names of the train split; files
 are read in sorted order, so splits such as `train[:90%]` are reproducible.
+Folders and files whose names start with `.` or `_` (`.ipynb_checkpoints`,
+`__MACOSX`, macOS `._x.jpg`) are ignored. Split folder names next to other
+folders (`DATA_DIR/train` beside `DATA_DIR/cats`) are an error: the layout
+would be ambiguous.
+
 A file that cannot be decoded stops the pipeline with an error naming it;
 with `input.skip_bad_images` such files are found by decoding each image
-of the process's shard once, skipped, and counted in the logs.
+of the process's shard once (when a train or eval iterator first reads
+it), skipped, and counted in the logs. Split sizes (`split_size`,
+`dataset_info`) count files without decoding, bad ones included.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from vit_jax.data import shuffle
 from vit_jax.data.errors import (BadImageError, DatasetNotPreparedError,
                                  UnknownSplitError)
 from vit_jax.data.registry import DatasetSpec
@@ -34,14 +42,47 @@ def _join(*parts: str) -> str:
   return os.path.join(*parts)
 
 
+def _ignored(name: str) -> bool:
+  """Hidden and tool folders/files: `.ipynb_checkpoints`, `__MACOSX`, ..."""
+  return name.startswith(('.', '_'))
+
+
 def _subdirs(path: str) -> List[str]:
-  return sorted(d.rstrip('/') for d in tf.io.gfile.listdir(path)
-                if tf.io.gfile.isdir(_join(path, d.rstrip('/'))))
+  names = (d.rstrip('/') for d in tf.io.gfile.listdir(path))
+  return sorted(d for d in names if not _ignored(d)
+                and tf.io.gfile.isdir(_join(path, d)))
 
 
 def _images(path: str) -> List[str]:
   return sorted(_join(path, f) for f in tf.io.gfile.listdir(path)
-                if f.lower().endswith(EXTENSIONS))
+                if f.lower().endswith(EXTENSIONS) and not _ignored(f))
+
+
+def split_dirs(root: str) -> Dict[str, str]:
+  """{split: folder}: `root`'s split folders, or {'train': root}.
+
+  Raises:
+    DatasetNotPreparedError: split folders (train, test, ...) beside other
+      folders, or split folders without `train`.
+  """
+  top = _subdirs(root)
+  splits = [d for d in top if d in SPLIT_DIRS]
+  if not splits:
+    return {'train': root}
+  others = [d for d in top if d not in SPLIT_DIRS]
+  layouts = ('use either DATA_DIR/CLASS/*.jpg (one train split) or '
+             f'DATA_DIR/{{{",".join(SPLIT_DIRS)}}}/CLASS/*.jpg')
+  if others:
+    shown = ', '.join(others[:5]) + (' ...' if len(others) > 5 else '')
+    raise DatasetNotPreparedError(
+        f'{root} mixes split folders ({", ".join(splits)}) with other '
+        f'folders ({shown}): {layouts}. Move the other folders into the '
+        'split folders, or rename a class that is called like a split.')
+  if 'train' not in splits:
+    raise DatasetNotPreparedError(
+        f'{root} has split folders ({", ".join(splits)}) but no train/ '
+        f'folder, whose sub-folders name the classes: {layouts}')
+  return {d: _join(root, d) for d in splits}
 
 
 def unreadable(paths: Sequence[str]) -> List[str]:
@@ -68,17 +109,13 @@ class FolderSource(Source):
           f'sub-folders of images, got {root!r} ({spec.prepare})')
     self.root = root
     self.skip_bad_images = skip_bad_images
-    top = _subdirs(root)
-    if 'train' in top and set(top) <= set(SPLIT_DIRS):
-      split_dirs = {s: _join(root, s) for s in top}
-    else:
-      split_dirs = {'train': root}
-    self.classes = _subdirs(split_dirs['train'])
+    folders = split_dirs(root)
+    self.classes = _subdirs(folders['train'])
     if not self.classes:
       raise DatasetNotPreparedError(f'{root}: no class sub-folders')
     index = {c: i for i, c in enumerate(self.classes)}
     self._files: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
-    for split, path in split_dirs.items():
+    for split, path in folders.items():
       paths, labels = [], []
       for cls in _subdirs(path):
         if cls not in index:
@@ -150,12 +187,19 @@ class FolderSource(Source):
     return sum(b - a for _, a, b in self._ranges(
         split, process_index, process_count))
 
+  def split_size(self, split: str) -> int:
+    # Files, bad ones included: decoding every image here would be slow.
+    return self.size_bound(split, 0, 1)
+
   def host_dataset(self, split, process_index, process_count, *,
-                   order_seed=None) -> tf.data.Dataset:
+                   order_key=None) -> tf.data.Dataset:
     paths, labels = self.host_files(split, process_index, process_count)
-    ds = tf.data.Dataset.from_tensor_slices({'path': paths, 'label': labels})
-    if order_seed is not None and len(paths) > 1:
-      ds = ds.shuffle(len(paths), seed=order_seed)
+    columns = {'path': tf.constant(paths, tf.string),
+               'label': tf.constant(labels, tf.int64)}
+    if order_key is not None and len(paths) > 1:
+      order = shuffle.permutation(len(paths), order_key)
+      columns = {k: tf.gather(v, order) for k, v in columns.items()}
+    ds = tf.data.Dataset.from_tensor_slices(columns)
     return ds.map(lambda x: {'image': tf.io.read_file(x['path']),
                              'label': x['label']},
                   num_parallel_calls=tf.data.AUTOTUNE)

@@ -8,12 +8,17 @@
     info = dataset_info(config.input)
 
 Training stream of one process: epochs 0, 1, 2, ... of its shard; epoch e
-reads the files in an order seeded by (seed, process, e), shuffles examples
-in a buffer seeded likewise, and numbers them 0, 1, ...; example (e, i) is
-pre-processed with random ops seeded by (seed, process, e, i). Batches run
-across epoch ends, none is dropped. So the stream is a pure function of
-(seed, process_index, process_count, config), and a position (e, i) is all
-a resume needs: rebuild epoch e, skip i examples (read, not decoded).
+reads the files in a stateless permutation keyed by (seed, process, e),
+permutes each block of `shuffle_buffer` consecutive examples with a key
+derived likewise (`shuffle.py`), and numbers the examples 0, 1, ...;
+example (e, i) is pre-processed with random ops seeded by (seed, process,
+e, i). Batches run across epoch ends, none is dropped. No op reads
+TensorFlow's global seed, so the stream is a pure function of (seed,
+process_index, process_count, config). The shard size S is known (counted
+once for TFRecords), so after B batches of b examples the position is
+(e, i) = divmod(B*b, S) on every process: a resume rebuilds epoch e and
+skips i examples (read, not decoded; blocks before the one holding example
+i are not even shuffled).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from absl import logging
 from vit_jax.data import mixup as mixup_lib
 from vit_jax.data import preprocess
 from vit_jax.data import settings as settings_lib
+from vit_jax.data import shuffle
 from vit_jax.data.errors import DataError
 
 _EPOCH, _INDEX = '_epoch', '_index'
-_STATE_FORMAT = 1
+_STATE_FORMAT = 2  # 2: stateless block shuffles; more identity fields.
 _hidden = False
 
 
@@ -51,15 +57,7 @@ def _hide_accelerators_from_tf() -> None:
       pass
 
 
-def _fold(key: tf.Tensor, *data: tf.Tensor) -> tf.Tensor:
-  for d in data:
-    key = tf.random.experimental.stateless_fold_in(key, d)
-  return key
-
-
-def _seed64(key: tf.Tensor, *data: tf.Tensor) -> tf.Tensor:
-  """A scalar int64 seed (for `shuffle`) from a key and data."""
-  return tf.bitcast(tf.cast(_fold(key, *data), tf.int32), tf.int64)
+_fold = shuffle.fold
 
 
 def _keys(seed: int, process_index: int) -> Dict[str, np.ndarray]:
@@ -98,11 +96,10 @@ class TrainIterator:
   """Endless local train batches with an exact, cheap, resumable position.
 
   `get_state()` is a small JSON dict; `set_state(state)` makes the next
-  batch the one an uninterrupted run would have produced next. For sources
-  of known size (tfds, folders, digits) the position follows from the batch
-  count alone, so process 0's state restores every process; TFRecord
-  sources need each process's own state for an exact resume (with another
-  process's state they resume approximately, from the estimated size).
+  batch the one an uninterrupted run would have produced next. The position
+  (epoch, index) is a pure function of the batch count and the process's
+  shard size (counted at construction; TFRecord counts are cached next to
+  the data), so the state of process 0 restores every process exactly.
   """
 
   def __init__(self, st: settings_lib.Settings, *, seed: int,
@@ -114,16 +111,23 @@ class TrainIterator:
                                                 'batch_size')
     if st.train_split is None:
       raise DataError(f'{st.spec.name} has no train split (evaluation only)')
-    self._host_size = st.source.host_size(st.train_split, process_index,
-                                          process_count)
+    st.source.check_train_split(st.train_split, process_count)
+    self._host_size = st.source.count_host(st.train_split, process_index,
+                                           process_count)
     if self._host_size == 0:
       raise DataError(
           f'{st.spec.name} split {st.train_split!r} has no examples for '
           f'process {process_index} of {process_count}')
+    self._block = max(1, min(st.shuffle_buffer, self._host_size))
+    if st.cache and self._block < self._host_size:
+      logging.warning(
+          'input.cache: every epoch reads the cached shard in one order, '
+          'permuted only within blocks of shuffle_buffer=%d of its %d '
+          'examples; set shuffle_buffer >= %d for a full permutation per '
+          'epoch', self._block, self._host_size, self._host_size)
     self._pp = preprocess.build(st.pp_train, st.image_size)
     self._keys = _keys(self._seed, process_index)
     self._num_classes = st.source.num_classes
-    self._position: Tuple[int, int] = (0, 0)
     self._batches = 0
     self._iterator: Optional[Iterator[Dict[str, np.ndarray]]] = None
 
@@ -131,27 +135,31 @@ class TrainIterator:
   def local_batch_size(self) -> int:
     return self._local
 
+  def _position(self) -> Tuple[int, int]:
+    """(epoch, index) of the next example: from the batch count alone."""
+    epoch, index = divmod(self._batches * self._local, self._host_size)
+    return int(epoch), int(index)
+
   def dataset(self, epoch: int = 0, index: int = 0) -> tf.data.Dataset:
     """The batched stream starting at example `index` of epoch `epoch`."""
     st, keys = self._st, self._keys
     source, split = st.source, st.train_split
     pi, pc = self._pi, self._pc
-    buffer = max(1, min(st.shuffle_buffer, self._host_size or
-                        st.shuffle_buffer))
     cached = (source.host_dataset(split, pi, pc).cache() if st.cache
               else None)
 
     def one_epoch(e):
-      if cached is not None:  # In memory: the buffer shuffle is the order.
+      if cached is not None:  # In memory: the block shuffle is the order.
         ds = cached
       else:
         ds = source.host_dataset(split, pi, pc,
-                                 order_seed=_seed64(keys['order'], e))
-      ds = ds.shuffle(buffer, seed=_seed64(keys['shuffle'], e),
-                      reshuffle_each_iteration=False)
-      ds = ds.enumerate().map(lambda i, x: {**x, _EPOCH: e, _INDEX: i})
-      return ds.skip(tf.where(tf.equal(e, epoch), tf.cast(index, tf.int64),
-                              tf.constant(0, tf.int64)))
+                                 order_key=_fold(keys['order'], e))
+      start = tf.where(tf.equal(e, epoch), tf.constant(index, tf.int64),
+                       tf.constant(0, tf.int64))
+      ds = shuffle.block_shuffle(ds, self._block, _fold(keys['shuffle'], e),
+                                 skip=start)
+      return ds.enumerate(start=start).map(
+          lambda i, x: {**x, _EPOCH: e, _INDEX: i})
 
     def process(x):
       e, i = x[_EPOCH], x[_INDEX]
@@ -173,56 +181,71 @@ class TrainIterator:
 
   def __next__(self) -> Dict[str, np.ndarray]:
     if self._iterator is None:
-      self._iterator = self.dataset(*self._position).as_numpy_iterator()
+      self._iterator = self.dataset(*self._position()).as_numpy_iterator()
     try:
       batch = next(self._iterator)
     except tf.errors.OpError as e:
       _raise_explained(self._st, e, self._st.train_split, self._pi, self._pc)
     epoch, index = batch.pop(_EPOCH)[-1], batch.pop(_INDEX)[-1]
-    self._position = (int(epoch), int(index) + 1)
     self._batches += 1
+    self._check_position(int(epoch), int(index) + 1)
     return batch
 
+  def _check_position(self, epoch: int, index: int) -> None:
+    """The stream is where the batch count says (else the data changed)."""
+    if index == self._host_size:
+      epoch, index = epoch + 1, 0
+    if (epoch, index) != self._position():
+      raise DataError(
+          f'{self._st.spec.name} split {self._st.train_split!r}: process '
+          f'{self._pi} read to epoch {epoch}, example {index}, but its shard '
+          f'was counted as {self._host_size} examples (position '
+          f'{self._position()}): the data changed since it was counted '
+          '(TFRecords: delete DATA_DIR/.record_counts to count again)')
+
   def _identity(self) -> Dict[str, Any]:
+    """What fixes the stream besides the process; a state must match it."""
     st = self._st
     return {'data': st.spec.name, 'split': st.train_split, 'seed': self._seed,
             'batch_size': st.batch_size, 'process_count': self._pc,
-            'pp': preprocess.expand(st.pp_train, st.image_size)}
+            'pp': preprocess.expand(st.pp_train, st.image_size),
+            'shuffle_buffer': st.shuffle_buffer, 'cache': st.cache,
+            'mixup': st.mixup, 'skip_bad_images': st.skip_bad_images,
+            'data_dir': st.data_dir}
 
   def get_state(self) -> Dict[str, Any]:
     """The position after the last batch returned, JSON-serialisable."""
-    epoch, index = self._position
+    epoch, index = self._position()
     return {'format': _STATE_FORMAT, 'batches': self._batches,
             'epoch': epoch, 'index': index, 'process_index': self._pi,
             **self._identity()}
 
   def set_state(self, state: Dict[str, Any]) -> None:
-    """Continues from `state` (from `get_state`) at the next batch."""
+    """Continues from `state` (from `get_state` of any process)."""
+    if state.get('format') != _STATE_FORMAT:
+      raise ValueError(
+          f'cannot resume the input pipeline exactly: the saved state has '
+          f'format {state.get("format")!r}, this version writes '
+          f'{_STATE_FORMAT} (its stream differs). Start the input stream '
+          'afresh.')
     mine = self._identity()
     diff = {k: (state.get(k), v) for k, v in mine.items()
             if state.get(k) != v}
-    if state.get('format') != _STATE_FORMAT or diff:
+    if diff:
       raise ValueError(
           'cannot resume the input pipeline exactly: the saved state was '
-          'made with other settings (saved, now): '
-          f'{diff or {"format": (state.get("format"), _STATE_FORMAT)}}. '
-          'Restore with the same input config, seed and process count, or '
-          'start the input stream afresh.')
-    batches = int(state['batches'])
-    if state.get('process_index') == self._pi:
-      position = (int(state['epoch']), int(state['index']))
-    elif self._host_size:
-      position = divmod(batches * self._local, self._host_size)
-    else:
-      estimate = max(1, (self._st.num_train_examples or 1) // self._pc)
-      position = divmod(batches * self._local, estimate)
-      logging.warning(
-          'input state of process %s restored on process %d: %s has no '
-          'known size, resuming approximately at epoch %d, example %d',
-          state.get('process_index'), self._pi, self._st.spec.name,
-          *position)
-    self._position = (int(position[0]), int(position[1]))
-    self._batches = batches
+          f'made with other settings (saved, now): {diff}. Restore with the '
+          'same input config, seed and process count, or start the input '
+          'stream afresh.')
+    previous, self._batches = self._batches, int(state['batches'])
+    saved = (state.get('epoch'), state.get('index'))
+    if state.get('process_index') == self._pi and saved != self._position():
+      self._batches = previous
+      raise ValueError(
+          f'cannot resume the input pipeline exactly: the shard of process '
+          f'{self._pi} changed size since the state was saved (saved '
+          f'position {saved}, now {self._position()}). Restore with the '
+          'same data, or start the input stream afresh.')
     self._iterator = None
 
 

@@ -38,8 +38,9 @@ class DatasetSpec:
     base_splits: the source's own splits; None where they depend on the
       files (folder, TFRecords).
     splits: named splits -> split expressions over the base splits.
-    num_train_examples: size of `train_split`; used where the source cannot
-      count (TFRecords), documentation elsewhere.
+    num_train_examples: size of `train_split`; `dataset_info` reports it
+      where the source does not know the size (TFRecords), documentation
+      elsewhere.
     pp_train, pp_eval: default pre-processing presets (`preprocess.PRESETS`).
     image_size: default `input.image_size`.
     tfds_name: the tfds builder, `name[/config][:version]`.

@@ -9,13 +9,13 @@
 | `eval_batch_size` | `batch_size` | global eval batch |
 | `image_size` | the registry's | side of the square model input |
 | `pp_train`, `pp_eval` | the registry's preset | preset name, op string or op list (`preprocess.py`) |
-| `shuffle_buffer` | 10_000 | examples in the shuffle buffer |
-| `cache` | False | keep the (still encoded) examples in memory after the first pass |
+| `shuffle_buffer` | 10_000 | examples per shuffle block (each block is permuted) |
+| `cache` | False | keep the (still encoded) examples in memory after the first pass (epochs then reuse its order: no per-epoch file-order shuffle) |
 | `prefetch` | 2 | batches prepared ahead |
 | `mixup` | 0.0 | mixup alpha; > 0 mixes each train batch, labels become [B, classes] |
 | `skip_bad_images` | False | folder datasets: skip undecodable files instead of failing |
 | `num_classes` | the registry's | generic TFRecords only |
-| `num_train_examples` | the registry's | where the source cannot count (TFRecords) |
+| `num_train_examples` | the registry's | `dataset_info` train size where the source does not know it (TFRecords) |
 | `image_key`, `label_key` | the registry's | TFRecord feature names |
 """
 
@@ -47,6 +47,8 @@ class Settings:
   prefetch: int
   mixup: float
   num_train_examples: Optional[int]
+  data_dir: Optional[str] = None
+  skip_bad_images: bool = False
   eval_split_error: Optional[Exception] = None
 
   def require_eval_split(self) -> str:
@@ -89,6 +91,8 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       mixup=float(input_config.get('mixup') or 0.0),
       num_train_examples=(input_config.get('num_train_examples')
                           or spec.num_train_examples),
+      data_dir=input_config.get('data_dir'),
+      skip_bad_images=bool(input_config.get('skip_bad_images', False)),
       eval_split_error=error)
 
 

@@ -2,10 +2,15 @@
 
 A source turns (split, process) into a tf.data pass over that process's
 shard, in a fixed order, of `{'image': encoded bytes or uint8 HxWxC,
-'label': int}` (plus `real_label` for ImageNet ReaL). Shards are the
-contiguous `tfds.even_splits` of the split (TFRecords: every n-th file):
-process i of n reads only its own examples, the shards are disjoint and
-together cover the split, and their sizes differ by at most one.
+'label': int}` (plus `real_label` for ImageNet ReaL). Shards follow
+`tfds.even_splits(split, n)`, which splits each `+` part of a split on its
+own: process i of n reads the i-th contiguous range of every part, so its
+shard is one range per part (one contiguous range for a plain split). The
+shards are disjoint and together cover the split; within one part their
+sizes differ by at most one, so shard sizes differ by at most the number of
+parts (`train[:800]+validation[:200]` on 3 processes: 267+67, 267+67,
+266+66 = 334, 334, 332). TFRecord sources give each process every n-th file
+instead (see `tfrecord_source.py`).
 
 `open_source` picks the implementation for a registry entry:
 `tfds_source.py` (prepared tfds datasets), `folder_source.py` (a user's
@@ -61,12 +66,22 @@ class Source(abc.ABC):
     return self.count_host(split, process_index, process_count)
 
   def split_size(self, split: str) -> Optional[int]:
-    """Examples in the whole split (all processes); None if unknown."""
+    """Examples in the whole split (all processes); None if unknown.
+
+    Cheap: `dataset_info` calls it on every process before training.
+    """
     return self.host_size(split, 0, 1)
+
+  def check_train_split(self, split: str, process_count: int) -> None:
+    """Raises a DataError if `process_count` processes cannot train on it.
+
+    E.g. TFRecord files that do not divide evenly among the processes.
+    """
+    del split, process_count
 
   @abc.abstractmethod
   def host_dataset(self, split: str, process_index: int, process_count: int,
-                   *, order_seed: Optional[tf.Tensor] = None
+                   *, order_key: Optional[tf.Tensor] = None
                    ) -> tf.data.Dataset:
     """One pass over the process's shard of `split`.
 
@@ -74,8 +89,9 @@ class Source(abc.ABC):
       split: a split expression (registry named splits already resolved).
       process_index: this process, in [0, process_count).
       process_count: number of processes reading the split.
-      order_seed: optional int64 scalar (may be a tensor): permute the coarse
-        read order (files, paths) with it; cheap, no examples held in memory.
+      order_key: optional int64 [2] stateless key (may be a tensor): permute
+        the coarse read order (files, paths) with `shuffle.permutation`;
+        cheap, no examples held in memory.
 
     Returns:
       A dataset of example dicts; same order for the same arguments.

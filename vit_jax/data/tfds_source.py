@@ -3,7 +3,8 @@
 Images stay encoded (tfds `SkipDecoding`) until the `decode` op. For the
 usual TFRecord format the process's shard is read from tfds' file
 instructions directly, so that each epoch can read the files in its own
-order (a permutation seeded by a tensor, which tfds' reader cannot take).
+order (a stateless permutation keyed by a tensor, which tfds' reader cannot
+take).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import List, Optional
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import vtab
+from vit_jax.data import shuffle, vtab
 from vit_jax.data.errors import DatasetNotPreparedError, UnknownSplitError
 from vit_jax.data.registry import DatasetSpec
 from vit_jax.data.sources import Source
@@ -80,7 +81,7 @@ class TfdsSource(Source):
     return self._shard(split, process_index, process_count).num_examples
 
   def host_dataset(self, split, process_index, process_count, *,
-                   order_seed=None) -> tf.data.Dataset:
+                   order_key=None) -> tf.data.Dataset:
     shard = self._shard(split, process_index, process_count)
     info = self.builder.info
     if info.file_format != tfds.core.FileFormat.TFRECORD:
@@ -90,12 +91,13 @@ class TfdsSource(Source):
                                    decoders=self._decoders)
       return ds.map(self._select, num_parallel_calls=tf.data.AUTOTUNE)
     instructions = [f for f in shard.file_instructions if f.take > 0]
-    files = tf.data.Dataset.from_tensor_slices((
-        tf.constant([f.filename for f in instructions], tf.string),
-        tf.constant([f.skip for f in instructions], tf.int64),
-        tf.constant([f.take for f in instructions], tf.int64)))
-    if order_seed is not None and len(instructions) > 1:
-      files = files.shuffle(len(instructions), seed=order_seed)
+    columns = (tf.constant([f.filename for f in instructions], tf.string),
+               tf.constant([f.skip for f in instructions], tf.int64),
+               tf.constant([f.take for f in instructions], tf.int64))
+    if order_key is not None and len(instructions) > 1:
+      order = shuffle.permutation(len(instructions), order_key)
+      columns = tuple(tf.gather(c, order) for c in columns)
+    files = tf.data.Dataset.from_tensor_slices(columns)
     records = files.interleave(
         lambda name, skip, take: tf.data.TFRecordDataset(
             name, buffer_size=8 << 20).skip(skip).take(take),

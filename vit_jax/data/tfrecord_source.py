@@ -3,42 +3,74 @@
 Each record is a `tf.train.Example` with the encoded image bytes and an
 int64 label list (the first label is the class); the feature names default
 to `image/encoded` and `image/class/label` and can be set with
-`input.image_key` / `input.label_key`. The files of split SPLIT are
-`DATA_DIR/SPLIT`, `DATA_DIR/SPLIT-*`, `DATA_DIR/SPLIT.*`, `DATA_DIR/SPLIT_*`
-or `DATA_DIR/SPLIT/*`, sorted. Processes read every n-th file (or, with
-fewer files than processes, every n-th record). Record counts are unknown
-without reading the files: evaluation counts them once, training uses
-`input.num_train_examples` (or the registry's) where it needs a size.
+`input.image_key` / `input.label_key`.
+
+Files of split SPLIT, sorted: `DATA_DIR/SPLIT`, `DATA_DIR/SPLIT-<digit>...`
+(`train-00000-of-01024`), `DATA_DIR/SPLIT.tfrecord[s]` alone or followed by
+`-...` / `@...` (`train.tfrecord-00000-of-00008`), or every file of a folder
+`DATA_DIR/SPLIT/` except hidden and `_`-prefixed ones (`_SUCCESS`). Other
+names are not read: `train_dev-*`, `train-dev-*` or `train.bak` are not
+`train` files.
+
+Sharding: with at least as many files as processes, process i of n reads
+files i, i+n, i+2n, ...; training then needs a file count divisible by n
+(`check_train_split` says how to re-shard otherwise), evaluation does not
+(it pads). With fewer files than processes every process reads every file
+and keeps every n-th record of each.
+
+Record counts: a process counts the records of its files once, reading but
+not parsing them, and caches each file's count in
+`DATA_DIR/.record_counts/` (keyed by file name and size; a file whose size
+changed is recounted; where DATA_DIR is read-only the counts are kept in
+memory only, and computed again by the next run). Training needs them to
+turn a batch count into a position, evaluation to pad. `count_records`
+fills the cache ahead of time:
+
+    python -c "from vit_jax.data import tfrecord_source as t; \\
+        t.count_records('gs://bucket/jft', 'train')"
 """
 
 from __future__ import annotations
 
-import functools
+import concurrent.futures
+import json
 import os
-from typing import List, Optional
+import re
+import uuid
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tensorflow as tf
+from absl import logging
 
-from vit_jax.data.errors import DatasetNotPreparedError, UnknownSplitError
+from vit_jax.data import shuffle
+from vit_jax.data.errors import (DataError, DatasetNotPreparedError,
+                                 UnknownSplitError)
 from vit_jax.data.registry import DatasetSpec
 from vit_jax.data.sources import Source
 
 _CYCLE_LENGTH = 16
+_STAT_THREADS = 32
 IMAGE_KEY, LABEL_KEY = 'image/encoded', 'image/class/label'
+COUNTS_DIR = '.record_counts'
+# What may follow SPLIT in a file name: `-` and a digit (shard numbers), or
+# `.tfrecord` / `.tfrecords` alone or followed by `-...` or `@...`.
+_SUFFIX = r'(-\d.*|\.tfrecords?([-@].*)?)?'
+
+
+def _is_split_file(name: str, split: str) -> bool:
+  return re.fullmatch(re.escape(split) + _SUFFIX, name) is not None
 
 
 def split_files(data_dir: str, split: str) -> List[str]:
-  """The files of `split` under `data_dir`, sorted."""
+  """The files of `split` under `data_dir`, sorted (module docstring)."""
   folder = os.path.join(data_dir, split)
   if tf.io.gfile.isdir(folder):
     return sorted(f for f in tf.io.gfile.glob(os.path.join(folder, '*'))
-                  if not tf.io.gfile.isdir(f))
-  out = []
-  for f in tf.io.gfile.glob(os.path.join(data_dir, split) + '*'):
-    name = os.path.basename(f)
-    if name == split or name[len(split):len(split) + 1] in ('-', '.', '_'):
-      out.append(f)
-  return sorted(out)
+                  if not os.path.basename(f).startswith(('.', '_'))
+                  and not tf.io.gfile.isdir(f))
+  return sorted(f for f in tf.io.gfile.glob(os.path.join(data_dir, split)
+                                            + '*')
+                if _is_split_file(os.path.basename(f), split))
 
 
 def has_records(data_dir: Optional[str]) -> bool:
@@ -47,10 +79,86 @@ def has_records(data_dir: Optional[str]) -> bool:
       split_files(data_dir, 'train'))
 
 
-@functools.lru_cache(maxsize=None)
-def _count_records(path: str) -> int:
-  return int(tf.data.TFRecordDataset(path).reduce(
-      tf.constant(0, tf.int64), lambda n, _: n + 1))
+# Record counts.
+
+_COUNTS: Dict[str, int] = {}  # path -> records, for this process's life.
+
+
+def _cache_file(data_dir: str, path: str) -> str:
+  root = data_dir.rstrip('/') + '/'
+  name = path[len(root):] if path.startswith(root) else path
+  return os.path.join(data_dir, COUNTS_DIR,
+                      name.replace('/', '%2F') + '.json')
+
+
+def _read_cached(data_dir: str, path: str) -> Tuple[int, Optional[int]]:
+  """(file size, cached record count or None)."""
+  size = tf.io.gfile.stat(path).length
+  try:
+    with tf.io.gfile.GFile(_cache_file(data_dir, path)) as f:
+      entry = json.load(f)
+  except (tf.errors.OpError, OSError, ValueError):
+    return size, None
+  if entry.get('bytes') != size:
+    return size, None  # The file changed since it was counted.
+  return size, int(entry['records'])
+
+
+def _write_cached(data_dir: str, path: str, size: int, records: int) -> bool:
+  """Caches a count (written then renamed); False where that fails."""
+  target = _cache_file(data_dir, path)
+  temp = f'{target}.tmp-{uuid.uuid4().hex}'
+  try:
+    tf.io.gfile.makedirs(os.path.dirname(target))
+    with tf.io.gfile.GFile(temp, 'w') as f:
+      json.dump({'records': records, 'bytes': size}, f)
+    tf.io.gfile.rename(temp, target, overwrite=True)
+  except (tf.errors.OpError, OSError):
+    return False
+  return True
+
+
+def _count_files(paths: Sequence[str]) -> List[int]:
+  """Records in each file, files read in parallel, records not parsed."""
+  def count(path):
+    return tf.data.TFRecordDataset(path, buffer_size=8 << 20).reduce(
+        tf.constant(0, tf.int64), lambda n, _: n + 1)
+  ds = tf.data.Dataset.from_tensor_slices(list(paths)).map(
+      count, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return [int(n) for n in ds.as_numpy_iterator()]
+
+
+def record_counts(data_dir: str, paths: Sequence[str]) -> List[int]:
+  """Records in each of `paths` (files under `data_dir`), cached."""
+  missing = [p for p in dict.fromkeys(paths) if p not in _COUNTS]
+  if missing:
+    with concurrent.futures.ThreadPoolExecutor(_STAT_THREADS) as pool:
+      cached = list(pool.map(lambda p: _read_cached(data_dir, p), missing))
+    to_count = [(p, size) for p, (size, n) in zip(missing, cached)
+                if n is None]
+    _COUNTS.update((p, n) for p, (_, n) in zip(missing, cached)
+                   if n is not None)
+    if to_count:
+      counts = _count_files([p for p, _ in to_count])
+      saved = [_write_cached(data_dir, p, size, n)
+               for (p, size), n in zip(to_count, counts)]
+      _COUNTS.update((p, n) for (p, _), n in zip(to_count, counts))
+      logging.info('counted the records of %d TFRecord files in %s (%s)',
+                   len(to_count), data_dir,
+                   f'cached in {COUNTS_DIR}/' if all(saved) else
+                   'could not cache the counts: read-only?')
+  return [_COUNTS[p] for p in paths]
+
+
+def count_records(data_dir: str, split: str) -> int:
+  """Counts (and caches) the records of every file of `split`."""
+  return sum(record_counts(data_dir, split_files(data_dir, split)))
+
+
+def _records_of_shard(count: int, process_index: int,
+                      process_count: int) -> int:
+  """len(range(process_index, count, process_count))."""
+  return max(0, -(-(count - process_index) // process_count))
 
 
 class TFRecordSource(Source):
@@ -86,9 +194,10 @@ class TFRecordSource(Source):
     if not files:
       raise UnknownSplitError(
           f'{self.spec.name}: no TFRecord files for split {split!r} in '
-          f'{self.data_dir} (expected {split}-*, {split}.* or {split}/*; '
-          f'splits found: {self.split_names()}). TFRecord splits cannot be '
-          'sliced; write the files of each split separately.')
+          f'{self.data_dir} (expected {split}-00000-of-..., '
+          f'{split}.tfrecord... or {split}/*; splits found: '
+          f'{self.split_names()}). TFRecord splits cannot be sliced; write '
+          'the files of each split separately.')
     return files
 
   def _host_files(self, split, process_index, process_count):
@@ -98,32 +207,46 @@ class TFRecordSource(Source):
       return files[process_index::process_count], False
     return files, True
 
+  def check_train_split(self, split, process_count) -> None:
+    n = len(self.files(split))
+    if n >= process_count and n % process_count:
+      fewer, more = n - n % process_count, n + process_count - n % process_count
+      raise DataError(
+          f'{self.spec.name}: the {n} TFRecord files of split {split!r} do '
+          f'not divide evenly among {process_count} processes, whose shards '
+          'would differ by whole files. Re-shard the split into a multiple '
+          f'of {process_count} files of similar size (e.g. {fewer} or '
+          f'{more}), or train with a process count that divides {n}.')
+
   def host_size(self, split, process_index, process_count) -> None:
-    return None
+    return None  # Unknown without reading the files: see `count_host`.
 
   def count_host(self, split, process_index, process_count) -> int:
     files, by_record = self._host_files(split, process_index, process_count)
-    total = sum(_count_records(f) for f in files)
+    counts = record_counts(self.data_dir, files)
     if by_record:
-      return total // process_count + (process_index < total % process_count)
-    return total
+      return sum(_records_of_shard(c, process_index, process_count)
+                 for c in counts)
+    return sum(counts)
 
   def split_size(self, split: str) -> Optional[int]:
     return None
 
   def host_dataset(self, split, process_index, process_count, *,
-                   order_seed=None) -> tf.data.Dataset:
+                   order_key=None) -> tf.data.Dataset:
     files, by_record = self._host_files(split, process_index, process_count)
-    if by_record:
-      ds = tf.data.TFRecordDataset(files).shard(process_count, process_index)
-    else:
-      ds = tf.data.Dataset.from_tensor_slices(files)
-      if order_seed is not None and len(files) > 1:
-        ds = ds.shuffle(len(files), seed=order_seed)
-      ds = ds.interleave(
-          lambda f: tf.data.TFRecordDataset(f, buffer_size=8 << 20),
-          cycle_length=min(_CYCLE_LENGTH, len(files)), block_length=1,
-          num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    names = tf.constant(files, tf.string)
+    if order_key is not None and len(files) > 1:
+      names = tf.gather(names, shuffle.permutation(len(files), order_key))
+
+    def read(name):
+      records = tf.data.TFRecordDataset(name, buffer_size=8 << 20)
+      return (records.shard(process_count, process_index) if by_record
+              else records)
+
+    ds = tf.data.Dataset.from_tensor_slices(names).interleave(
+        read, cycle_length=min(_CYCLE_LENGTH, len(files)), block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
 
   def _parse(self, serialized):
