@@ -22,3 +22,17 @@ def perturb(params, scale=0.05, seed=1):
   return jax.tree.unflatten(treedef, [
       np.asarray(x) + scale * np.asarray(jax.random.normal(k, np.shape(x)))
       for x, k in zip(leaves, keys)])
+
+
+def take(it, n):
+  """The next `n` batches of an iterator."""
+  return [next(it) for _ in range(n)]
+
+
+def assert_batches_equal(a, b):
+  """Two lists of batches (dicts of arrays) are identical."""
+  assert len(a) == len(b)
+  for x, y in zip(a, b):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)

@@ -15,6 +15,7 @@ from vit_jax.data import pipeline, registry, sources
 from vit_jax.data.errors import (DatasetNotPreparedError, UnknownDatasetError,
                                  UnknownSplitError)
 from vit_jax.data.digits_source import load
+from conftest import assert_batches_equal, take
 
 
 def _config(**kw):
@@ -188,31 +189,19 @@ def test_eval_pads_the_last_batch_and_iterates_again():
     np.testing.assert_array_equal(labels, load()[1][1437:])
 
 
-def _take(it, n):
-  return [next(it) for _ in range(n)]
-
-
-def _assert_same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
-
-
 @pytest.mark.parametrize('kw', [
     dict(), dict(pp_train='finetune', image_size=12, cache=True),
     dict(mixup=0.5, shuffle_buffer=100)])
 def test_resume_gives_the_batches_of_an_uninterrupted_run(kw):
   config = _config(batch_size=100, **kw)
   run = pipeline.train_iterator(config, seed=7)
-  _take(run, 20)  # Past the end of the first epoch (1437 examples).
+  take(run, 20)  # Past the end of the first epoch (1437 examples).
   state = json.loads(json.dumps(run.get_state()))
   assert state['epoch'] == 1 and state['batches'] == 20
-  expected = _take(run, 5)
+  expected = take(run, 5)
   resumed = pipeline.train_iterator(config, seed=7)
   resumed.set_state(state)
-  _assert_same(_take(resumed, 5), expected)
+  assert_batches_equal(take(resumed, 5), expected)
   assert resumed.get_state() == run.get_state()
   if kw.get('mixup'):
     assert expected[0]['label'].shape == (100, 10)
@@ -223,13 +212,13 @@ def test_process_zero_state_restores_every_process():
   runs = [pipeline.train_iterator(config, seed=1, process_index=p,
                                   process_count=2) for p in (0, 1)]
   for run in runs:
-    _take(run, 30)
+    take(run, 30)
   state = runs[0].get_state()
-  expected = _take(runs[1], 3)
+  expected = take(runs[1], 3)
   resumed = pipeline.train_iterator(config, seed=1, process_index=1,
                                     process_count=2)
   resumed.set_state(state)
-  _assert_same(_take(resumed, 3), expected)
+  assert_batches_equal(take(resumed, 3), expected)
 
 
 @pytest.mark.parametrize('field,value', [
@@ -259,11 +248,11 @@ def test_stream_ignores_tensorflows_global_seed(cache):
     if global_seed is not None:
       tf.random.set_seed(global_seed)
     try:
-      return _take(pipeline.train_iterator(config, seed=2), 4)  # 1+ epoch.
+      return take(pipeline.train_iterator(config, seed=2), 4)  # 1+ epoch.
     finally:
       tf.random.set_seed(None)
 
-  _assert_same(batches(5), batches(None))
+  assert_batches_equal(batches(5), batches(None))
 
 
 def test_shards_of_a_sum_of_splits_are_one_range_per_part():

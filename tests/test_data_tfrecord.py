@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from vit_jax.data import bench, pipeline, tfrecord_source
 from vit_jax.data.errors import DataError, UnknownSplitError
+from conftest import assert_batches_equal, take
 
 
 def _example(image, label):
@@ -69,18 +70,6 @@ def _shards_config(directory, **kw):
               batch_size=12, image_size=8, pp_train='inception',
               shuffle_buffer=10)
   return ml_collections.ConfigDict({**base, **kw})
-
-
-def _take(it, n):
-  return [next(it) for _ in range(n)]
-
-
-def _assert_same(a, b):
-  assert len(a) == len(b)
-  for x, y in zip(a, b):
-    assert x.keys() == y.keys()
-    for k in x:
-      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
 def _config(directory, **kw):
@@ -205,16 +194,16 @@ def test_process_zero_state_resumes_both_processes_exactly(shards):
   runs = [pipeline.train_iterator(config, seed=5, process_index=p,
                                   process_count=2) for p in (0, 1)]
   for run in runs:
-    _take(run, 13)  # 78 examples: epoch 1 on both, at different indices.
+    take(run, 13)  # 78 examples: epoch 1 on both, at different indices.
   state = json.loads(json.dumps(runs[0].get_state()))
   assert (state['epoch'], state['index']) == (1, 26)
   assert runs[1].get_state()['index'] == 22
-  expected = [_take(run, 10) for run in runs]  # Into epoch 2.
+  expected = [take(run, 10) for run in runs]  # Into epoch 2.
   for p in (0, 1):
     resumed = pipeline.train_iterator(config, seed=5, process_index=p,
                                       process_count=2)
     resumed.set_state(state)
-    _assert_same(_take(resumed, 10), expected[p])
+    assert_batches_equal(take(resumed, 10), expected[p])
     assert resumed.get_state() == runs[p].get_state()
 
 
@@ -225,11 +214,11 @@ def test_stream_ignores_tensorflows_global_seed(shards):
     try:
       it = pipeline.train_iterator(_shards_config(shards), seed=1,
                                    process_index=1, process_count=2)
-      return _take(it, 12)  # Two epochs.
+      return take(it, 12)  # Two epochs.
     finally:
       tf.random.set_seed(None)
 
-  _assert_same(batches(5), batches(None))
+  assert_batches_equal(batches(5), batches(None))
 
 
 def test_tfrecord_resume(records):
