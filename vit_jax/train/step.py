@@ -124,7 +124,7 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
 
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = {'loss': value, 'grad_norm': optax.global_norm(grads),
+  metrics = {'loss': value, 'grad_norm': optax.tree.norm(grads),
              'lr': jnp.asarray(lr_fn(state.step), jnp.float32)}
   return state.replace(step=state.step + 1, params=params,
                        opt_state=opt_state), metrics
