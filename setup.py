@@ -10,7 +10,8 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>=3.10',
-    packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs']),
+    packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs',
+                                    'launch', 'launch.*']),
     install_requires=[
         'absl-py>=2.1',
         'chex>=0.1.90',
