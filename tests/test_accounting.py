@@ -3,7 +3,6 @@
 import subprocess
 import sys
 
-import ml_collections
 import pytest
 
 from vit_jax import accounting, models

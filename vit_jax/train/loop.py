@@ -7,9 +7,8 @@ numeric happens in `step.py`; this file only moves things around it.
 from __future__ import annotations
 
 import math
-import os
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import jax
 import jax.numpy as jnp
