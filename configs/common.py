@@ -43,6 +43,7 @@ def base() -> ml_collections.ConfigDict:
   """Fields every training config has (see docs/configs.md)."""
   c = ml_collections.ConfigDict()
   c.seed = 0
+  c.mode = 'train'  # 'eval': evaluate workdir's checkpoint (or init) only.
   # `name` picks the model from the zoo; other fields override its options.
   c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
   # None: the dataset's class count.
@@ -68,6 +69,12 @@ def base() -> ml_collections.ConfigDict:
   c.fsdp_min_size = 2**18  # Smaller tensors stay replicated under FSDP.
   # Pre-trained weights to start from (.npz); None: from scratch.
   c.init = ml_collections.FieldReference(None, field_type=str)
+  # Extra evaluators by name (vit_jax/evaluators): kind='classification'
+  # (e.g. ImageNet ReaL) or kind='fewshot'.
+  c.evals = ml_collections.ConfigDict()
+  # Where the run belongs in the paper's tables (see docs/tables.md): model,
+  # pretrain, pretrain_epochs, pretrain_optimizer, task, lr, sweep.
+  c.report = ml_collections.ConfigDict()
   c.log_every = 50
   c.eval_every = 0  # 0: evaluate at the end only.
   c.checkpoint_every = 1000

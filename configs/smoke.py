@@ -2,6 +2,7 @@
 
     python -m vit_jax.main --config=configs/smoke.py --workdir=/tmp/vit_smoke
     python -m vit_jax.main --config=configs/smoke.py:data=digits,steps=100 ...
+    ... --config=configs/smoke.py:fewshot=mnist5k  # + few-shot on MNIST
 
 data=auto (default) uses Fashion-MNIST when Debian's `dataset-fashion-mnist`
 is installed (prepared as the official tfds dataset on first use, offline)
@@ -19,7 +20,7 @@ FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 
 def get_config(arg=None):
   args = common.parse_arg(arg, data='auto', steps=600, model='ViT-test',
-                          batch=128)
+                          batch=128, fewshot='')
   data = args.data
   if data == 'auto':
     data = ('fashion_mnist' if os.path.isdir(FASHION_MNIST_DIR)
@@ -49,4 +50,8 @@ def get_config(arg=None):
   c.log_every = 100
   c.checkpoint_every = 300
   c.accounting.hardware = 'tpu_v3'
+  if args.fewshot:  # E.g. fewshot=mnist5k or fewshot=digits+mnist5k.
+    c.evals.fewshot = dict(kind='fewshot', datasets=tuple(
+        args.fewshot.split('+')), shots=(1, 5, 10), seeds=3,
+        pool_per_class=20)
   return c

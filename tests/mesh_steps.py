@@ -54,7 +54,7 @@ def main():
   tx, lr_fn = optim.make(cfg, steps)
   state, sh = step_lib.create_state(model, tx, 0, (16, 16, 3), mesh,
                                     fsdp_min_size=extra.get('fsdp_min', 1))
-  train, _ = step_lib.compile_steps(
+  train = step_lib.compile_train_step(
       model, tx, lr_fn, sh, mesh, ml_collections.ConfigDict(
           {'accum_steps': extra.get('accum', 1)}))
   losses = []

@@ -14,7 +14,7 @@ import tensorflow as tf
 from vit_jax.data import pipeline, registry, sources
 from vit_jax.data.errors import (DatasetNotPreparedError, UnknownDatasetError,
                                  UnknownSplitError)
-from vit_jax.data.digits_source import load
+from vit_jax.data.memory_source import load
 from conftest import assert_batches_equal, take
 
 
@@ -29,7 +29,7 @@ def _ids(images):
   return [p.astype(np.uint8).tobytes() for p in pixels]
 
 
-DIGITS, _ = load()
+DIGITS = np.concatenate([load()['train'][0], load()['test'][0]])
 TRAIN_IDS = set(_ids(DIGITS[:1437] / 127.5 - 1))
 TEST_IDS = _ids(DIGITS[1437:] / 127.5 - 1)
 
@@ -186,7 +186,7 @@ def test_eval_pads_the_last_batch_and_iterates_again():
     assert len(batches) == len(ev) == 4
     assert [int(b['mask'].sum()) for b in batches] == [100, 100, 100, 60]
     labels = np.concatenate([b['label'][b['mask']] for b in batches])
-    np.testing.assert_array_equal(labels, load()[1][1437:])
+    np.testing.assert_array_equal(labels, load()['test'][1])
 
 
 @pytest.mark.parametrize('kw', [

@@ -209,7 +209,7 @@ def test_activations_carry_logical_sharding_constraints():
   model = models.create('ViT-test', num_classes=10)
   tx, lr = optim.make(_cfg(warmup_steps=0, decay='constant'), 10)
   state, sh = step_lib.create_state(model, tx, 0, (16, 16, 3), mesh)
-  train, _ = step_lib.compile_steps(model, tx, lr, sh, mesh,
+  train = step_lib.compile_train_step(model, tx, lr, sh, mesh,
                                     ml_collections.ConfigDict({}))
   batch = {'image': jnp.zeros((4, 16, 16, 3)),
            'label': jnp.zeros((4,), jnp.int32)}

@@ -120,7 +120,7 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
       weight_decay=0.1, grad_clip_norm=1.0)), 1000)
   shape = (image_size, image_size, 3)
   state, state_sh = step_lib.create_state(model, tx, 0, shape, mesh)
-  train, _ = step_lib.compile_steps(
+  train = step_lib.compile_train_step(
       model, tx, lr_fn, state_sh, mesh,
       ml_collections.ConfigDict({'accum_steps': accum_steps}))
   rng = np.random.RandomState(0)

@@ -62,15 +62,23 @@ def main(argv):
   import jax
   import tensorflow as tf
   tf.config.set_visible_devices([], 'GPU')  # tf.data stays on the host.
-  from vit_jax.train import loop
+  from vit_jax.train import eval_run, loop
   logging.info('process %d/%d, %d devices (%s)', jax.process_index(),
                jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind)
-  summary = loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  config = _CONFIG.value
+  mode = config.get('mode', 'train')
+  if mode not in ('train', 'eval'):
+    raise app.UsageError(f'config.mode={mode!r}: expected train or eval')
+  run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
+  summary = run(config, _WORKDIR.value)
   if jax.process_index() == 0:
-    keys = [k for k in summary if 'accuracy' in k or 'loss' in k]
-    print('\n'.join(f'{k:>16}: {summary[k]:.4f}' for k in sorted(keys)))
-    print(f'{"summary":>16}: {os.path.join(_WORKDIR.value, "summary.json")}')
+    keys = [k for k in summary if ('accuracy' in k or 'loss' in k or
+                                   k.endswith('shot'))]
+    width = max([len(k) for k in keys] + [16])
+    print('\n'.join(f'{k:>{width}}: {summary[k]:.4f}' for k in sorted(keys)))
+    print(f'{"summary":>{width}}: '
+          f'{os.path.join(_WORKDIR.value, "summary.json")}')
 
 
 if __name__ == '__main__':

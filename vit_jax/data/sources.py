@@ -15,7 +15,7 @@ instead (see `tfrecord_source.py`).
 `open_source` picks the implementation for a registry entry:
 `tfds_source.py` (prepared tfds datasets), `folder_source.py` (a user's
 folder of class sub-folders), `tfrecord_source.py` (JFT-style TFRecords),
-`digits_source.py` (scikit-learn's digits, in memory).
+`memory_source.py` (digits and mnist5k, in memory).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def _open(spec: DatasetSpec, input_config) -> Source:
   if spec.source == 'tfrecord':
     from vit_jax.data import tfrecord_source
     return tfrecord_source.TFRecordSource(spec, input_config)
-  if spec.source == 'digits':
-    from vit_jax.data import digits_source
-    return digits_source.DigitsSource(spec)
+  if spec.source == 'memory':
+    from vit_jax.data import memory_source
+    return memory_source.MemorySource(spec)
   raise ValueError(f'{spec.name}: unknown source kind {spec.source!r}')

@@ -93,26 +93,30 @@ class Checkpointer:
     self.manager.close()
 
 
-def load_params(path: str) -> Any:
-  """Parameters from a training workdir, its checkpoints dir or one step dir.
+def resolve(path: str) -> str:
+  """The checkpoint step directory `path` names.
 
   `path` may be DIR (a workdir: its latest checkpoint), DIR/checkpoints, or
-  DIR/checkpoints/<step>. Returns a nested dict of host arrays.
+  DIR/checkpoints/<step>.
   """
   import tensorflow as tf
   path = path.rstrip('/')
-  candidates = [path + '/checkpoints', path]
-  for directory in candidates:
+  for directory in (path + '/checkpoints', path):
     if tf.io.gfile.isdir(directory):
       steps = [int(d.rstrip('/')) for d in tf.io.gfile.listdir(directory)
                if d.rstrip('/').isdigit()]
       if steps:
         path = f'{directory}/{max(steps)}'
         break
-  state_dir = path + '/state'
-  if not tf.io.gfile.isdir(state_dir):
+  if not tf.io.gfile.isdir(path + '/state'):
     raise FileNotFoundError(
         f'no orbax train state under {path}: expected a workdir, its '
         'checkpoints/ folder or checkpoints/<step> (or pass an .npz file)')
-  state = ocp.StandardCheckpointer().restore(state_dir)
+  return path
+
+
+def load_params(path: str) -> Any:
+  """Parameters from a training workdir, its checkpoints dir or one step dir
+  (see `resolve`). Returns a nested dict of host arrays."""
+  state = ocp.StandardCheckpointer().restore(resolve(path) + '/state')
   return state['params']

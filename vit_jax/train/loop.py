@@ -13,11 +13,10 @@ from typing import Any, Dict
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from vit_jax import accounting, models
+from vit_jax import accounting, evaluators, models
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare, registry
 from vit_jax.train import checkpoints, optim, reporting
@@ -48,26 +47,6 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
   raise ValueError('config sets neither total_steps nor total_epochs')
 
 
-def _global_batch(batch: Dict[str, np.ndarray], mesh) -> Dict[str, jax.Array]:
-  """Process-local numpy batch -> global arrays split over (data, fsdp)."""
-  return {k: jax.make_array_from_process_local_data(
-      shd.batch_sharding(mesh, v.ndim), v) for k, v in batch.items()}
-
-
-def evaluate(eval_fn, params, config, mesh) -> Dict[str, float]:
-  """Top-1 accuracy and loss over every example of the eval split, once."""
-  sums = None
-  for batch in pipeline.eval_iterator(
-      config.input, process_index=jax.process_index(),
-      process_count=jax.process_count()):
-    out = eval_fn(params, _global_batch(batch, mesh))
-    sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
-  sums = jax.tree.map(float, jax.device_get(sums))
-  return {'eval_accuracy': sums['correct'] / sums['count'],
-          'eval_loss': sums['loss'] / sums['count'],
-          'eval_examples': sums['count']}
-
-
 def _init_params(config, state, state_sh):
   """Replaces fresh params with `config.init` weights (an .npz file, or an
   orbax workdir / checkpoint directory of an earlier run)."""
@@ -81,7 +60,7 @@ def _init_params(config, state, state_sh):
   return state.replace(params=params)
 
 
-def _ensure_prepared(input_config) -> None:
+def ensure_prepared(input_config) -> None:
   """With `input.prepare`, prepares a missing dataset (process 0 only)."""
   if not input_config.get('prepare'):
     return
@@ -106,7 +85,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> Dict[str, Any]:
   """Trains (resuming from `workdir` when it holds a checkpoint); returns
   the summary written to `workdir/summary.json`."""
-  _ensure_prepared(config.input)
+  ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   accum = config.get('accum_steps', 1)
   shd.check_batch_size(config.input.batch_size, mesh, 'input.batch_size',
@@ -146,8 +125,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       state = _init_params(config, state, state_sh)
 
   label_ndim = 2 if config.input.get('mixup') else 1
-  train_fn, eval_fn = step_lib.compile_steps(model, tx, lr_fn, state_sh, mesh,
-                                             config, label_ndim)
+  train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
+                                        config, label_ndim)
+  evals = evaluators.build(config, model, mesh, state_sh.params,
+                           image_shape[0])
   fwd = accounting.forward_flops(
       config.model.name, image_shape[:2], num_classes, **{
           k: v for k, v in dict(config.model).items()
@@ -157,7 +138,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                                 batch_size=config.input.batch_size,
                                 start_step=start, forward_flops=fwd)
   log_every = config.get('log_every', 50)
-  eval_every = config.get('eval_every', 0)
 
   def run_state_now():
     return {'input': train_it.get_state(), 'model': model_spec,
@@ -170,7 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     with jax.set_mesh(mesh):
       while step < steps:
         t0 = time.perf_counter()
-        batch = _global_batch(next(train_it), mesh)
+        batch = evaluators.base.global_batch(next(train_it), mesh)
         progress.input_wait(time.perf_counter() - t0)
         state, metrics = train_fn(state, batch)
         step += 1
@@ -183,8 +163,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
           scalars.update(progress.report(step))
           writer.write_scalars(step, scalars)
           writer.flush()
-        if eval_every and step % eval_every == 0 and step < steps:
-          eval_metrics = evaluate(eval_fn, state.params, config, mesh)
+        due = [e for e in evals if e.due(step, steps)]
+        if due:
+          eval_metrics = evaluators.run_all(due, state.params)
           writer.write_scalars(step, eval_metrics)
         if ckpt.due(step):
           _check_finite(*pending, ckpt)  # Never save a diverged state.
@@ -193,7 +174,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
         _check_finite(*pending, ckpt)
       final_metrics = jax.device_get(pending[1]) if pending else {}
       ckpt.maybe_save(step, state, run_state_now(), force=True)
-      eval_metrics = evaluate(eval_fn, state.params, config, mesh)
+      eval_metrics = evaluators.run_all(evals, state.params)
       writer.write_scalars(step, eval_metrics)
   finally:
     ckpt.close()
@@ -211,6 +192,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                    / 86400,
       'forward_gflops': fwd / 1e9,
       'exaflops': examples * 3 * fwd / 1e18,
+      'report': config.report.to_dict() if 'report' in config else {},
       **{f'train_{k}': float(v) for k, v in final_metrics.items()},
       **eval_metrics,
   }

@@ -1,8 +1,8 @@
-"""The train state and the pure, jitted train and eval steps.
+"""The train state and the pure, jitted train step.
 
-`train_step(state, batch) -> (state, metrics)` and
-`eval_step(params, batch) -> sums` are plain functions of their inputs; the
-loop jits them once with explicit shardings (see `compile_steps`).
+`train_step(state, batch) -> (state, metrics)` is a plain function of its
+inputs; the loop jits it once with explicit shardings (see
+`compile_train_step`). Evaluation lives in `vit_jax/evaluators/`.
 """
 
 from __future__ import annotations
@@ -130,28 +130,14 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
                        opt_state=opt_state), metrics
 
 
-def eval_step(params: Any, batch: Dict[str, jax.Array], *,
-              model: nn.Module) -> Dict[str, jax.Array]:
-  """Sums over the real (mask=True) examples of a padded eval batch."""
-  with nn.logical_axis_rules(shd.ACTIVATION_RULES):
-    logits = model.apply({'params': params}, batch['image'], train=False)
-  mask = batch['mask'].astype(jnp.float32)
-  labels = batch['label']
-  correct = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-  return {'correct': (correct * mask).sum(), 'loss': (nll * mask).sum(),
-          'count': mask.sum()}
-
-
-def compile_steps(model, tx, lr_fn, state_sh, mesh,
-                  cfg: ml_collections.ConfigDict, label_ndim: int = 1):
-  """Jitted (train_step, eval_step) with explicit shardings; state donated.
+def compile_train_step(model, tx, lr_fn, state_sh, mesh,
+                       cfg: ml_collections.ConfigDict, label_ndim: int = 1):
+  """The jitted train step with explicit shardings; the state is donated.
 
   `label_ndim` is 1 for class ids, 2 for soft or multi-hot training labels.
   """
   img = shd.batch_sharding(mesh, 4)
   lab = shd.batch_sharding(mesh, label_ndim)
-  ids = shd.batch_sharding(mesh, 1)
   rep = shd.replicated(mesh)
   train = jax.jit(
       functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
@@ -160,9 +146,4 @@ def compile_steps(model, tx, lr_fn, state_sh, mesh,
                         accum_steps=cfg.get('accum_steps', 1)),
       in_shardings=(state_sh, {'image': img, 'label': lab}),
       out_shardings=(state_sh, rep), donate_argnums=(0,))
-  evaluate = jax.jit(
-      functools.partial(eval_step, model=model),
-      in_shardings=(state_sh.params, {'image': img, 'label': ids,
-                                      'mask': ids}),
-      out_shardings=rep)
-  return train, evaluate
+  return train

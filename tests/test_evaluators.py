@@ -1,0 +1,202 @@
+"""Evaluators: few-shot least squares, ReaL accuracy, and mode=eval."""
+
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from vit_jax import models
+from vit_jax.evaluators import classification, fewshot
+from vit_jax.train import sharding as shd
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_fit_predict_primal_equals_dual_and_ridge_formula(rng):
+  k, d = 4, 6
+  x = rng.randn(40, d)
+  y = rng.randint(0, k, 40)
+  xt = rng.randn(25, d)
+  primal = fewshot.fit_predict(x, y, xt, k, 0.5)  # n > d: primal form.
+  # The same ridge regression written out, with the bias as a column that
+  # is not regularised, on centred and rescaled features.
+  mean = x.mean(0)
+  scale = np.sqrt(np.mean(np.sum((x - mean)**2, 1)))
+  a = np.c_[(x - mean) / scale, np.ones(40)]
+  t = 2 * np.eye(k)[y] - 1
+  reg = 0.5 * np.diag([1.0] * d + [0.0])
+  w = np.linalg.solve(a.T @ a + reg, a.T @ t)
+  expect = (np.c_[(xt - mean) / scale, np.ones(25)] @ w).argmax(-1)
+  np.testing.assert_array_equal(primal, expect)
+  # Dual form (n <= d) gives the same map as the primal one.
+  xs, ys = x[:5], y[:5]
+  wide = np.c_[xs, rng.randn(5, 3) * 0]  # d=9 > n=5, same information.
+  dual = fewshot.fit_predict(wide, ys, np.c_[xt, np.zeros((25, 3))], k, 0.5)
+  narrow = fewshot.fit_predict(xs, ys, xt, k, 0.5)
+  np.testing.assert_array_equal(dual, narrow)
+
+
+def test_fit_predict_separates_clusters(rng):
+  centres = rng.randn(5, 16) * 5
+  y = np.repeat(np.arange(5), 3)
+  x = centres[y] + rng.randn(15, 16)
+  yt = np.repeat(np.arange(5), 40)
+  xt = centres[yt] + rng.randn(200, 16)
+  assert np.mean(fewshot.fit_predict(x, y, xt, 5, 1.0) == yt) > 0.95
+
+
+def test_draw_k_per_class_nested_and_seeded():
+  labels = np.repeat(np.arange(3), 30)
+  a = fewshot.draw(labels, 3, (1, 5, 10), seed=0)
+  b = fewshot.draw(labels, 3, (1, 5, 10), seed=1)
+  for k, idx in a.items():
+    assert np.all(np.bincount(labels[idx], minlength=3) == k)
+    assert len(set(idx)) == len(idx)
+  assert set(a[1]) <= set(a[5]) <= set(a[10])  # Nested within a seed.
+  assert set(a[10]) != set(b[10])
+
+
+class _Fixed(nn.Module):
+  """Logits = the first K pixels of the image's first row."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    self.param('unused', nn.initializers.zeros, (1,))
+    return x[:, 0, :4, 0]
+
+
+def test_real_accuracy_uses_label_sets_and_skips_empty(rng):
+  model = _Fixed()
+  preds = np.array([0, 1, 2, 3, 1])
+  images = np.zeros((5, 4, 4, 1), np.float32)
+  images[np.arange(5), 0, preds, 0] = 1.0
+  real = np.zeros((5, 4), bool)
+  real[0, [0, 2]] = True   # Prediction 0 in the set: correct.
+  real[1, 3] = True        # Prediction 1 not in {3}: wrong.
+  real[2, 2] = True        # Correct.
+  # Row 3: empty set, left out of ReaL. Row 4: padding (mask False).
+  real[4, 1] = True
+  batch = {'image': images, 'label': np.array([0, 0, 2, 3, 1]),
+           'real_label': real, 'mask': np.array([1, 1, 1, 1, 0], bool)}
+  out = jax.device_get(classification.batch_sums(
+      {'unused': jnp.zeros(1)}, jax.tree.map(jnp.asarray, batch),
+      model=model))
+  assert out['count'] == 4 and out['correct'] == 3  # Original labels.
+  assert out['real_count'] == 3 and out['real_correct'] == 2
+
+
+@pytest.fixture(scope='module')
+def digits_model():
+  model = models.create('ViT-test', num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
+  return model, params
+
+
+def test_fewshot_on_digits_with_random_features(digits_model):
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('digits',), shots=(1, 5, 10), seeds=2, pool_per_class=20,
+      batch_size=100))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
+  ev = fewshot.FewShot(cfg, inp, model, mesh, sh, image_size=16)
+  with jax.set_mesh(mesh):
+    out = ev.run(jax.device_put(params, sh))
+  assert set(out) == {f'fewshot/digits/{k}shot{s}' for k in (1, 5, 10)
+                      for s in ('', '_std')}
+  # Even a random ViT-test's features are well above chance (10%).
+  assert out['fewshot/digits/10shot'] > 0.2
+
+
+class _Pixels(nn.Module):
+  """Represents an image by its pixels (to check the evaluator's plumbing
+  against few-shot regression computed here directly)."""
+
+  @nn.compact
+  def __call__(self, x, train=False):
+    self.param('unused', nn.initializers.zeros, (1,))
+    self.sow('intermediates', 'representation', x.reshape(len(x), -1))
+    return jnp.zeros((len(x), 10))
+
+
+def test_fewshot_equals_direct_regression_on_pixels():
+  from vit_jax.data import memory_source
+  model = _Pixels()
+  params = {'unused': jnp.zeros(1)}
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('digits',), shots=(1, 5, 10), seeds=2, pool_per_class=20,
+      batch_size=64, pp='decode(1)|resize({size})|value_range(-1,1)'))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=64, data_dir=None))
+  with jax.set_mesh(mesh):
+    out = fewshot.FewShot(cfg, inp, model, mesh, sh, image_size=8).run(
+        jax.device_put(params, sh))
+  data = memory_source.load('digits')
+  x, y = data['train']
+  pool = np.sort(np.concatenate([np.flatnonzero(y == c)[:20]
+                                 for c in range(10)]))
+  x, y = x[pool].reshape(len(pool), -1).astype(float), y[pool]
+  xt, yt = data['test']
+  xt = xt.reshape(len(xt), -1).astype(float)
+  for k in (1, 5, 10):
+    accs = [np.mean(fewshot.fit_predict(x[i], y[i], xt, 10, 1.0) == yt)
+            for i in (fewshot.draw(y, 10, (k,), s)[k] for s in (0, 1))]
+    assert out[f'fewshot/digits/{k}shot'] == pytest.approx(np.mean(accs))
+  assert out['fewshot/digits/10shot'] > 0.75  # Pixels suffice for digits.
+
+
+def test_fewshot_errors_name_the_fix(digits_model):
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
+  bad_pool = ml_collections.ConfigDict(dict(datasets=('digits',),
+                                            shots=(1, 25), pool_per_class=10))
+  with pytest.raises(ValueError, match='pool_per_class=10'):
+    fewshot.FewShot(bad_pool, inp, model, mesh, sh, image_size=16)
+  with pytest.raises(Exception, match='Did you mean'):
+    fewshot.FewShot(ml_collections.ConfigDict(dict(datasets=('digts',))),
+                    inp, model, mesh, sh, image_size=16)
+
+
+def test_mode_eval_evaluates_a_finished_run(tmp_path):
+  """Train briefly, then `--config.mode=eval` with a few-shot evaluator
+  added: metrics merge into summary.json, the trained head is kept."""
+  workdir = str(tmp_path)
+  base = [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+          '--config=configs/smoke.py:data=digits,steps=30,batch=32',
+          '--config.async_checkpoints=false']
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  out = subprocess.run(base, cwd=ROOT, capture_output=True, text=True,
+                       env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  trained = json.load(open(os.path.join(workdir, 'summary.json')))
+  base[-2] = base[-2] + ',fewshot=digits'
+  out = subprocess.run(base + ['--config.mode=eval'], cwd=ROOT,
+                       capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  assert summary['evaluated_checkpoint'].endswith('checkpoints/30')
+  # Same checkpoint, same eval split: the same top-1 as the run's own eval.
+  assert summary['eval_accuracy'] == pytest.approx(trained['eval_accuracy'])
+  assert 0 < summary['fewshot/digits/5shot'] <= 1
+  assert summary['steps'] == 30  # Keys of the training summary are kept.
+
+
+def test_mode_eval_without_checkpoint_explains(tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--workdir={tmp_path}',
+       '--config=configs/smoke.py:data=digits', '--config.mode=eval'],
+      cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode != 0
+  assert 'has no checkpoint and config.init is not set' in out.stderr

@@ -1,0 +1,80 @@
+"""Top-1 accuracy over every example of a split exactly once, and ReaL.
+
+ImageNet ReaL (Beyer et al. 2020): a prediction is correct when it is in the
+image's set of real labels; images whose set is empty are left out of the
+ReaL accuracy (they still count for the original-label top-1). The data
+pipeline provides the set as `real_label` (bool [B, 1000]) for datasets with
+a `real_label_key` (`imagenet2012_real`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Dict, Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from vit_jax.data import pipeline
+from vit_jax.evaluators import base
+from vit_jax.train import sharding as shd
+
+
+def batch_sums(params: Any, batch: Dict[str, jax.Array], *,
+               model: nn.Module) -> Dict[str, jax.Array]:
+  """Sums over the real (mask=True) rows of one padded eval batch."""
+  with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+    logits = model.apply({'params': params}, batch['image'], train=False)
+  mask = batch['mask'].astype(jnp.float32)
+  labels = batch['label']
+  pred = jnp.argmax(logits, -1)
+  correct = (pred == labels).astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  out = {'correct': (correct * mask).sum(), 'loss': (nll * mask).sum(),
+         'count': mask.sum()}
+  if 'real_label' in batch:
+    real = batch['real_label'].astype(bool)
+    has_real = real.any(-1).astype(jnp.float32) * mask
+    hit = jnp.take_along_axis(real, pred[:, None], -1)[:, 0]
+    out['real_correct'] = (hit.astype(jnp.float32) * has_real).sum()
+    out['real_count'] = has_real.sum()
+  return out
+
+
+class Classification(base.Evaluator):
+  """Accuracy and loss of the model's own head on one split.
+
+  Metrics: `{prefix}accuracy`, `{prefix}loss`, `{prefix}examples`, and with
+  ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`.
+  """
+
+  def __init__(self, input_config: ml_collections.ConfigDict, model, mesh,
+               params_sharding, *, split: Optional[str] = None,
+               prefix: str = 'eval_', every: int = 0, name: str = 'eval'):
+    self.name, self.every, self.prefix = name, every, prefix
+    self._input, self._split, self._mesh = input_config, split, mesh
+    self._sums = jax.jit(
+        functools.partial(batch_sums, model=model),
+        in_shardings=(params_sharding, None), out_shardings=shd.replicated(
+            mesh))
+
+  def run(self, params: Any) -> Dict[str, float]:
+    sums = None
+    for batch in pipeline.eval_iterator(
+        self._input, split=self._split, process_index=jax.process_index(),
+        process_count=jax.process_count()):
+      out = self._sums(params, base.global_batch(batch, self._mesh))
+      sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+    sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+    p = self.prefix
+    metrics = {f'{p}accuracy': sums['correct'] / sums['count'],
+               f'{p}loss': sums['loss'] / sums['count'],
+               f'{p}examples': sums['count']}
+    if 'real_count' in sums:
+      metrics[f'{p}real_accuracy'] = (sums['real_correct'] /
+                                      max(sums['real_count'], 1.0))
+      metrics[f'{p}real_examples'] = sums['real_count']
+    return metrics

@@ -1,0 +1,178 @@
+"""Few-shot linear evaluation, as the paper defines it (Section 4.1).
+
+The frozen pre-logits representation of k training images per class is
+mapped onto {-1, 1}^K targets by regularised least squares, solved in closed
+form; the accuracy of that linear map on the test split is the k-shot
+accuracy. Reported for each dataset of the config, k in `shots`, averaged
+over `seeds` draws of the k images.
+
+Details (ours; the paper does not fix them): the k images of a class are
+drawn from its first `pool_per_class` training images (the split is read in
+order and reading stops once every class has its pool); for one seed the
+1-, 5-, 10- and 25-shot sets are nested. Features are centred with the mean
+of the k-shot set and scaled to unit mean squared norm, so `l2_reg` means
+the same for every model width; targets are centred too (the bias).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax.data import pipeline, registry
+from vit_jax.evaluators import base
+from vit_jax.train import sharding as shd
+
+
+def representation(params: Any, images: jax.Array, *,
+                   model: nn.Module) -> jax.Array:
+  """The model's pre-logits representation (what it sows), float32."""
+  with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+    _, state = model.apply({'params': params}, images, train=False,
+                           mutable=['intermediates'])
+  return state['intermediates']['representation'][0].astype(jnp.float32)
+
+
+def fit_predict(x_train: np.ndarray, y_train: np.ndarray,
+                x_test: np.ndarray, num_classes: int,
+                l2_reg: float) -> np.ndarray:
+  """Closed-form ridge regression onto {-1, 1} targets; test predictions."""
+  x_train = np.asarray(x_train, np.float64)
+  mean = x_train.mean(0)
+  xc = x_train - mean
+  scale = np.sqrt(np.mean(np.sum(xc**2, axis=1))) or 1.0
+  xc /= scale
+  targets = 2.0 * np.eye(num_classes)[y_train] - 1.0
+  bias = targets.mean(0)
+  tc = targets - bias
+  n, d = xc.shape
+  if n <= d:  # Dual form: an n x n system.
+    w = xc.T @ np.linalg.solve(xc @ xc.T + l2_reg * np.eye(n), tc)
+  else:
+    w = np.linalg.solve(xc.T @ xc + l2_reg * np.eye(d), xc.T @ tc)
+  scores = ((np.asarray(x_test, np.float64) - mean) / scale) @ w + bias
+  return scores.argmax(-1)
+
+
+def draw(labels: np.ndarray, num_classes: int, shots: Sequence[int],
+         seed: int) -> Dict[int, np.ndarray]:
+  """Indices of k examples per class for every k (nested within a seed)."""
+  rng = np.random.default_rng(seed)
+  order = {c: rng.permutation(np.flatnonzero(labels == c))
+           for c in range(num_classes)}
+  return {k: np.concatenate([order[c][:k] for c in range(num_classes)])
+          for k in shots}
+
+
+class FewShot(base.Evaluator):
+  """k-shot linear accuracy of the frozen representation on some datasets.
+
+  Config section (`config.evals.<name>`): `datasets` (registry names, or
+  `name:train_split:test_split`), `shots`, `seeds`, `l2_reg`,
+  `pool_per_class`, `pp` (pre-processing; `{size}` is replaced with the
+  model's input size), `batch_size`, `every`.
+  Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`.
+  """
+
+  def __init__(self, cfg: ml_collections.ConfigDict,
+               input_config: ml_collections.ConfigDict, model, mesh,
+               params_sharding, *, image_size: int, name: str = 'fewshot'):
+    self.name, self.every = name, cfg.get('every', 0)
+    self.shots = tuple(sorted(int(k) for k in cfg.get('shots',
+                                                      (1, 5, 10, 25))))
+    self.seeds = int(cfg.get('seeds', 3))
+    self.l2_reg = float(cfg.get('l2_reg', 1.0))
+    self.pool = int(cfg.get('pool_per_class', 100))
+    if self.pool < self.shots[-1]:
+      raise ValueError(f'evals.{name}.pool_per_class={self.pool} is below '
+                       f'the largest shot count {self.shots[-1]}')
+    self._mesh = mesh
+    self._datasets = [_parse_dataset(d) for d in cfg.datasets]
+    pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
+    self._input = ml_collections.ConfigDict(dict(
+        data='', data_dir=input_config.get('data_dir'),
+        image_size=image_size, pp_eval=pp.format(size=image_size),
+        eval_batch_size=int(cfg.get('batch_size',
+                                    input_config.eval_batch_size)),
+        batch_size=int(cfg.get('batch_size', input_config.eval_batch_size))))
+    rep = shd.replicated(mesh)
+    def represent(params, batch):
+      return {'x': representation(params, batch['image'], model=model),
+              'label': batch['label'], 'mask': batch['mask']}
+    # Replicated outputs: every process holds the whole global batch.
+    self._represent = jax.jit(represent, in_shardings=(params_sharding, None),
+                              out_shardings=rep)
+
+  def _features(self, params, data: str, split: str, pool: int = 0
+                ) -> Tuple[np.ndarray, np.ndarray]:
+    """(features, labels) of `split`, in order; with `pool`, only until
+    every class has `pool` examples (then the first `pool` of each)."""
+    cfg = ml_collections.ConfigDict(self._input.to_dict())
+    cfg.data = data
+    num_classes = registry.get(data).num_classes
+    feats: List[np.ndarray] = []
+    labels: List[np.ndarray] = []
+    counts = np.zeros(num_classes or 1, np.int64)
+    for batch in pipeline.eval_iterator(
+        cfg, split=split, process_index=jax.process_index(),
+        process_count=jax.process_count()):
+      batch = {k: batch[k] for k in ('image', 'label', 'mask')}
+      out = jax.device_get(self._represent(
+          params, base.global_batch(batch, self._mesh)))
+      keep = out['mask'].astype(bool)
+      x, y = out['x'][keep], out['label'][keep].astype(np.int64)
+      feats.append(x)
+      labels.append(y)
+      if pool:
+        counts += np.bincount(y, minlength=len(counts))[:len(counts)]
+        if counts.min() >= pool:
+          break  # Every process sees the same counts: all stop here.
+    x, y = np.concatenate(feats), np.concatenate(labels)
+    if pool:
+      sel = np.concatenate([np.flatnonzero(y == c)[:pool]
+                            for c in range(len(counts))])
+      sel.sort()
+      x, y = x[sel], y[sel]
+    return x, y
+
+  def run(self, params: Any) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for data, train_split, test_split in self._datasets:
+      spec = registry.get(data)
+      train_split = train_split or spec.train_split
+      test_split = test_split or spec.eval_split
+      k = spec.num_classes
+      x_train, y_train = self._features(params, data, train_split, self.pool)
+      have = np.bincount(y_train, minlength=k)
+      if have.min() < self.shots[-1]:
+        raise ValueError(
+            f'few-shot {data}: class {int(have.argmin())} has only '
+            f'{int(have.min())} examples in {train_split!r}; lower '
+            f'evals.{self.name}.shots (now {self.shots}) or pick a larger '
+            'train split')
+      x_test, y_test = self._features(params, data, test_split)
+      accs = {s: [] for s in self.shots}
+      for seed in range(self.seeds):
+        for shots, idx in draw(y_train, k, self.shots, seed).items():
+          pred = fit_predict(x_train[idx], y_train[idx], x_test, k,
+                             self.l2_reg)
+          accs[shots].append(float(np.mean(pred == y_test)))
+      for shots, values in accs.items():
+        out[f'fewshot/{data}/{shots}shot'] = float(np.mean(values))
+        out[f'fewshot/{data}/{shots}shot_std'] = float(np.std(values))
+    return out
+
+
+def _parse_dataset(item: str) -> Tuple[str, str, str]:
+  parts = item.split(':')
+  if len(parts) not in (1, 3):
+    raise ValueError(f'few-shot dataset {item!r}: expected NAME or '
+                     'NAME:TRAIN_SPLIT:TEST_SPLIT')
+  registry.get(parts[0])  # Unknown names fail here, with suggestions.
+  return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (
+      parts[0], '', '')
