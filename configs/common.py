@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional
 
 import ml_collections
 
+from vit_jax import models
+
 
 def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
   """Parses `k=v,k=v` into a ConfigDict; keys must be among `defaults`.
@@ -85,4 +87,50 @@ def base() -> ml_collections.ConfigDict:
       hardware='tpu_v3', num_devices=ml_collections.FieldReference(
           None, field_type=int), utilization=ml_collections.FieldReference(
               None, field_type=float)))
+  return c
+
+
+def shrink_model(model: ml_collections.ConfigDict) -> int:
+  """Shrinks `model` in place keeping its family (ViT, hybrid or BiT) and
+  patch size; returns an image size giving a 2x2 patch grid."""
+  spec = models.spec(model.name)
+  if 'depth' in spec:  # BiT: 4 stages of 2 units, 32 channels at the root.
+    model.depth, model.width_factor = 26, 0.5
+    return 64
+  model.update(dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2))
+  if model.get('representation_size'):
+    model.representation_size = 32
+  if spec.get('resnet_layers'):  # Hybrid: one unit per stage, half width.
+    model.resnet_layers = (1,) * len(spec['resnet_layers'])
+    model.resnet_width = 0.5
+    stride = 4 * 2 ** (len(spec['resnet_layers']) - 1)
+    return 2 * stride * spec['patch_size']
+  return 2 * spec['patch_size']
+
+
+def apply_smoke(c: ml_collections.ConfigDict, steps: int = 10
+                ) -> ml_collections.ConfigDict:
+  """The `smoke` variant of a config: the same code path (model family,
+  loss, optimizer, pre-processing presets, evaluators) with a tiny model on
+  scikit-learn's real `digits`, for a few steps: seconds on a CPU."""
+  size = shrink_model(c.model)
+  if 'dtype' in c.model:
+    del c.model['dtype']
+  c.input.data = 'digits'
+  c.input.data_dir = None
+  c.input.image_size = size
+  c.input.batch_size = 32
+  c.input.eval_batch_size = 120
+  c.input.num_train_examples = 1437
+  c.input.prepare = False
+  c.num_classes = 10
+  c.total_steps = steps
+  c.total_epochs = None
+  c.optim.warmup_steps = 2
+  c.accum_steps = 1
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
+  c.log_every = 5
+  c.checkpoint_every = steps
+  c.eval_every = 0
+  c.report.smoke = True
   return c

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models
+from vit_jax import paper as paper_data
 from vit_jax.models import resnet
 
 SECONDS_PER_DAY = 86400.0
@@ -204,39 +205,24 @@ def detect_hardware(device_kind: str) -> Optional[Hardware]:
   return None
 
 # --------------------------------------------------------------------------
-# The paper's numbers (PAPER.md) and the utilisation they imply.
+# The paper's numbers (from vit_jax/paper.py) and the utilisation they imply.
 
-JFT_IMAGES = 303e6
+JFT_IMAGES = paper_data.JFT_IMAGES
 I21K_IMAGES = 14_197_122
 I1K_IMAGES = 1_281_167
+PRETRAIN_IMAGES = {'jft': JFT_IMAGES, 'i21k': I21K_IMAGES, 'i1k': I1K_IMAGES}
 
 # Table 1 / public checkpoints: exact counts at 224, 1000 classes, no pre-logits.
-TABLE1_PARAMS = {
-    'ViT-Ti/16': 5_717_416, 'ViT-S/16': 22_050_664, 'ViT-S/32': 22_878_952,
-    'ViT-B/8': 86_576_872, 'ViT-B/16': 86_567_656, 'ViT-B/32': 88_224_232,
-    'ViT-L/16': 304_326_632, 'ViT-L/32': 306_535_400,
-    'ViT-H/14': 632_045_800, 'R50+ViT-B/16': 98_659_112,
-    'R50+ViT-L/32': 328_994_856,
-}
+TABLE1_PARAMS = paper_data.TABLE1_PARAMS
 
 # Table 6: (model, JFT epochs, exaFLOPs).
-TABLE6 = [
-    ('ViT-B/32', 7, 55), ('ViT-B/16', 7, 224), ('ViT-L/32', 7, 196),
-    ('ViT-L/16', 7, 783), ('ViT-L/16', 14, 1567), ('ViT-H/14', 14, 4262),
-    ('BiT-R50x1', 7, 50), ('BiT-R50x2', 7, 199), ('BiT-R101x1', 7, 96),
-    ('BiT-R152x1', 7, 141), ('BiT-R152x2', 7, 563), ('BiT-R152x2', 14, 1126),
-    ('BiT-R200x3', 14, 3306), ('R50+ViT-B/32', 7, 106),
-    ('R50+ViT-B/16', 7, 274), ('R50+ViT-L/32', 7, 246),
-    ('R50+ViT-L/16', 7, 859), ('R50+ViT-L/16', 14, 1668),
-]
+TABLE6 = [(r['model'], r['epochs'], r['exaflops']) for r in paper_data.TABLE6]
 
 # Table 2, ViT columns: (label, model, dataset images, epochs, TPUv3-core-days).
 # Epochs: the longest schedule of Tables 3 and 6 for that model and data.
-TABLE2 = [
-    ('ViT-H/14 (JFT)', 'ViT-H/14', JFT_IMAGES, 14, 2500),
-    ('ViT-L/16 (JFT)', 'ViT-L/16', JFT_IMAGES, 14, 680),
-    ('ViT-L/16 (I21k)', 'ViT-L/16', I21K_IMAGES, 90, 230),
-]
+TABLE2 = [(label, p['model'], PRETRAIN_IMAGES[p['pretrain']], p['epochs'],
+           paper_data.TABLE2[label]['core_days'])
+          for label, p in paper_data.TABLE2_PRETRAIN.items()]
 
 
 def table6_exaflops(name: str, epochs: float) -> float:

@@ -24,6 +24,7 @@ Dtype = Any
 
 # Units per stage of the BiT depths.
 DEPTHS = {
+    26: (2, 2, 2, 2),  # Not a paper model: CPU-scale runs and smoke tests.
     50: (3, 4, 6, 3),
     101: (3, 4, 23, 3),
     152: (3, 8, 36, 3),

@@ -1,0 +1,134 @@
+"""The paper's pipeline at CPU scale on real offline data (docs/reproduce.md).
+
+One config, one `step` per stage; later stages start from the pre-training
+run (`init=` its workdir):
+
+    python -m vit_jax.main --config=configs/cpu_reproduce.py:step=pretrain \
+        --workdir=/tmp/repro/pretrain
+    python -m vit_jax.main \
+        --config=configs/cpu_reproduce.py:step=finetune_hires,init=/tmp/repro/pretrain \
+        --workdir=/tmp/repro/finetune_hires
+
+Steps:
+  pretrain        ViT (patch 4, width 128, 6 layers) on Fashion-MNIST, 28 px,
+                  7 epochs, Adam; evaluates 1/5/10/25-shot linear accuracy on
+                  MNIST digits (mnist5k) and Fashion-MNIST at the end.
+  finetune_hires  fine-tune it on Fashion-MNIST at 40 px (a 10x10 grid
+                  instead of 7x7: position embeddings interpolated), SGD as in
+                  the paper's Table 4 recipe.
+  finetune_same   the same fine-tuning at 28 px (separates resolution from
+                  extra training).
+  transfer        fine-tune it on MNIST digits (mnist5k, 4000 train images).
+  scratch         the same model, steps and batch on mnist5k from scratch.
+  vit_1ep, bit_1ep
+                  equal pre-training compute: the ViT and a small BiT ResNet
+                  (R26, width 0.5, at 64 px: 0.118 vs 0.129 forward GFLOPs
+                  per image; BiT steps scaled to equal total FLOPs), one ViT
+                  epoch of Fashion-MNIST each.
+smoke=true shrinks any step to seconds (tests run it).
+"""
+
+from configs import common
+
+# The CPU-scale ViT: ViT-Ti/16's layout, narrower and shallower, patch 4.
+VIT = dict(name='ViT-Ti/16', patch_size=4, hidden_size=128, mlp_dim=512,
+           num_heads=4, num_layers=6, dtype='bfloat16')
+# A small BiT ResNet-v2 of about the ViT's forward FLOPs (at 64 px).
+BIT = dict(name='BiT-R50x1', depth=26, width_factor=0.5, dtype='bfloat16')
+VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
+STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
+         'vit_1ep', 'bit_1ep')
+FEWSHOT = dict(kind='fewshot', datasets=('mnist5k', 'fashion_mnist'),
+               shots=(1, 5, 10, 25), seeds=5, l2_reg=1.0, pool_per_class=100)
+
+
+def _pp(size: int, train: bool) -> str:
+  flip = '|flip_lr' if train else ''
+  return f'decode|resize({size}){flip}|value_range(-1,1)'
+
+
+def _data(c, data: str, size: int) -> None:
+  c.input.data = data
+  c.input.prepare = True
+  c.input.image_size = size
+  c.input.pp_train = _pp(size, train=data == 'fashion_mnist')
+  c.input.pp_eval = _pp(size, train=False)
+  c.input.num_train_examples = 60_000 if data == 'fashion_mnist' else 4_000
+
+
+def _adam(c, lr: float = 1e-3, warmup: int = 500) -> None:
+  c.optim.update(dict(name='adam', lr=lr, warmup_steps=warmup,
+                      decay='cosine', weight_decay=0.05, grad_clip_norm=1.0))
+  c.label_smoothing = 0.1
+
+
+def _sgd(c, lr: float, steps: int) -> None:
+  """The paper's fine-tuning recipe (Table 4): SGD momentum 0.9, cosine,
+  no weight decay, clipping at 1."""
+  c.optim.update(dict(name='sgd', lr=lr, momentum=0.9, decay='cosine',
+                      weight_decay=0.0, grad_clip_norm=1.0,
+                      warmup_steps=steps // 10))
+
+
+def get_config(arg=None):
+  args = common.parse_arg(arg, step='pretrain', init='', epochs=7.0,
+                          smoke=False)
+  if args.step not in STEPS:
+    raise ValueError(f'step={args.step!r}: expected one of {", ".join(STEPS)}')
+  if args.step in ('finetune_hires', 'finetune_same', 'transfer') and not (
+      args.init or args.smoke):
+    raise ValueError(f'step={args.step} starts from the pre-training run: '
+                     'pass init=<its workdir>')
+  c = common.base()
+  c.model.update(BIT if args.step == 'bit_1ep' else VIT)
+  c.num_classes = 10
+  c.input.batch_size = 128
+  c.input.eval_batch_size = 500
+  c.log_every = 100
+  c.checkpoint_every = 500
+  c.report = dict(model='ViT-cpu' if args.step != 'bit_1ep' else 'BiT-cpu',
+                  pretrain='fashion_mnist', task=args.step)
+  step = args.step
+  if step == 'pretrain':
+    _data(c, 'fashion_mnist', 28)
+    c.total_epochs = args.epochs
+    _adam(c)
+    c.eval_every = 469  # About once per epoch.
+    c.evals.fewshot = FEWSHOT
+  elif step in ('finetune_hires', 'finetune_same'):
+    _data(c, 'fashion_mnist', 40 if step == 'finetune_hires' else 28)
+    c.total_steps = 300
+    _sgd(c, lr=0.01, steps=c.total_steps)
+  elif step == 'transfer':
+    _data(c, 'mnist5k', 28)
+    c.total_steps = 300
+    _sgd(c, lr=0.01, steps=c.total_steps)
+  elif step == 'scratch':
+    _data(c, 'mnist5k', 28)
+    c.total_steps = 300
+    _adam(c, warmup=30)
+  else:  # vit_1ep / bit_1ep: one ViT epoch of compute each.
+    vit_steps = 469
+    _data(c, 'fashion_mnist', 64 if step == 'bit_1ep' else 28)
+    c.total_steps = (vit_steps if step == 'vit_1ep' else
+                     round(vit_steps * VIT_GFLOPS / BIT_GFLOPS))
+    _adam(c, warmup=50)
+    c.evals.fewshot = FEWSHOT
+  c.init = args.init or None
+  if args.smoke:
+    c.total_steps, c.total_epochs = 6, None
+    c.optim.warmup_steps = 2
+    c.checkpoint_every = 6
+    c.eval_every = 0
+    c.input.batch_size = 32
+    c.input.prepare = False
+    c.input.data = 'digits' if c.input.data == 'fashion_mnist' else (
+        c.input.data)
+    c.input.train_split = 'train[:256]'
+    c.input.eval_split = 'test[:200]'
+    c.input.eval_batch_size = 100
+    if 'fewshot' in c.evals:
+      c.evals.fewshot.update(dict(datasets=('digits',), shots=(1, 5),
+                                  seeds=2, pool_per_class=5))
+    c.report.smoke = True
+  return c

@@ -1,0 +1,163 @@
+"""Configs: every paper row resolves to the paper's settings, bad arguments
+fail clearly, and the `smoke` variant of every config file trains on CPU."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import common, cpu_reproduce, finetune, pretrain, smoke, vtab
+from vit_jax import models, paper
+from vit_jax.data import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('model', sorted(pretrain.JFT_LR))
+@pytest.mark.parametrize('data', sorted(pretrain.DATA))
+def test_pretrain_rows_follow_table3(model, data):
+  c = pretrain.get_config(f'model={model},data={data}')
+  assert c.input.batch_size == 4096 and c.input.image_size == 224
+  assert c.optim.warmup_steps == 10_000 and c.optim.name == 'adam'
+  assert (c.optim.b1, c.optim.b2) == (0.9, 0.999)
+  expect = {'jft': (pretrain.JFT_LR[model], 'linear', 0.1, 7),
+            'i21k': (1e-3, 'linear', 0.03, 90),
+            'i1k': (3e-3, 'cosine', 0.3, 300)}[data]
+  assert (c.optim.lr, c.optim.decay, c.optim.weight_decay,
+          c.total_epochs) == expect
+  assert (c.optim.grad_clip_norm == 1.0) == (data != 'jft')
+  assert c.report.task == 'pretrain' and c.report.pretrain == data
+  models.create(c.model.name, num_classes=c.num_classes,
+                **{k: v for k, v in c.model.items() if k != 'name'})
+
+
+def test_every_table6_row_is_a_pretrain_config():
+  for row in paper.TABLE6:
+    c = pretrain.get_config(f'model={row["model"]},data=jft,'
+                            f'epochs={row["epochs"]}')
+    assert c.total_epochs == row['epochs']
+    assert c.input.num_train_examples == paper.JFT_IMAGES
+
+
+def test_resnet_optimizer_study_rows():
+  adam = pretrain.get_config('model=BiT-R152x2,data=jft')
+  sgd = pretrain.get_config('model=BiT-R152x2,data=jft,opt=sgd')
+  assert adam.optim.name == 'adam' and sgd.optim.name == 'sgd'
+  assert sgd.report.pretrain_optimizer == 'sgd'
+  with pytest.raises(ValueError, match='use a BiT-R'):
+    pretrain.get_config('model=ViT-B/16,data=jft,opt=sgd')
+
+
+@pytest.mark.parametrize('data', sorted(finetune.TABLE4))
+def test_finetune_rows_follow_table4(data):
+  steps, lrs = finetune.TABLE4[data]
+  c = finetune.get_config(f'data={data},lr={lrs[0]},init=/x')
+  assert c.total_steps == steps and c.optim.lr == lrs[0]
+  assert (c.optim.name, c.optim.momentum, c.optim.decay) == ('sgd', 0.9,
+                                                            'cosine')
+  assert c.optim.weight_decay == 0 and c.optim.grad_clip_norm == 1.0
+  assert c.input.batch_size == 512 and c.input.image_size == 384
+  assert ('real' in c.evals) == (data == 'imagenet2012')
+  sweep = finetune.get_config(f'data={data},sweep=true')
+  assert (sweep.input.train_split, sweep.input.eval_split) == ('train_dev',
+                                                               'dev')
+  assert sweep.report.sweep and not sweep.evals
+  registry.get(data).resolve_split('train_dev')
+
+
+def test_vtab_one_setting_for_all_tasks():
+  for task in registry.VTAB_TASKS:
+    c = vtab.get_config(f'task={task[5:]}')
+    assert (c.optim.lr, c.total_steps, c.input.image_size) == (0.01, 2500,
+                                                               384)
+    assert c.input.train_split == 'train800val200'
+    assert c.report.task == task
+
+
+@pytest.mark.parametrize('make,arg,match', [
+    (pretrain.get_config, 'data=jft300m', 'expected one of'),
+    (pretrain.get_config, 'model=ViT-X/16', 'no Table 3 row'),
+    (pretrain.get_config, 'modle=ViT-B/16', "unknown config arg 'modle'"),
+    (finetune.get_config, 'data=svhn', 'expected one of'),
+    (vtab.get_config, 'task=mnist', 'expected one of'),
+    (cpu_reproduce.get_config, 'step=transfer', 'pass init='),
+    (smoke.get_config, 'steps=ten', 'invalid literal'),
+])
+def test_bad_config_args_say_what_is_allowed(make, arg, match):
+  with pytest.raises(ValueError, match=match):
+    make(arg)
+
+
+@pytest.mark.parametrize('model', sorted(pretrain.JFT_LR))
+def test_smoke_shrinks_every_model_keeping_its_family(model):
+  c = pretrain.get_config(f'model={model},data=i21k,smoke=true')
+  m = models.create(c.model.name, num_classes=10,
+                    **{k: v for k, v in c.model.items() if k != 'name'})
+  assert type(m) is models.spec(model)['cls']
+  assert c.input.image_size % m.stride == 0
+  assert c.input.image_size // m.stride == 2
+  assert c.input.data == 'digits' and c.total_steps == 10
+
+
+def _run(workdir, spec, *flags):
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--config={spec}',
+       f'--workdir={workdir}', '--config.async_checkpoints=false', *flags],
+      cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-4000:]
+  return json.load(open(os.path.join(workdir, 'summary.json')))
+
+
+@pytest.mark.parametrize('spec', [
+    'configs/pretrain.py:model=BiT-R50x1,data=jft,opt=sgd,smoke=true',
+    'configs/pretrain.py:model=R50+ViT-B/32,data=i1k,smoke=true',
+    'configs/vtab.py:task=dtd,smoke=true',
+    'configs/cpu_reproduce.py:step=bit_1ep,smoke=true',
+])
+def test_smoke_variant_trains(tmp_path, spec):
+  summary = _run(str(tmp_path), spec)
+  assert summary['steps'] > 0 and 0 <= summary['eval_accuracy'] <= 1
+  assert summary['report']['smoke'] is True
+
+
+def test_smoke_pretrain_then_finetune_at_higher_resolution(tmp_path):
+  """i21k pre-training (sigmoid loss, pre-logits) then Table 4 fine-tuning
+  from its workdir at 1.5x the resolution."""
+  pre = _run(str(tmp_path / 'pre'),
+             'configs/pretrain.py:model=ViT-B/16,data=i21k,smoke=true')
+  assert pre['report']['task'] == 'pretrain'
+  fine = _run(str(tmp_path / 'fine'),
+              'configs/finetune.py:model=ViT-B/16,data=cifar10,smoke=true,'
+              f'init={tmp_path / "pre"}')
+  assert fine['report']['task'] == 'cifar10'
+  log = open(tmp_path / 'fine' / 'metrics.jsonl').read()
+  assert 'eval_accuracy' in log
+
+
+def test_smoke_cpu_reproduce_pretrain_fewshot_and_transfer(tmp_path):
+  pre = _run(str(tmp_path / 'pre'),
+             'configs/cpu_reproduce.py:step=pretrain,smoke=true')
+  assert 0 <= pre['fewshot/digits/5shot'] <= 1
+  transfer = _run(str(tmp_path / 'tr'),
+                  'configs/cpu_reproduce.py:step=transfer,smoke=true,'
+                  f'init={tmp_path / "pre"}')
+  assert transfer['dataset'] == 'mnist5k'
+
+
+def test_vtab_driver_runs_tasks_and_reports_means(tmp_path):
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.vtab', '--config_args=smoke=true',
+       f'--workdir={tmp_path}', '--tasks=dtd,eurosat'],
+      cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-4000:]
+  assert sorted(os.listdir(tmp_path)) == ['dtd', 'eurosat']
+  assert 'dtd' in out.stdout and 'eurosat' in out.stdout
+
+
+def test_common_parse_arg_types():
+  args = common.parse_arg('a=2,b=true,c=x', a=1, b=False, c='y', d=0.5)
+  assert (args.a, args.b, args.c, args.d) == (2, True, 'x', 0.5)

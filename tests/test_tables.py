@@ -1,0 +1,287 @@
+"""vit_jax.tables: summaries -> Markdown tables beside the paper's numbers.
+
+Estimates use the analytic FLOP count (no model lowering) except where a
+test checks the XLA path on one small model, so the whole file runs in
+seconds.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vit_jax import accounting, paper, tables
+from vit_jax.data import registry
+
+VTAB = [t.split('/', 1)[1] for t in registry.VTAB_TASKS]
+
+
+def _write(root, name, summary):
+  d = root / name
+  d.mkdir(parents=True)
+  (d / 'summary.json').write_text(json.dumps(summary))
+  return d
+
+
+def _report(model, task, pretrain='jft', epochs=7.0, **kw):
+  return {'model': model, 'pretrain': pretrain, 'pretrain_epochs': epochs,
+          'task': task, 'sweep': False, 'lr': 0.01, **kw}
+
+
+def _run(model, task, acc=None, **kw):
+  summary = {'model': model, 'dataset': task, 'steps': 10,
+             'report': _report(model, task, **kw)}
+  if acc is not None:
+    summary['eval_accuracy'] = acc
+  return summary
+
+
+def _vtab_acc(i):
+  return 0.40 + 0.02 * i
+
+
+@pytest.fixture(scope='module')
+def runs_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp('runs')
+  # Table 6, ViT-B/32 (JFT, 7 epochs): pre-training on an H100 with few-shot
+  # metrics; ImageNet with ReaL; two CIFAR-10 runs; a sweep on CIFAR-100.
+  _write(root, 'b32/pretrain', {
+      **_run('ViT-B/32', 'pretrain'), 'core_days': 1.5, 'exaflops': 50.0,
+      'hardware': 'h100', 'fewshot/cifar10/5shot': 0.75,
+      'fewshot/imagenet2012/1shot': 0.3})
+  _write(root, 'b32/i1k', {**_run('ViT-B/32', 'imagenet2012', 0.8123),
+                           'real_accuracy': 0.8650})
+  _write(root, 'b32/c10_a', _run('ViT-B/32', 'cifar10', 0.9850))
+  _write(root, 'b32/c10_b', _run('ViT-B/32', 'cifar10', 0.9870))
+  c100 = _run('ViT-B/32', 'cifar100', 0.9000)
+  c100['report']['smoke'] = True
+  _write(root, 'b32/c100', c100)
+  sweep = _run('ViT-B/32', 'cifar100', 0.9990)
+  sweep['report']['sweep'] = True
+  _write(root, 'b32/c100_sweep', sweep)
+  # Optimizer study: BiT-R50x1 pre-trained with SGD.
+  _write(root, 'r50_sgd/i1k', _run('BiT-R50x1', 'imagenet2012', 0.7800,
+                                   pretrain_optimizer='sgd'))
+  # VTAB: all 19 tasks for ViT-L/16 (I21k, 90 epochs), 5 for ViT-H/14 (JFT).
+  for i, task in enumerate(VTAB):
+    _write(root, f'vtab_l16/{task}', _run(
+        'ViT-L/16', f'vtab/{task}', _vtab_acc(i), pretrain='i21k',
+        epochs=90))
+  for task in VTAB[:5]:
+    _write(root, f'vtab_h14/{task}', _run(
+        'ViT-H/14', f'vtab/{task}', 0.5, epochs=14))
+  # No report; a report without a paper cell.
+  _write(root, 'misc/no_report', {'model': 'ViT-test', 'dataset': 'digits',
+                                  'eval_accuracy': 0.5, 'core_days': 0.001})
+  _write(root, 'misc/i1k_b16', _run('ViT-B/16', 'cifar10', 0.97,
+                                    pretrain='i1k', epochs=300))
+  _write(root, 'misc/no_epochs', _run('ViT-B/32', 'cifar10', 0.99,
+                                      epochs=None))
+  return root
+
+
+@pytest.fixture(scope='module')
+def rendered(runs_dir):
+  runs = tables.load_runs([str(runs_dir)])
+  return tables.render(runs, flops='analytic')
+
+
+def _section(md, title):
+  """The lines of the `## title...` section."""
+  parts = md.split('\n## ')
+  match = [p for p in parts if p.startswith(title)]
+  assert match, (title, [p.splitlines()[0] for p in parts])
+  return match[0].splitlines()
+
+
+def _row(md, title, *first):
+  """Cells of the table row in section `title` starting with `first`."""
+  for line in _section(md, title):
+    cells = _cells(line)
+    if tuple(cells[:len(first)]) == first:
+      return cells
+  raise AssertionError(f'no row {first} in {title}')
+
+
+def _col(md, title, column, *first):
+  """The cell under `column` of the row starting with `first`."""
+  header = next(_cells(line) for line in _section(md, title)
+                if line.startswith('|'))
+  return _row(md, title, *first)[header.index(column)]
+
+
+def _cells(line):
+  return [c.strip() for c in line.strip().strip('|').split('|')]
+
+
+def test_load_runs_finds_every_summary(runs_dir):
+  runs = tables.load_runs([str(runs_dir)])
+  assert len(runs) == 7 + 19 + 5 + 3
+  assert sum(r.sweep for r in runs) == 1
+  # Globs and comma-separated strings work too.
+  assert len(tables.load_runs(f'{runs_dir}/b32/c10_*,{runs_dir}/misc')) == 5
+
+
+def test_table6_cells(rendered):
+  title = 'Table 6'
+  row = _row(rendered, title, 'ViT-B/32', '7')
+  assert _col(rendered, title, 'ImageNet', 'ViT-B/32', '7') == (
+      '80.73 / 81.23 (+0.50)')
+  assert _col(rendered, title, 'ReaL', 'ViT-B/32', '7') == (
+      '86.27 / 86.50 (+0.23)')
+  # Two runs for the cell: the best one, said so.
+  assert _col(rendered, title, 'C10', 'ViT-B/32', '7') == (
+      '98.61 / 98.70 (+0.09; best of 2)')
+  # The sweep run (99.90) is left out.
+  assert _col(rendered, title, 'C100', 'ViT-B/32', '7') == (
+      '90.49 / 90.00 (-0.49; smoke)')
+  assert _col(rendered, title, 'Pets', 'ViT-B/32', '7') == '93.40 / —'
+  # Measured compute of the pre-training run, with its hardware.
+  assert _col(rendered, title, 'exaFLOPs', 'ViT-B/32', '7') == '55 / 50 (-5.0)'
+  assert _col(rendered, title, 'core-days', 'ViT-B/32', '7') == (
+      '1.5 (on h100)')
+  assert len(row) == 10
+  # Rows without runs: paper numbers and the estimate.
+  assert _col(rendered, title, 'ImageNet', 'ViT-B/16', '7') == '84.15 / —'
+  assert 'est.' in _col(rendered, title, 'exaFLOPs', 'ViT-B/16', '7')
+
+
+def test_optimizer_study(rendered):
+  title = 'ResNet optimizer study'
+  assert _col(rendered, title, 'BiT-R50x1 SGD', 'ImageNet') == (
+      '78.24 / 78.00 (-0.24)')
+  assert _col(rendered, title, 'BiT-R50x1 SGD', 'average') == (
+      '88.79 / 1/5 datasets')
+  assert _col(rendered, title, 'BiT-R50x1 Adam', 'ImageNet') == '77.54 / —'
+  # The SGD run is not a Table 6 (Adam) run.
+  assert _col(rendered, 'Table 6', 'ImageNet', 'BiT-R50x1', '7') == (
+      '77.54 / —')
+
+
+def test_table2_and_vtab_means(rendered):
+  mean = 100 * sum(_vtab_acc(i) for i in range(19)) / 19
+  title = 'Table 2'
+  vtab = _col(rendered, title, 'ViT-L/16 (I21k)', 'VTAB (19 tasks)')
+  assert vtab == f'72.72 / {mean:.2f} ({mean - 72.72:+.2f})'
+  assert _col(rendered, title, 'ViT-H/14 (JFT)', 'VTAB (19 tasks)') == (
+      '77.63 / 5/19 tasks')
+  assert _col(rendered, title, 'BiT-L (R152x4)', 'CIFAR-10') == '99.37'
+  assert _col(rendered, title, 'Noisy Student (EffNet-L2)', 'ImageNet') == (
+      '88.50')
+  assert 'est.' in _col(rendered, title, 'ViT-H/14 (JFT)', 'TPUv3-core-days')
+
+  title = 'VTAB-1k'
+  col = 'ViT-L/16 (i21k, 90 ep)'
+  assert _col(rendered, title, col, 'caltech101') == f'{100 * _vtab_acc(0):.2f}'
+  groups = {}
+  for i, task in enumerate(VTAB):
+    groups.setdefault(registry.get(f'vtab/{task}').group, []).append(
+        _vtab_acc(i))
+  for group, name in tables.VTAB_GROUPS:
+    accs = groups[group]
+    assert _col(rendered, title, col, f'**{name} mean**') == (
+        f'{100 * sum(accs) / len(accs):.2f}')
+  assert _col(rendered, title, col, '**VTAB mean (19)**') == vtab
+  h14 = 'ViT-H/14 (jft, 14 ep)'
+  assert _col(rendered, title, h14, '**Natural mean**') == '5/7 tasks'
+  assert _col(rendered, title, h14, 'kitti_distance') == '—'
+
+
+def test_fewshot_and_other_runs(rendered):
+  assert _col(rendered, 'Few-shot', 'cifar10 5-shot', *_workdir(
+      rendered, 'b32/pretrain')) == '75.00'
+  assert _col(rendered, 'Few-shot', 'imagenet2012 1-shot', *_workdir(
+      rendered, 'b32/pretrain')) == '30.00'
+  other = '\n'.join(_section(rendered, 'Other runs'))
+  assert 'misc/no_report' in other and 'no report' in other
+  assert 'misc/i1k_b16' in other and 'no paper cell' in other
+  # Runs shown elsewhere (also the second-best and the sweep) are not here.
+  assert 'c10_a' not in other and 'sweep' not in other and 'vtab' not in other
+  assert 'LR-sweep runs left out: 1.' in rendered
+  assert 'report lacks pretrain_epochs' in other
+
+
+def _workdir(md, suffix):
+  for line in _section(md, 'Few-shot'):
+    first = _cells(line)[0]
+    if first.endswith(suffix):
+      return (first,)
+  raise AssertionError(suffix)
+
+
+def test_paper_only_lists_table6_with_estimates():
+  md = tables.paper_only(flops='analytic')
+  for r in paper.TABLE6:
+    cells = _row(md, 'Table 6', r['model'], str(r['epochs']))
+    assert cells[2] == f'{r["imagenet2012"]:.2f}'
+    ref, ours = cells[8].split(' / ')
+    assert ref == f'{r["exaflops"]:,}' and 'est.' in ours
+    ours = float(ours.split(' est.')[0].replace(',', ''))
+    assert abs(ours / r['exaflops'] - 1) < 0.05, (r, cells[8])
+    assert cells[9].endswith('est.')
+  assert 'VTAB-1k' not in md and 'Other runs' not in md
+  only2 = tables.paper_only(tables='2', flops='analytic')
+  assert 'Table 6' not in only2 and '2,500 / ' in only2
+
+
+def test_xla_estimate_matches_accounting():
+  ef, days = tables.estimate('ViT-B/32', 'jft', 7.0)
+  assert ef == pytest.approx(accounting.table6_exaflops('ViT-B/32', 7))
+  est = accounting.estimate('ViT-B/32', 7 * accounting.JFT_IMAGES,
+                            utilization=accounting.paper_utilization())
+  assert days == pytest.approx(est.core_days)
+  assert tables.estimate('EffNet-L2', 'jft', 7.0) is None
+
+
+def test_errors(tmp_path):
+  with pytest.raises(tables.TablesError, match='no summary.json.*empty'):
+    (tmp_path / 'empty').mkdir()
+    tables.load_runs([str(tmp_path / 'empty')])
+  bad = _write(tmp_path, 'bad', {})
+  (bad / 'summary.json').write_text('{"eval_accuracy": 0.5,')
+  with pytest.raises(tables.TablesError, match=f'malformed {bad}'):
+    tables.load_runs([str(bad)])
+  (bad / 'summary.json').write_text(json.dumps(
+      {'report': _report('ViT-B/16', 'cifar10', epochs='seven')}))
+  with pytest.raises(tables.TablesError, match='bad report'):
+    tables.load_runs([str(bad)])
+  with pytest.raises(tables.TablesError, match='unknown tables'):
+    tables.paper_only(tables='2,7')
+
+
+def test_gfile_paths(runs_dir, monkeypatch):
+  # gs:// paths go through tf.io.gfile; the same code on local paths.
+  import tensorflow as tf
+  monkeypatch.setattr(tables, '_fs', lambda path: tf.io.gfile)
+  runs = tables.load_runs([str(runs_dir / 'b32')])
+  assert len(runs) == 6
+  md = tables.render(runs, tables='6', flops='analytic')
+  assert '98.61 / 98.70 (+0.09; best of 2)' in md
+
+
+def test_main_writes_output(runs_dir, tmp_path):
+  out = tmp_path / 'tables.md'
+  assert tables.main([f'--workdirs={runs_dir}/b32', '--tables=6',
+                      '--flops=analytic', f'--output={out}']) == 0
+  assert '98.61 / 98.70' in out.read_text()
+
+
+def _cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, '-m', 'vit_jax.tables', *args],
+                        capture_output=True, text=True, env=env,
+                        check=False)
+
+
+def test_cli(runs_dir):
+  proc = _cli(f'--workdirs={runs_dir}/b32/*,{runs_dir}/misc', '--tables=6,other',
+              '--flops=analytic')
+  assert proc.returncode == 0, proc.stderr
+  assert '| ViT-B/32 | 7 | 80.73 / 81.23 (+0.50) |' in proc.stdout
+  assert 'no report' in proc.stdout
+  proc = _cli(f'--workdirs={runs_dir}/nowhere')
+  assert proc.returncode != 0
+  assert f"no summary.json found at or below '{runs_dir}/nowhere'" in (
+      proc.stderr)

@@ -1,0 +1,702 @@
+"""Markdown tables of finished runs, laid out like the paper's, beside its numbers.
+
+Every run's trainer writes `summary.json` in its workdir; its `report` dict
+(set by the config) says which paper cell the run fills:
+
+    report = {'model': 'ViT-L/16', 'pretrain': 'jft', 'pretrain_epochs': 14,
+              'pretrain_optimizer': 'adam', 'task': 'cifar10', 'sweep': False}
+
+`task` is 'pretrain' for a pre-training run, else the downstream dataset's
+registry name ('imagenet2012', 'vtab/caltech101', ...). A run fills the cell
+of (model, pretrain, pretrain_epochs, pretrain_optimizer, task); LR-sweep runs
+(`sweep`: evaluated on a dev split) are left out; of several runs for one cell
+the best `eval_accuracy` is shown ("best of n"). Tables: '2' (state of the
+art), '6' (scaling study), 'optim' (ResNets, Adam vs SGD), 'vtab' (per task),
+'fewshot' and 'other' (summaries no table shows).
+
+Comparison cells read `paper / ours (ours - paper)`, accuracies in percent.
+Where no pre-training run exists, exaFLOPs and TPUv3-core-days are our
+accounting estimates (`vit_jax.accounting`, at the paper-implied TPUv3
+utilisation), marked "est.".
+
+    python -m vit_jax.tables --workdirs='/runs,gs://bucket/vtab/*'
+    python -m vit_jax.tables --paper-only --tables=2,6 --output=paper.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import glob
+import json
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+from vit_jax import paper
+from vit_jax.data import registry
+
+TABLES = ('2', '6', 'optim', 'vtab', 'fewshot', 'other')
+SUMMARY = 'summary.json'
+VTAB_GROUPS = (('vtab-natural', 'Natural'), ('vtab-specialized', 'Specialized'),
+               ('vtab-structured', 'Structured'))
+DATASET_LABELS = {
+    'imagenet2012': 'ImageNet', 'imagenet2012_real': 'ImageNet ReaL',
+    'cifar10': 'CIFAR-10', 'cifar100': 'CIFAR-100',
+    'oxford_iiit_pet': 'Oxford-IIIT Pets',
+    'oxford_flowers102': 'Oxford Flowers-102', 'vtab': 'VTAB (19 tasks)'}
+SHORT_LABELS = {
+    'imagenet2012': 'ImageNet', 'imagenet2012_real': 'ReaL',
+    'cifar10': 'C10', 'cifar100': 'C100', 'oxford_iiit_pet': 'Pets',
+    'oxford_flowers102': 'Flowers'}
+# Other spellings of the pre-training data in `report.pretrain`.
+PRETRAIN_ALIASES = {'jft300m': 'jft', 'jft-300m': 'jft', 'imagenet21k': 'i21k',
+                    'imagenet2012': 'i1k', 'imagenet': 'i1k'}
+REPORT_KEYS = ('model', 'pretrain', 'pretrain_epochs', 'task')
+
+
+class TablesError(ValueError):
+  """A path without summaries, a malformed summary or a bad argument."""
+
+
+# --------------------------------------------------------------------------
+# Loading summaries.
+
+
+class _LocalFS:
+  """The part of `tf.io.gfile` used here, for local paths.
+
+  TensorFlow takes seconds to import; it is only loaded for URLs (gs://...).
+  """
+  glob = staticmethod(glob.glob)
+  isdir = staticmethod(os.path.isdir)
+  walk = staticmethod(os.walk)
+  GFile = staticmethod(open)
+
+
+def _fs(path: str):
+  """`tf.io.gfile` for URLs such as gs://bucket/dir, `_LocalFS` otherwise."""
+  if '://' not in path:
+    return _LocalFS
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+class Setting(NamedTuple):
+  """A pre-trained model: what a paper row or column stands for."""
+  model: str
+  pretrain: str
+  epochs: float
+  optimizer: str = 'adam'
+
+  def label(self) -> str:
+    opt = '' if self.optimizer == 'adam' else f', {self.optimizer.upper()}'
+    return f'{self.model} ({self.pretrain}, {self.epochs:g} ep{opt})'
+
+
+def _setting(model, pretrain, epochs, optimizer='adam') -> Setting:
+  pretrain = str(pretrain).lower()
+  return Setting(str(model), PRETRAIN_ALIASES.get(pretrain, pretrain),
+                 round(float(epochs), 3), str(optimizer or 'adam').lower())
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One summary.json: its path and contents."""
+  path: str
+  summary: Mapping[str, Any]
+
+  @property
+  def workdir(self) -> str:
+    return os.path.dirname(self.path)
+
+  @property
+  def report(self) -> Mapping[str, Any]:
+    return self.summary.get('report') or {}
+
+  @property
+  def missing(self) -> tuple[str, ...]:
+    """Report keys a table needs that this run's report lacks."""
+    return tuple(k for k in REPORT_KEYS if self.report.get(k) is None)
+
+  @property
+  def sweep(self) -> bool:
+    return bool(self.report.get('sweep', False))
+
+  @property
+  def setting(self) -> Setting | None:
+    if not self.report or self.missing:
+      return None
+    r = self.report
+    return _setting(r['model'], r['pretrain'], r['pretrain_epochs'],
+                    r.get('pretrain_optimizer'))
+
+  @property
+  def task(self) -> str | None:
+    return self.report.get('task')
+
+  @property
+  def accuracy(self) -> float | None:
+    return self.summary.get('eval_accuracy')
+
+  @property
+  def real_accuracy(self) -> float | None:
+    s = self.summary
+    return s.get('real_accuracy', s.get('eval_real_accuracy'))
+
+  def fewshot(self) -> dict[tuple[str, int], float]:
+    """{(dataset, shots): accuracy} from `fewshot/<dataset>/<k>shot` keys."""
+    out = {}
+    for key, value in self.summary.items():
+      parts = key.split('/')
+      if (len(parts) == 3 and parts[0] == 'fewshot'
+          and parts[2].endswith('shot') and parts[2][:-4].isdigit()):
+        out[(parts[1], int(parts[2][:-4]))] = value
+    return out
+
+
+def _summary_files(path: str) -> list[str]:
+  """summary.json files at `path`: a file, a directory (recursive) or a glob."""
+  fs = _fs(path)
+  found = []
+  for match in sorted(fs.glob(path)):
+    if fs.isdir(match):
+      for root, _, files in fs.walk(match):
+        found += [os.path.join(root, f) for f in files if f == SUMMARY]
+    elif os.path.basename(match) == SUMMARY:
+      found.append(match)
+  if not found:
+    raise TablesError(f'no {SUMMARY} found at or below {path!r}')
+  return sorted(set(found))
+
+
+def _read_run(path: str) -> Run:
+  try:
+    with _fs(path).GFile(path, 'r') as f:
+      summary = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise TablesError(f'malformed {path}: {e}') from e
+  if not isinstance(summary, dict):
+    raise TablesError(f'malformed {path}: expected a JSON object, got '
+                      f'{type(summary).__name__}')
+  report = summary.get('report')
+  if report is not None and not isinstance(report, dict):
+    raise TablesError(f'malformed {path}: "report" must be an object, got '
+                      f'{report!r}')
+  run = Run(path, summary)
+  try:
+    _ = run.setting
+  except (TypeError, ValueError) as e:
+    raise TablesError(f'malformed {path}: bad report {report!r}: {e}') from e
+  return run
+
+
+def load_runs(paths: Iterable[str] | str) -> list[Run]:
+  """Every summary.json at or below `paths` (files, directories or globs)."""
+  if isinstance(paths, str):
+    paths = [p for p in paths.split(',') if p]
+  files = []
+  for path in paths:
+    files += [f for f in _summary_files(path) if f not in files]
+  return [_read_run(f) for f in files]
+
+
+# --------------------------------------------------------------------------
+# Matching runs to cells.
+
+
+@dataclasses.dataclass(frozen=True)
+class Pick:
+  """The run shown in a cell (the best of `n` candidates), or none."""
+  run: Run | None = None
+  n: int = 0
+
+  def note(self) -> str:
+    """'best of n' and 'smoke' (a `report.smoke` stand-in run), if so."""
+    notes = [f'best of {self.n}'] if self.n > 1 else []
+    if self.run is not None and self.run.report.get('smoke'):
+      notes.append('smoke')
+    return '; '.join(notes)
+
+
+def _best(runs: Sequence[Run]) -> Pick:
+  if not runs:
+    return Pick()
+  best = max(runs, key=lambda r: -math.inf if r.accuracy is None
+             else r.accuracy)
+  return Pick(best, len(runs))
+
+
+class Matcher:
+  """Runs by (setting, task); remembers which runs a table has shown."""
+
+  def __init__(self, runs: Sequence[Run]):
+    self.runs = list(runs)
+    self.used = set()
+    self._cells: dict[tuple[Setting, str], list[Run]] = {}
+    for run in self.runs:
+      if run.setting is not None and not run.sweep:
+        self._cells.setdefault((run.setting, run.task), []).append(run)
+
+  def pick(self, setting: Setting, task: str) -> Pick:
+    return self._pick(self._cells.get((setting, task), []))
+
+  def _pick(self, runs: Sequence[Run]) -> Pick:
+    self.used.update(r.path for r in runs)
+    return _best(runs)
+
+  def accuracy(self, setting: Setting, dataset: str) -> tuple[
+      float | None, Pick]:
+    """Our top-1 in percent for a paper dataset key (ReaL: of the ImageNet
+    run with the best top-1; or a run on 'imagenet2012_real' itself)."""
+    if dataset == paper.REAL:
+      pick = self._best_with_real(setting)
+      if pick.run is not None:
+        return 100 * pick.run.real_accuracy, pick
+    pick = self.pick(setting, dataset)
+    value = None if pick.run is None else pick.run.accuracy
+    return (None if value is None else 100 * value), pick
+
+  def _best_with_real(self, setting: Setting) -> Pick:
+    return self._pick([r for r in self._cells.get((setting, paper.IMAGENET),
+                                                  [])
+                       if r.real_accuracy is not None])
+
+  def settings(self, task_prefix: str) -> list[Setting]:
+    """Settings with runs whose task starts with `task_prefix`."""
+    return sorted({s for s, t in self._cells if t and t.startswith(
+        task_prefix)})
+
+  def unused(self) -> list[Run]:
+    return [r for r in self.runs if not r.sweep and r.path not in self.used]
+
+
+# --------------------------------------------------------------------------
+# Estimates from vit_jax.accounting (imported here only: it loads JAX).
+
+
+def _flops_fn(flops: str) -> Callable[[str], float]:
+  from vit_jax import accounting  # pylint: disable=g-import-not-at-top
+  if flops == 'xla':
+    return accounting.forward_flops
+  if flops == 'analytic':
+    return accounting.analytic_forward_flops
+  raise TablesError(f'flops={flops!r}: expected xla or analytic')
+
+
+@functools.cache
+def estimate(model: str, pretrain: str, epochs: float,
+             flops: str = 'xla') -> tuple[float, float] | None:
+  """(exaFLOPs, TPUv3-core-days) of pre-training, or None if unknown.
+
+  As `accounting.estimate`: 3 x forward FLOPs at 224 x epochs x images, at
+  `accounting.paper_utilization()` of TPUv3's peak. `flops='analytic'`
+  counts matmuls and convolutions by hand instead of lowering the model
+  (instant; within ~3% of XLA).
+  """
+  from vit_jax import accounting, models  # pylint: disable=g-import-not-at-top
+  images = accounting.PRETRAIN_IMAGES.get(pretrain)
+  if images is None or model not in models.names():
+    return None
+  total = accounting.training_flops(_flops_fn(flops)(model), epochs * images)
+  tpu = accounting.HARDWARE['tpu_v3']
+  core_seconds = total / (tpu.peak_per_core * accounting.paper_utilization())
+  return total / 1e18, core_seconds / accounting.SECONDS_PER_DAY
+
+
+# --------------------------------------------------------------------------
+# Formatting.
+
+
+def _num(x: float, decimals: int | None = None) -> str:
+  """`decimals` fixed, or by magnitude: 2,153 / 45 / 4.5 / 0.45 / 0.045."""
+  if decimals is None:
+    a = abs(x)
+    decimals = 0 if a >= 10 or a == 0 else 1 - math.floor(math.log10(a))
+  return f'{x:,.{decimals}f}'
+
+
+def _delta(ours: float, ref: float, decimals: int | None) -> str:
+  d = ours - ref
+  return ('+' if d >= 0 else '-') + _num(abs(d), decimals)
+
+
+def cell(ref: float | None, ours: float | None = None, *,
+         decimals: int | None = 2, compare: bool = True, est: bool = False,
+         note: str = '', missing: str = '—') -> str:
+  """`ref / ours (delta; note)`, with "est." after an estimate.
+
+  `ref` alone when not comparing; `ours (note)` where the paper has no number.
+  """
+  ref_s = '–' if ref is None else _num(ref, decimals)
+  if not compare:
+    return ref_s
+  if ours is None:
+    return missing if ref is None else f'{ref_s} / {missing}'
+  ours_s = _num(ours, decimals) + (' est.' if est else '')
+  extras = ([] if ref is None else [_delta(ours, ref, decimals)]) + (
+      [note] if note else [])
+  tail = f' ({"; ".join(extras)})' if extras else ''
+  return (ours_s if ref is None else f'{ref_s} / {ours_s}') + tail
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+              align: str | None = None) -> list[str]:
+  align = align or ('l' + 'r' * (len(header) - 1))
+  rule = ['---:' if a == 'r' else '---' for a in align]
+  return [_md_row(header), _md_row(rule)] + [_md_row(r) for r in rows]
+
+
+def _md_row(cells: Sequence[str]) -> str:
+  return '| ' + ' | '.join(str(c) for c in cells) + ' |'
+
+
+def _pct(x: float | None) -> str:
+  return '—' if x is None else f'{100 * x:.2f}'
+
+
+# --------------------------------------------------------------------------
+# Cells shared by the tables.
+
+
+@dataclasses.dataclass
+class _Ctx:
+  """What the table builders share: runs, mode and the FLOPs counter."""
+  match: Matcher
+  compare: bool = True  # False: --paper-only.
+  flops: str = 'xla'
+
+  def acc_cell(self, ref, setting: Setting, dataset: str) -> str:
+    ours, pick = self.match.accuracy(setting, dataset)
+    return cell(ref, ours, compare=self.compare, note=pick.note())
+
+  def pretrain_cost(self, setting: Setting, key: str, ref=None) -> str:
+    """Measured `key` ('exaflops' / 'core_days') or the estimate (est.)."""
+    pick = self.match.pick(setting, 'pretrain')
+    run = pick.run
+    if run is not None and run.summary.get(key) is not None:
+      hw = run.summary.get('hardware')
+      notes = [f'on {hw}'] if key == 'core_days' and hw not in (
+          None, 'tpu_v3') else []
+      notes += [pick.note()] if pick.note() else []
+      return cell(ref, run.summary[key], decimals=None,
+                  note='; '.join(notes))
+    est = estimate(setting.model, setting.pretrain, setting.epochs,
+                   self.flops)
+    if est is None:
+      return cell(ref, None, decimals=None, compare=self.compare)
+    value = est[0] if key == 'exaflops' else est[1]
+    return cell(ref, value, decimals=None, est=True)
+
+  def vtab_cell(self, ref, setting: Setting) -> str:
+    accs = _vtab_accuracies(self.match, setting)
+    if not self.compare:
+      return cell(ref, compare=False)
+    if len(accs) == len(_vtab_tasks()):
+      return cell(ref, 100 * sum(accs.values()) / len(accs))
+    missing = f'{len(accs)}/{len(_vtab_tasks())} tasks' if accs else '—'
+    return cell(ref, None, missing=missing)
+
+
+def _vtab_tasks() -> tuple[str, ...]:
+  return tuple(_vtab_name(t) for t in registry.VTAB_TASKS)
+
+
+def _vtab_name(task: str) -> str:
+  return task if task.startswith('vtab/') else f'vtab/{task}'
+
+
+def _vtab_group(task: str) -> str:
+  return registry.get(_vtab_name(task)).group
+
+
+def _vtab_accuracies(match: Matcher, setting: Setting) -> dict[str, float]:
+  """{task: best top-1 fraction} of the VTAB tasks `setting` has runs for."""
+  out = {}
+  for task in _vtab_tasks():
+    pick = match.pick(setting, task)
+    if pick.run is not None and pick.run.accuracy is not None:
+      out[task] = pick.run.accuracy
+  return out
+
+
+# --------------------------------------------------------------------------
+# The tables.
+
+_CELLS_NOTE = ('Cells: paper / ours (ours − paper); accuracies in %; '
+               '"best of n": the best of n runs for the cell; "smoke": a '
+               'smoke-test stand-in run (report.smoke); "—": no run.')
+_COSTS_NOTE = ('Compute: measured on the pre-training run, else our '
+               'accounting estimate ("est.": 3 x forward FLOPs x images seen, '
+               'TPUv3 at the utilisation the paper implies).')
+_PAPER_NOTE = 'Paper numbers (accuracies in %).'
+_PAPER_COSTS_NOTE = ('Compute: paper / our accounting estimate (ours − paper);'
+                     ' "est.": 3 x forward FLOPs x images seen, TPUv3 at the '
+                     'utilisation the paper implies.')
+_TABLE2_NOTE = ('BiT-L and Noisy Student: paper only (Noisy Student ImageNet: '
+                '"88.4/88.5" in the paper).')
+_TABLE2_VTAB_NOTE = ' VTAB: mean of the 19 tasks, once all have a run.'
+_TABLE6_NOTE = ('core-days: of the pre-training run, TPUv3 cores unless noted '
+                '(the paper prints none for Table 6).')
+_VTAB_NOTE = ('Group means only when all of the group\'s tasks have a run; '
+              'the overall mean shows paper / ours (ours − paper) where '
+              'Table 2 has the model.')
+
+
+def _note(ctx: _Ctx, costs: bool = False) -> str:
+  if ctx.compare:
+    return _CELLS_NOTE + (' ' + _COSTS_NOTE if costs else '')
+  return _PAPER_NOTE + (' ' + _PAPER_COSTS_NOTE if costs else '')
+
+
+def table2(ctx: _Ctx) -> list[str]:
+  """Table 2: the ViT columns against BiT-L and Noisy Student."""
+  settings = {label: _setting(p['model'], p['pretrain'], p['epochs'])
+              for label, p in paper.TABLE2_PRETRAIN.items()}
+  rows = [_table2_row(ctx, d, settings) for d in paper.TABLE2_DATASETS]
+  rows.append(['TPUv3-core-days'] + [
+      cell(values['core_days'], decimals=0, compare=False)
+      if label not in settings else
+      ctx.pretrain_cost(settings[label], 'core_days', values['core_days'])
+      for label, values in paper.TABLE2.items()])
+  pretrain = ', '.join(f'{k}: {s.label()}' for k, s in settings.items())
+  return ['## Table 2: comparison to the state of the art', '',
+          _note(ctx, costs=True),
+          _TABLE2_NOTE + (_TABLE2_VTAB_NOTE if ctx.compare else ''),
+          f'Pre-training: {pretrain}.',
+          '', *_md_table([''] + list(paper.TABLE2), rows)]
+
+
+def _table2_row(ctx: _Ctx, dataset: str,
+                settings: Mapping[str, Setting]) -> list[str]:
+  row = [DATASET_LABELS[dataset]]
+  for label, values in paper.TABLE2.items():
+    ref, s = values[dataset], settings.get(label)
+    if s is None:
+      row.append(cell(ref, compare=False))
+    elif dataset == 'vtab':
+      row.append(ctx.vtab_cell(ref, s))
+    else:
+      row.append(ctx.acc_cell(ref, s, dataset))
+  return row
+
+
+def table6(ctx: _Ctx) -> list[str]:
+  """Table 6: the scaling study on JFT-300M."""
+  header = (['model', 'epochs'] + [SHORT_LABELS[d]
+                                   for d in paper.TABLE6_DATASETS]
+            + ['exaFLOPs', 'core-days'])
+  rows = []
+  for r in paper.TABLE6:
+    s = _setting(r['model'], 'jft', r['epochs'])
+    rows.append([r['model'], str(r['epochs'])]
+                + [ctx.acc_cell(r[d], s, d) for d in paper.TABLE6_DATASETS]
+                + [ctx.pretrain_cost(s, 'exaflops', r['exaflops']),
+                   ctx.pretrain_cost(s, 'core_days')])
+  return ['## Table 6: scaling study (JFT-300M pre-training, fine-tuned at 384)',
+          '', _note(ctx, costs=True), _TABLE6_NOTE, '',
+          *_md_table(header, rows, 'lr' + 'r' * (len(header) - 2))]
+
+
+def table_optim(ctx: _Ctx) -> list[str]:
+  """Appendix D.1: ResNets pre-trained with Adam vs SGD."""
+  keys = list(paper.OPTIMIZER_STUDY)
+  settings = [_setting(m, 'jft', paper.OPTIMIZER_STUDY_EPOCHS, o)
+              for m, o in keys]
+  rows = [[DATASET_LABELS[d]] + [
+      ctx.acc_cell(paper.OPTIMIZER_STUDY[k][d], s, d)
+      for k, s in zip(keys, settings)] for d in paper.OPTIMIZER_DATASETS]
+  rows.append(['average'] + [_average_cell(ctx, paper.OPTIMIZER_STUDY[k],
+                                           s) for k, s in zip(keys, settings)])
+  header = [''] + [f'{m} {o.upper() if o == "sgd" else "Adam"}'
+                   for m, o in keys]
+  return ['## ResNet optimizer study: Adam vs SGD (JFT, 7 epochs)', '',
+          _note(ctx), '', *_md_table(header, rows)]
+
+
+def _average_cell(ctx: _Ctx, ref: Mapping[str, float],
+                  setting: Setting) -> str:
+  accs = [ctx.match.accuracy(setting, d)[0] for d in paper.OPTIMIZER_DATASETS]
+  have = [a for a in accs if a is not None]
+  if not ctx.compare or len(have) == len(accs):
+    return cell(ref['average'], sum(have) / len(have) if have else None,
+                compare=ctx.compare)
+  n = len(accs)
+  return cell(ref['average'], None, missing=f'{len(have)}/{n} datasets'
+              if have else '—')
+
+
+def table_vtab(ctx: _Ctx) -> list[str]:
+  """Per-task VTAB-1k accuracy of every pre-trained model with VTAB runs."""
+  settings = ctx.match.settings('vtab/')
+  if not settings:
+    return []
+  cols = {s: _vtab_accuracies(ctx.match, s) for s in settings}
+  rows = []
+  for group, name in VTAB_GROUPS:
+    tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
+    rows += [[t[len('vtab/'):], name] + [_pct(cols[s].get(t)) for s in settings]
+             for t in tasks]
+  for group, name in VTAB_GROUPS:
+    tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
+    rows.append([f'**{name} mean**', ''] + [
+        _mean_of(cols[s], tasks) for s in settings])
+  rows.append(['**VTAB mean (19)**', ''] + [
+      _vtab_mean_cell(ctx, s) for s in settings])
+  return ['## VTAB-1k (top-1 %)', '', _VTAB_NOTE, '',
+          *_md_table(['task', 'group'] + [s.label() for s in settings], rows,
+                     'll' + 'r' * len(settings))]
+
+
+def _mean_of(accs: Mapping[str, float], tasks: Sequence[str]) -> str:
+  have = [accs[t] for t in tasks if t in accs]
+  if len(have) < len(tasks):
+    return f'{len(have)}/{len(tasks)} tasks'
+  return _pct(sum(have) / len(have))
+
+
+def _vtab_mean_cell(ctx: _Ctx, setting: Setting) -> str:
+  for label, p in paper.TABLE2_PRETRAIN.items():
+    if _setting(p['model'], p['pretrain'], p['epochs']) == setting:
+      return ctx.vtab_cell(paper.TABLE2[label]['vtab'], setting)
+  return _mean_of(_vtab_accuracies(ctx.match, setting), _vtab_tasks())
+
+
+def table_fewshot(ctx: _Ctx) -> list[str]:
+  """Few-shot linear accuracy (%) of every run that reports it."""
+  runs = [r for r in ctx.match.runs if not r.sweep and r.fewshot()]
+  if not runs:
+    return []
+  cols = sorted({k for r in runs for k in r.fewshot()})
+  rows = []
+  for run in runs:
+    ctx.match.used.add(run.path)
+    shots = run.fewshot()
+    rows.append([run.workdir, _run_label(run)] + [_pct(shots.get(c))
+                                                  for c in cols])
+  header = ['workdir', 'run'] + [f'{d} {k}-shot' for d, k in cols]
+  return ['## Few-shot linear accuracy (%)', '',
+          *_md_table(header, rows, 'll' + 'r' * len(cols))]
+
+
+def _run_label(run: Run) -> str:
+  s = run.setting
+  return f'{s.label()} → {run.task}' if s else str(
+      run.summary.get('model', '?'))
+
+
+def table_other(ctx: _Ctx) -> list[str]:
+  """Runs no other table shows: no report, or no paper cell."""
+  runs = ctx.match.unused()
+  if not runs:
+    return []
+  rows = []
+  for run in runs:
+    s = run.summary
+    why = ('no report' if not run.report else
+           f'report lacks {", ".join(run.missing)}' if run.missing else
+           'no paper cell')
+    days = s.get('core_days')
+    rows.append([run.workdir, s.get('model') or run.report.get('model', ''),
+                 s.get('dataset') or run.report.get('task', ''),
+                 _pct(run.accuracy),
+                 '—' if days is None else _num(days), why])
+  return ['## Other runs', '', *_md_table(
+      ['workdir', 'model', 'dataset', 'eval_accuracy (%)', 'core_days',
+       'why here'], rows, 'lllrrl')]
+
+
+BUILDERS = {'2': table2, '6': table6, 'optim': table_optim,
+            'vtab': table_vtab, 'fewshot': table_fewshot, 'other': table_other}
+
+
+# --------------------------------------------------------------------------
+# Rendering.
+
+
+def _parse_tables(tables: Iterable[str] | str) -> list[str]:
+  if isinstance(tables, str):
+    tables = [t.strip() for t in tables.split(',') if t.strip()]
+  tables = list(tables)
+  bad = [t for t in tables if t not in BUILDERS]
+  if bad or not tables:
+    raise TablesError(f'unknown tables {bad or tables}: choose from '
+                      f'{", ".join(TABLES)}')
+  return [t for t in TABLES if t in tables]  # 'other' last.
+
+
+def _render(ctx: _Ctx, tables, header: list[str]) -> str:
+  blocks = [header]
+  for name in _parse_tables(tables):
+    block = BUILDERS[name](ctx)
+    if block:
+      blocks.append(block)
+  return '\n\n'.join('\n'.join(b) for b in blocks) + '\n'
+
+
+def render(runs: Sequence[Run], tables: Iterable[str] | str = TABLES,
+           flops: str = 'xla') -> str:
+  """Markdown of `tables` comparing `runs` with the paper."""
+  ctx = _Ctx(Matcher(runs), compare=True, flops=flops)
+  sweeps = sum(r.sweep for r in runs)
+  header = ['# Reproduction vs paper', '',
+            f'{len(runs)} run summaries; LR-sweep runs left out: {sweeps}.']
+  return _render(ctx, tables, header)
+
+
+def paper_only(tables: Iterable[str] | str = TABLES,
+               flops: str = 'xla') -> str:
+  """The paper's tables with our accounting estimates, and no runs."""
+  ctx = _Ctx(Matcher([]), compare=False, flops=flops)
+  header = ['# The paper\'s numbers (and our compute estimates)']
+  return _render(ctx, tables, header)
+
+
+# --------------------------------------------------------------------------
+# Command line.
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog='python -m vit_jax.tables',
+      description='Markdown tables of finished runs next to the paper\'s.')
+  p.add_argument('--workdirs', default='',
+                 help='Comma-separated workdirs, parent dirs or globs; '
+                 'every summary.json below them is read.')
+  p.add_argument('--paper-only', action='store_true',
+                 help='No runs: the paper\'s numbers and our estimates.')
+  p.add_argument('--tables', default=','.join(TABLES),
+                 help=f'Comma-separated subset of {",".join(TABLES)}.')
+  p.add_argument('--output', default='', help='Markdown file; else stdout.')
+  p.add_argument('--flops', default='xla', choices=('xla', 'analytic'),
+                 help='Forward FLOPs of the estimates: XLA cost analysis '
+                 '(lowers each model, seconds) or the analytic count.')
+  return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    if args.paper_only:
+      text = paper_only(args.tables, flops=args.flops)
+    elif args.workdirs:
+      text = render(load_runs(args.workdirs), args.tables, flops=args.flops)
+    else:
+      raise TablesError('nothing to do: pass --workdirs=DIR[,DIR...] or '
+                        '--paper-only')
+  except TablesError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  if args.output:
+    with _fs(args.output).GFile(args.output, 'w') as f:
+      f.write(text)
+  else:
+    sys.stdout.write(text)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

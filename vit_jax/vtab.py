@@ -1,0 +1,73 @@
+"""VTAB-1k: fine-tune one model on all 19 tasks and report them together.
+
+    python -m vit_jax.vtab --config_args=model=ViT-B/16,init=gs://.../pretrain \
+        --workdir=gs://.../vtab [--tasks=caltech101,dtd]
+
+Runs `configs/vtab.py:<config_args>,task=<task>` for every task, each in
+`<workdir>/<task>` (a finished task is skipped, an interrupted one resumes
+from its checkpoint), then prints the per-task table with the Natural /
+Specialized / Structured and overall means (`python -m vit_jax.tables`
+renders the same table later from the workdirs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from absl import app, flags, logging
+
+_ARGS = flags.DEFINE_string('config_args', '', 'Arguments of configs/vtab.py '
+                            'except task, e.g. model=ViT-B/16,init=DIR.')
+_WORKDIR = flags.DEFINE_string('workdir', None, 'One sub-directory per task.')
+_TASKS = flags.DEFINE_list('tasks', ['all'], 'Task names (without vtab/), or '
+                           'all.')
+flags.mark_flag_as_required('workdir')
+
+
+def tasks(names) -> list:
+  from vit_jax.data import registry
+  every = [t[len('vtab/'):] for t in registry.VTAB_TASKS]
+  if list(names) == ['all']:
+    return every
+  unknown = sorted(set(names) - set(every))
+  if unknown:
+    raise app.UsageError(f'unknown VTAB task(s) {unknown}; known: '
+                         f'{", ".join(every)}')
+  return list(names)
+
+
+def _finished(workdir: str, total_steps: int) -> bool:
+  import tensorflow as tf
+  path = os.path.join(workdir, 'summary.json')
+  if not tf.io.gfile.exists(path):
+    return False
+  with tf.io.gfile.GFile(path) as f:
+    summary = json.load(f)
+  return summary.get('steps') == total_steps and 'eval_accuracy' in summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  from configs import vtab as vtab_config
+  from vit_jax import tables
+  from vit_jax.train import loop
+  names = tasks(_TASKS.value)
+  args = ','.join(filter(None, [_ARGS.value]))
+  for task in names:
+    config = vtab_config.get_config(','.join(filter(None, [args,
+                                                            f'task={task}'])))
+    workdir = os.path.join(_WORKDIR.value, task)
+    if _finished(workdir, config.total_steps):
+      logging.info('%s: finished earlier, skipped', task)
+      continue
+    logging.info('%s: training in %s', task, workdir)
+    loop.train_and_evaluate(config, workdir)
+  runs = tables.load_runs([_WORKDIR.value])
+  print(tables.render(runs, tables='vtab'))
+
+
+if __name__ == '__main__':
+  app.run(main)
