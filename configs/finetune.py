@@ -16,16 +16,12 @@ ImageNet ReaL (`real_accuracy`).
 result tables (`python -m vit_jax.tables`); they change nothing else.
 """
 
-from configs import common
+from configs import common, pretrain
+from vit_jax import paper
 
-# data: (steps, LR sweep) from Table 4.
-TABLE4 = {
-    'imagenet2012': (20_000, (0.003, 0.01, 0.03, 0.06)),
-    'cifar100': (10_000, (0.001, 0.003, 0.01, 0.03)),
-    'cifar10': (10_000, (0.001, 0.003, 0.01, 0.03)),
-    'oxford_iiit_pet': (500, (0.001, 0.003, 0.01, 0.03)),
-    'oxford_flowers102': (500, (0.001, 0.003, 0.01, 0.03)),
-}
+# data: (steps, LR sweep) from Table 4 (VTAB has its own config).
+TABLE4 = {data: (row['steps'], row['lr_sweep'])
+          for data, row in paper.TABLE4.items() if data != 'vtab'}
 # Short names accepted for `data`.
 ALIASES = {'imagenet': 'imagenet2012', 'i1k': 'imagenet2012',
            'pets': 'oxford_iiit_pet', 'flowers': 'oxford_flowers102'}
@@ -73,7 +69,8 @@ def get_config(arg=None):
     c.evals.real = dict(kind='classification', data='imagenet2012_real',
                         split='validation', prefix='')
   c.report = dict(model=args.model, pretrain=args.pretrain,
-                  pretrain_epochs=args.pretrain_epochs,
+                  pretrain_epochs=args.pretrain_epochs or pretrain.default_epochs(
+                      args.pretrain),
                   pretrain_optimizer=args.pretrain_opt, task=data, lr=lr,
                   sweep=args.sweep)
   if args.smoke:

@@ -40,6 +40,11 @@ DATA = {
 BATCH = 4096
 
 
+def default_epochs(data: str) -> float:
+  """Table 3's schedule for `data` (0 for data outside Table 3)."""
+  return DATA[data][3] if data in DATA else 0.0
+
+
 def get_config(arg=None):
   args = common.parse_arg(arg, model='ViT-B/16', data='i21k', epochs=0.0,
                           opt='adam', smoke=False)

@@ -11,13 +11,15 @@ for choosing settings). `python -m vit_jax.vtab` runs all 19 and reports the
 per-task accuracies with the Natural / Specialized / Structured means.
 """
 
-from configs import common
+from configs import common, pretrain
+from vit_jax import paper
 from vit_jax.data import registry
 
 
 def get_config(arg=None):
   args = common.parse_arg(
-      arg, task='caltech101', model='ViT-B/16', init='', lr=0.01, steps=2500,
+      arg, task='caltech101', model='ViT-B/16', init='',
+      lr=paper.TABLE4['vtab']['lr_sweep'][0], steps=paper.TABLE4['vtab']['steps'],
       res=384, sweep=False, pretrain='i21k', pretrain_epochs=0.0,
       pretrain_opt='adam', smoke=False)
   data = args.task if args.task.startswith('vtab/') else f'vtab/{args.task}'
@@ -47,7 +49,8 @@ def get_config(arg=None):
   c.init = args.init or None
   c.checkpoint_every = 500
   c.report = dict(model=args.model, pretrain=args.pretrain,
-                  pretrain_epochs=args.pretrain_epochs,
+                  pretrain_epochs=args.pretrain_epochs or pretrain.default_epochs(
+                      args.pretrain),
                   pretrain_optimizer=args.pretrain_opt, task=data,
                   lr=args.lr, sweep=args.sweep)
   if args.smoke:

@@ -285,3 +285,15 @@ def test_cli(runs_dir):
   assert proc.returncode != 0
   assert f"no summary.json found at or below '{runs_dir}/nowhere'" in (
       proc.stderr)
+
+
+def test_sweep_table_marks_the_best_lr(tmp_path):
+  for lr, acc in ((0.001, 0.91), (0.003, 0.95), (0.01, 0.93)):
+    run = _run('ViT-B/16', 'cifar10', acc, lr=lr)
+    run['report']['sweep'] = True
+    _write(tmp_path, f'sweep_{lr}', run)
+  text = tables.render(tables.load_runs([str(tmp_path)]), tables='sweep')
+  rows = [l for l in text.splitlines() if l.startswith('| ViT-B/16')]
+  assert len(rows) == 3
+  best = [l for l in rows if '| best |' in l]
+  assert len(best) == 1 and '| 0.003 |' in best[0] and '95.00' in best[0]

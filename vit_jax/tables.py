@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 from vit_jax import paper
 from vit_jax.data import registry
 
-TABLES = ('2', '6', 'optim', 'vtab', 'fewshot', 'other')
+TABLES = ('2', '6', 'optim', 'vtab', 'fewshot', 'sweep', 'other')
 SUMMARY = 'summary.json'
 VTAB_GROUPS = (('vtab-natural', 'Natural'), ('vtab-specialized', 'Specialized'),
                ('vtab-structured', 'Structured'))
@@ -609,8 +609,30 @@ def table_other(ctx: _Ctx) -> list[str]:
        'why here'], rows, 'lllrrl')]
 
 
+def table_sweep(ctx: _Ctx) -> list[str]:
+  """LR-sweep runs (dev-split accuracy) by setting and task; the LR to
+  run on the full train split is the best of each group."""
+  groups: dict[tuple[str, str], list[Run]] = {}
+  for run in ctx.match.runs:
+    if run.sweep:
+      groups.setdefault((_run_label(run), str(run.task)), []).append(run)
+  if not groups:
+    return []
+  rows = []
+  for (label, task), runs in sorted(groups.items()):
+    best = max(runs, key=lambda r: r.accuracy or -1.0)
+    for run in sorted(runs, key=lambda r: r.report.get('lr') or 0.0):
+      rows.append([label, task, str(run.report.get('lr', '?')),
+                   _pct(run.accuracy), 'best' if run is best else '',
+                   run.workdir])
+  return ['## LR sweeps (dev-split accuracy, %)', '', *_md_table(
+      ['setting', 'task', 'lr', 'dev accuracy', '', 'workdir'], rows,
+      'llrrll')]
+
+
 BUILDERS = {'2': table2, '6': table6, 'optim': table_optim,
-            'vtab': table_vtab, 'fewshot': table_fewshot, 'other': table_other}
+            'vtab': table_vtab, 'fewshot': table_fewshot,
+            'sweep': table_sweep, 'other': table_other}
 
 
 # --------------------------------------------------------------------------
