@@ -17,6 +17,8 @@ import os
 
 from absl import app, flags, logging
 
+from vit_jax import runtime
+
 _ARGS = flags.DEFINE_string('config_args', '', 'Arguments of configs/vtab.py '
                             'except task, e.g. model=ViT-B/16,init=DIR.')
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One sub-directory per task.')
@@ -50,7 +52,8 @@ def _finished(workdir: str, total_steps: int) -> bool:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
-  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  runtime.setup()
+  import jax
   from configs import vtab as vtab_config
   from vit_jax import tables
   from vit_jax.train import loop
@@ -65,8 +68,9 @@ def main(argv):
       continue
     logging.info('%s: training in %s', task, workdir)
     loop.train_and_evaluate(config, workdir)
-  runs = tables.load_runs([_WORKDIR.value])
-  print(tables.render(runs, tables='vtab'))
+  if jax.process_index() == 0:
+    runs = tables.load_runs([_WORKDIR.value])
+    print(tables.render(runs, tables='vtab'))
 
 
 if __name__ == '__main__':
