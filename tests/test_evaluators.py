@@ -35,12 +35,17 @@ def test_fit_predict_primal_equals_dual_and_ridge_formula(rng):
   w = np.linalg.solve(a.T @ a + reg, a.T @ t)
   expect = (np.c_[(xt - mean) / scale, np.ones(25)] @ w).argmax(-1)
   np.testing.assert_array_equal(primal, expect)
-  # Dual form (n <= d) gives the same map as the primal one.
+  # The dual form (n <= d: what few-shot uses) equals the explicit ridge
+  # solve.
   xs, ys = x[:5], y[:5]
-  wide = np.c_[xs, rng.randn(5, 3) * 0]  # d=9 > n=5, same information.
-  dual = fewshot.fit_predict(wide, ys, np.c_[xt, np.zeros((25, 3))], k, 0.5)
-  narrow = fewshot.fit_predict(xs, ys, xt, k, 0.5)
-  np.testing.assert_array_equal(dual, narrow)
+  dual = fewshot.fit_predict(xs, ys, xt, k, 0.5)  # n=5 <= d=6: dual form.
+  mean = xs.mean(0)
+  scale = np.sqrt(np.mean(np.sum((xs - mean)**2, 1)))
+  a = (xs - mean) / scale
+  t = 2 * np.eye(k)[ys] - 1
+  w = np.linalg.solve(a.T @ a + 0.5 * np.eye(d), a.T @ (t - t.mean(0)))
+  expect = (((xt - mean) / scale) @ w + t.mean(0)).argmax(-1)
+  np.testing.assert_array_equal(dual, expect)
 
 
 def test_fit_predict_separates_clusters(rng):
@@ -184,12 +189,30 @@ def test_mode_eval_evaluates_a_finished_run(tmp_path):
   out = subprocess.run(base + ['--config.mode=eval'], cwd=ROOT,
                        capture_output=True, text=True, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
-  summary = json.load(open(os.path.join(workdir, 'summary.json')))
-  assert summary['evaluated_checkpoint'].endswith('checkpoints/30')
+  evaluated = json.load(open(os.path.join(workdir, 'eval_summary.json')))
+  assert evaluated['evaluated_checkpoint'].endswith('checkpoints/30')
   # Same checkpoint, same eval split: the same top-1 as the run's own eval.
-  assert summary['eval_accuracy'] == pytest.approx(trained['eval_accuracy'])
+  assert evaluated['eval_accuracy'] == pytest.approx(
+      trained['eval_accuracy'])
+  # The run's own checkpoint at its resolution: merged into summary.json.
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
   assert 0 < summary['fewshot/digits/5shot'] <= 1
   assert summary['steps'] == 30  # Keys of the training summary are kept.
+
+  # At another resolution: eval_summary.json only; the run's results stay.
+  out = subprocess.run(base + ['--config.mode=eval',
+                               '--config.input.image_size=24'], cwd=ROOT,
+                       capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert json.load(open(os.path.join(workdir, 'eval_summary.json')))[
+      'image_size'] == 24
+  assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
+
+  # A different model than the checkpoint's: refused.
+  out = subprocess.run(base + ['--config.mode=eval',
+                               '--config.model.name=ViT-Ti/16'], cwd=ROOT,
+                       capture_output=True, text=True, env=env)
+  assert out.returncode != 0 and 'is a checkpoint of model' in out.stderr
 
 
 def test_mode_eval_without_checkpoint_explains(tmp_path):
@@ -200,3 +223,41 @@ def test_mode_eval_without_checkpoint_explains(tmp_path):
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode != 0
   assert 'has no checkpoint and config.init is not set' in out.stderr
+
+
+def _free_port():
+  import socket
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_evaluate_like_one(tmp_path):
+  """A 2-process run (gloo, one CPU device each) evaluates top-1 and
+  few-shot; one process re-evaluating its checkpoint gets the same numbers
+  (each example counted once, the same few-shot pool and draws)."""
+  workdir = str(tmp_path)
+  config = ['--config=configs/smoke.py:data=digits,steps=8,batch=32,'
+            'fewshot=digits', '--config.async_checkpoints=false']
+  port = _free_port()
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *config,
+       f'--coordinator=127.0.0.1:{port}', '--num_processes=2',
+       f'--process_id={i}'], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
+  outs = [p.communicate(timeout=600) for p in procs]
+  for p, (_, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  multi = json.load(open(os.path.join(workdir, 'summary.json')))
+  assert multi['num_devices'] == 2 and multi['eval_examples'] == 360
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}', *config,
+       '--config.mode=eval'], cwd=ROOT, capture_output=True, text=True,
+      env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  single = json.load(open(os.path.join(workdir, 'eval_summary.json')))
+  assert single['eval_accuracy'] == pytest.approx(multi['eval_accuracy'])
+  for k in (1, 5, 10):
+    key = f'fewshot/digits/{k}shot'
+    assert single[key] == pytest.approx(multi[key], abs=1e-6), key

@@ -44,8 +44,8 @@ def main(argv):
                                    k.endswith('shot'))]
     width = max([len(k) for k in keys] + [16])
     print('\n'.join(f'{k:>{width}}: {summary[k]:.4f}' for k in sorted(keys)))
-    print(f'{"summary":>{width}}: '
-          f'{os.path.join(_WORKDIR.value, "summary.json")}')
+    name = 'summary.json' if mode == 'train' else 'eval_summary.json'
+    print(f'{"written to":>{width}}: {os.path.join(_WORKDIR.value, name)}')
 
 
 if __name__ == '__main__':

@@ -32,8 +32,9 @@ class _QuietLibraries(logging_std.Filter):
 def init_distributed() -> None:
   import jax
   if _COORDINATOR.value or _NUM_PROCESSES.value:
-    if jax.devices()[0].platform == 'cpu':
-      jax.config.update('jax_cpu_collectives_implementation', 'gloo')
+    # Cross-process collectives for CPU devices (harmless elsewhere); set
+    # before initialize, which must precede any backend use.
+    jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                _PROCESS_ID.value)
   elif os.environ.get('TPU_WORKER_HOSTNAMES') or os.environ.get(

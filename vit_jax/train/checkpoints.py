@@ -115,8 +115,28 @@ def resolve(path: str) -> str:
   return path
 
 
+def _restore_on_host(state_dir: str) -> Any:
+  """A saved state tree as host numpy arrays, whatever mesh or process
+  count saved it (each process reads whole arrays onto one local device)."""
+  import numpy as np
+  meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
+  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  target = jax.tree.map(
+      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
+  state = ocp.StandardCheckpointer().restore(state_dir, target)
+  return jax.tree.map(np.asarray, state)
+
+
 def load_params(path: str) -> Any:
   """Parameters from a training workdir, its checkpoints dir or one step dir
   (see `resolve`). Returns a nested dict of host arrays."""
-  state = ocp.StandardCheckpointer().restore(resolve(path) + '/state')
-  return state['params']
+  return _restore_on_host(resolve(path) + '/state')['params']
+
+
+def load_run_state(path: str) -> dict:
+  """The JSON saved next to a checkpoint (model spec, input position)."""
+  import json
+
+  import tensorflow as tf
+  with tf.io.gfile.GFile(resolve(path) + '/data/metadata') as f:
+    return json.load(f)

@@ -1,21 +1,29 @@
-"""`--config.mode=eval`: evaluate a finished (or running) run's checkpoint.
+"""`--config.mode=eval`: evaluate a run's checkpoint (or `config.init`).
 
-Loads the latest checkpoint of `workdir` (or, when it has none,
-`config.init`: an .npz file or another run's workdir), runs top-1 on
-`input.eval_split` and every `config.evals` evaluator, and merges the
-metrics into `workdir/summary.json`. The head is kept, so a fine-tuned
-checkpoint can be evaluated at another resolution (position embeddings are
-resized).
+Evaluates the latest checkpoint of `workdir` — refusing one of a different
+model than the config's — with top-1 on `input.eval_split` and every
+`config.evals` evaluator. Without a checkpoint in `workdir`, `config.init`
+(an .npz file or another run's workdir) is evaluated instead.
+
+Every evaluation writes `workdir/eval_summary.json`. Its metrics are also
+merged into the run's `summary.json` (where the result tables read them)
+only when they describe that run: its own checkpoint at its own resolution.
+So re-evaluating at another resolution, or evaluating `init`, never replaces
+a run's results. The head is kept; position embeddings are resized when the
+resolution differs.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict
+import json
+import os
+from typing import Any, Dict, Tuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from absl import logging
 
 from vit_jax import evaluators
@@ -25,23 +33,57 @@ from vit_jax.train import checkpoints, loop, reporting
 from vit_jax.train import sharding as shd
 
 
-def _source(config, workdir: str) -> str:
-  """The checkpoint to evaluate: workdir's latest, else config.init."""
+def _source(config, workdir: str) -> Tuple[str, bool]:
+  """(checkpoint to evaluate, whether it is workdir's own)."""
   try:
-    return checkpoints.resolve(workdir)
+    source = checkpoints.resolve(workdir)
   except FileNotFoundError:
-    if config.get('init'):
-      init = config.init
-      return init if init.endswith('.npz') else checkpoints.resolve(init)
-    raise FileNotFoundError(
-        f'--config.mode=eval: {workdir} has no checkpoint and config.init is '
-        'not set; pass the workdir of a training run or '
-        '--config.init=PATH(.npz or workdir)') from None
+    if not config.get('init'):
+      raise FileNotFoundError(
+          f'--config.mode=eval: {workdir} has no checkpoint and config.init '
+          'is not set; pass the workdir of a training run or '
+          '--config.init=PATH(.npz or workdir)') from None
+    init = config.init
+    logging.warning('%s has no checkpoint: evaluating config.init=%s',
+                    workdir, init)
+    return (init if init.endswith('.npz') else checkpoints.resolve(init),
+            False)
+  saved = checkpoints.load_run_state(source).get('model')
+  if saved is not None and saved != config.model.to_dict():
+    raise ValueError(
+        f'{source} is a checkpoint of model {saved}; this config has '
+        f'{config.model.to_dict()}. Evaluate it with the config it was '
+        'trained with (the same config args)')
+  return source, True
+
+
+def _load(config, source: str, model, image_shape, mesh):
+  init = functools.partial(model.init, train=False)
+  abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
+                            jnp.zeros((1, *image_shape), jnp.float32))
+  params_sh = shd.param_shardings(abstract['params'], mesh,
+                                  config.get('fsdp_min_size', 2**18))
+  loaded = (source if source.endswith('.npz')
+            else checkpoints.load_params(source))
+  host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
+                      abstract['params'])
+  params = jax.device_put(load_pretrained(loaded, host, keep_head=True),
+                          params_sh)
+  return params, params_sh
+
+
+def _read_summary(workdir: str) -> Dict[str, Any]:
+  import tensorflow as tf
+  path = os.path.join(workdir, 'summary.json')
+  if not tf.io.gfile.exists(path):
+    return {}
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)
 
 
 def evaluate_run(config: ml_collections.ConfigDict,
                  workdir: str) -> Dict[str, Any]:
-  """Evaluates a checkpoint; returns the summary written to workdir."""
+  """Evaluates a checkpoint; returns what it wrote to eval_summary.json."""
   loop.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   shd.check_batch_size(config.input.eval_batch_size, mesh,
@@ -50,30 +92,22 @@ def evaluate_run(config: ml_collections.ConfigDict,
   num_classes = config.get('num_classes') or info.num_classes
   model = loop.model_from_config(config, num_classes)
   image_shape = tuple(info.eval_image_shape)
-  init = functools.partial(model.init, train=False)
-  abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
-                            jnp.zeros((1, *image_shape), jnp.float32))
-  params_sh = shd.param_shardings(abstract['params'], mesh,
-                                  config.get('fsdp_min_size', 2**18))
-  source = _source(config, workdir)
-  loaded = (source if source.endswith('.npz')
-            else checkpoints.load_params(source))
-  host = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype),
-                      abstract['params'])
-  params = jax.device_put(load_pretrained(loaded, host, keep_head=True),
-                          params_sh)
-  logging.info('evaluating %s', source)
+  source, own = _source(config, workdir)
+  params, params_sh = _load(config, source, model, image_shape, mesh)
+  logging.info('evaluating %s at %s', source, image_shape)
   evals = evaluators.build(config, model, mesh, params_sh, image_shape[0])
   with jax.set_mesh(mesh):
     metrics = evaluators.run_all(evals, params)
-  step = int(source.rstrip('/').rsplit('/', 1)[-1]) if (
-      source.rstrip('/').rsplit('/', 1)[-1].isdigit()) else 0
-  writer = reporting.make_writer(workdir)
-  writer.write_scalars(step, metrics)
-  writer.close()
-  summary = {'evaluated_checkpoint': source, 'model': config.model.name,
-             'report': config.report.to_dict() if 'report' in config else {},
-             **metrics}
-  path = reporting.write_summary(workdir, summary)
-  logging.info('summary written to %s: %s', path, metrics)
-  return summary
+  last = source.rstrip('/').rsplit('/', 1)[-1]
+  step = int(last) if last.isdigit() else 0
+  result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],
+            'eval_split': info.eval_split, **metrics}
+  reporting.write_json(workdir, 'eval_summary.json', result)
+  run = _read_summary(workdir)
+  if own and run.get('image_size', image_shape[0]) == image_shape[0]:
+    reporting.write_summary(workdir, metrics)
+    writer = reporting.make_writer(workdir)
+    writer.write_scalars(step, metrics)
+    writer.close()
+    logging.info('metrics merged into %s/summary.json', workdir)
+  return result

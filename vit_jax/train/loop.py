@@ -190,6 +190,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       'device_hours': jax.device_count() * wall / 3600,
       'core_days': jax.device_count() * progress.cores_per_device * wall
                    / 86400,
+      'image_size': image_shape[0],
       'forward_gflops': fwd / 1e9,
       'exaflops': examples * 3 * fwd / 1e18,
       'report': config.report.to_dict() if 'report' in config else {},
