@@ -67,10 +67,10 @@ def get_config(arg=None):
   c.eval_every = 0
   if data == 'imagenet2012' and not args.sweep:
     c.evals.real = dict(kind='classification', data='imagenet2012_real',
-                        split='validation', prefix='')
+                        real_only=True)
   c.report = dict(model=args.model, pretrain=args.pretrain,
                   pretrain_epochs=args.pretrain_epochs or pretrain.default_epochs(
-                      args.pretrain),
+                      args.pretrain, args.model),
                   pretrain_optimizer=args.pretrain_opt, task=data, lr=lr,
                   sweep=args.sweep)
   if args.smoke:

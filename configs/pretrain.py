@@ -13,24 +13,16 @@ LR 0.03 per 256 images, weight decay 1e-4 (Kolesnikov et al. 2020; the
 paper reports the study, not these settings).
 """
 
-from configs import common
+import fnmatch
 
-# Base learning rates on JFT-300M, by model (Table 3).
-JFT_LR = {
-    'ViT-B/16': 8e-4, 'ViT-B/32': 8e-4, 'ViT-L/32': 6e-4, 'ViT-L/16': 4e-4,
-    'ViT-H/14': 3e-4, 'BiT-R50x1': 1e-3, 'BiT-R50x2': 1e-3,
-    'BiT-R101x1': 8e-4, 'BiT-R152x1': 6e-4, 'BiT-R152x2': 6e-4,
-    # Table 6 has R200x3 (14 epochs) but Table 3 no LR for it: R152's.
-    'BiT-R200x3': 6e-4,
-    'R50+ViT-B/16': 8e-4, 'R50+ViT-B/32': 8e-4, 'R50+ViT-L/32': 2e-4,
-    'R50+ViT-L/16': 4e-4,
-}
-# (learning rate or None for JFT_LR, decay, weight decay, dropout) per data.
-RECIPE = {
-    'jft': (None, 'linear', 0.1, 0.0),
-    'i21k': (1e-3, 'linear', 0.03, 0.1),
-    'i1k': (3e-3, 'cosine', 0.3, 0.1),
-}
+from configs import common
+from vit_jax import paper
+
+# Models with a JFT-300M row in Table 3 (or, for BiT-R200x3, in Table 6).
+MODELS = tuple(sorted({m for row in paper.TABLE3 if row[1] == 'jft'
+                       for m in row[0]} | {'BiT-R200x3'}))
+# Data recipes outside Table 3's rows (BiT / hybrids on ImageNet-21k or
+# ImageNet): (decay, weight decay, dropout) as for that data's ViT rows.
 DATA = {
     # data: (dataset, classes, train images, default epochs)
     'jft': ('jft', 18_291, 303_000_000, 7.0),
@@ -40,25 +32,45 @@ DATA = {
 BATCH = 4096
 
 
-def default_epochs(data: str) -> float:
-  """Table 3's schedule for `data` (0 for data outside Table 3)."""
+def table3_row(model: str, data: str):
+  """(epochs options, LR, decay, weight decay, dropout) of the Table 3 row
+  for `model` on `data`, or None when the paper has no such row."""
+  for models_, dataset, epochs, _, lr, decay, wd, dropout in paper.TABLE3:
+    if dataset == data and any(fnmatch.fnmatch(model, m) for m in models_):
+      return epochs, lr, decay, wd, dropout
+  if model == 'BiT-R200x3' and data == 'jft':  # Table 6 only: R152's row.
+    return (14,), 6e-4, 'linear', 0.1, 0.0
+  return None
+
+
+def default_epochs(data: str, model: str = '') -> float:
+  """The longest Table 3 schedule for `model` on `data` (the one Table 2
+  reports), else the data's usual one; 0 for data outside Table 3."""
+  row = table3_row(model, data)
+  if row:
+    return float(max(row[0]))
   return DATA[data][3] if data in DATA else 0.0
 
 
 def get_config(arg=None):
   args = common.parse_arg(arg, model='ViT-B/16', data='i21k', epochs=0.0,
-                          opt='adam', smoke=False)
+                          opt='adam', fewshot='', smoke=False)
   if args.data not in DATA:
     raise ValueError(f'data={args.data!r}: expected one of {sorted(DATA)}')
-  if args.model not in JFT_LR:
+  if args.model not in MODELS:
     raise ValueError(f'model={args.model!r} has no Table 3 row; one of '
-                     f'{sorted(JFT_LR)}')
+                     f'{", ".join(MODELS)}')
   if args.opt not in ('adam', 'sgd'):
     raise ValueError(f'opt={args.opt!r}: expected adam or sgd')
   if args.opt == 'sgd' and not args.model.startswith('BiT'):
     raise ValueError('opt=sgd is the ResNet optimizer study (Appendix D.1): '
                      'use a BiT-R* model')
-  dataset, classes, examples, epochs = DATA[args.data]
+  dataset, classes, examples, _ = DATA[args.data]
+  row = table3_row(args.model, args.data)
+  if row is None:  # E.g. BiT on ImageNet-21k: that data's ViT recipe.
+    vit_row = table3_row('ViT-B/16', args.data)
+    row = ((DATA[args.data][3],), *vit_row[1:])
+  epoch_options, lr, decay, wd, dropout = row
   c = common.base()
   c.model.name = args.model
   c.num_classes = classes
@@ -66,10 +78,11 @@ def get_config(arg=None):
   c.input.num_train_examples = examples
   c.input.batch_size = BATCH
   c.input.image_size = 224
-  c.total_epochs = args.epochs or epochs
-  lr, decay, wd, dropout = RECIPE[args.data]
+  c.input.pp_train = 'inception'  # Inception crop + flip at 224.
+  c.input.pp_eval = 'eval'
+  c.total_epochs = args.epochs or float(max(epoch_options))
   c.optim.name = 'adam'
-  c.optim.lr = lr or JFT_LR[args.model]
+  c.optim.lr = lr
   c.optim.warmup_steps = 10_000
   c.optim.decay = decay
   c.optim.weight_decay = wd
@@ -95,6 +108,13 @@ def get_config(arg=None):
   c.report = dict(model=args.model, pretrain=args.data,
                   pretrain_epochs=c.total_epochs, pretrain_optimizer=args.opt,
                   task='pretrain')
+  if args.fewshot:  # E.g. fewshot=imagenet2012+cifar100+oxford_iiit_pet
+    c.evals.fewshot = dict(kind='fewshot', datasets=tuple(
+        args.fewshot.split('+')), shots=paper.FEWSHOT_SHOTS, seeds=3,
+        every=10_000)
   if args.smoke:
     common.apply_smoke(c)
+    if 'fewshot' in c.evals:
+      c.evals.fewshot.update(dict(datasets=('digits',), shots=(1, 5),
+                                  pool_per_class=10, every=0))
   return c

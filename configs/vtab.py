@@ -50,7 +50,7 @@ def get_config(arg=None):
   c.checkpoint_every = 500
   c.report = dict(model=args.model, pretrain=args.pretrain,
                   pretrain_epochs=args.pretrain_epochs or pretrain.default_epochs(
-                      args.pretrain),
+                      args.pretrain, args.model),
                   pretrain_optimizer=args.pretrain_opt, task=data,
                   lr=args.lr, sweep=args.sweep)
   if args.smoke:

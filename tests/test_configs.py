@@ -15,20 +15,37 @@ from vit_jax.data import registry
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize('model', sorted(pretrain.JFT_LR))
-@pytest.mark.parametrize('data', sorted(pretrain.DATA))
-def test_pretrain_rows_follow_table3(model, data):
+def _table3_rows():
+  for models_, data, epochs, opt, lr, decay, wd, dropout in paper.TABLE3:
+    for model in models_:
+      model = 'ViT-B/32' if model == 'ViT-*' else model
+      yield model, data, epochs, lr, decay, wd, dropout
+
+
+@pytest.mark.parametrize('row', list(_table3_rows()), ids=str)
+def test_pretrain_rows_follow_table3(row):
+  model, data, epochs, lr, decay, wd, dropout = row
   c = pretrain.get_config(f'model={model},data={data}')
   assert c.input.batch_size == 4096 and c.input.image_size == 224
   assert c.optim.warmup_steps == 10_000 and c.optim.name == 'adam'
   assert (c.optim.b1, c.optim.b2) == (0.9, 0.999)
-  expect = {'jft': (pretrain.JFT_LR[model], 'linear', 0.1, 7),
-            'i21k': (1e-3, 'linear', 0.03, 90),
-            'i1k': (3e-3, 'cosine', 0.3, 300)}[data]
-  assert (c.optim.lr, c.optim.decay, c.optim.weight_decay,
-          c.total_epochs) == expect
+  assert (c.optim.lr, c.optim.decay, c.optim.weight_decay) == (lr, decay, wd)
+  assert c.model.get('dropout_rate', 0.0) == dropout
+  assert c.total_epochs == max(epochs)  # The longest: Table 2's schedule.
   assert (c.optim.grad_clip_norm == 1.0) == (data != 'jft')
+  assert c.input.pp_train == 'inception'
   assert c.report.task == 'pretrain' and c.report.pretrain == data
+  for e in epochs:
+    assert pretrain.get_config(
+        f'model={model},data={data},epochs={e}').total_epochs == e
+  models.create(c.model.name, num_classes=c.num_classes,
+                **{k: v for k, v in c.model.items() if k != 'name'})
+
+
+@pytest.mark.parametrize('model', pretrain.MODELS)
+@pytest.mark.parametrize('data', sorted(pretrain.DATA))
+def test_every_model_builds_on_every_data(model, data):
+  c = pretrain.get_config(f'model={model},data={data}')
   models.create(c.model.name, num_classes=c.num_classes,
                 **{k: v for k, v in c.model.items() if k != 'name'})
 
@@ -90,7 +107,7 @@ def test_bad_config_args_say_what_is_allowed(make, arg, match):
     make(arg)
 
 
-@pytest.mark.parametrize('model', sorted(pretrain.JFT_LR))
+@pytest.mark.parametrize('model', pretrain.MODELS)
 def test_smoke_shrinks_every_model_keeping_its_family(model):
   c = pretrain.get_config(f'model={model},data=i21k,smoke=true')
   m = models.create(c.model.name, num_classes=10,
@@ -108,7 +125,9 @@ def _run(workdir, spec, *flags):
       cwd=ROOT, capture_output=True, text=True,
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode == 0, out.stderr[-4000:]
-  return json.load(open(os.path.join(workdir, 'summary.json')))
+  summary = json.load(open(os.path.join(workdir, 'summary.json')))
+  summary['_log'] = out.stderr
+  return summary
 
 
 @pytest.mark.parametrize('spec', [
@@ -133,6 +152,8 @@ def test_smoke_pretrain_then_finetune_at_higher_resolution(tmp_path):
               'configs/finetune.py:model=ViT-B/16,data=cifar10,smoke=true,'
               f'init={tmp_path / "pre"}')
   assert fine['report']['task'] == 'cifar10'
+  assert fine['report']['pretrain_epochs'] == 90  # Table 3's i21k schedule.
+  assert f'initialised from {tmp_path / "pre"}' in fine['_log']
   log = open(tmp_path / 'fine' / 'metrics.jsonl').read()
   assert 'eval_accuracy' in log
 
@@ -161,3 +182,20 @@ def test_vtab_driver_runs_tasks_and_reports_means(tmp_path):
 def test_common_parse_arg_types():
   args = common.parse_arg('a=2,b=true,c=x', a=1, b=False, c='y', d=0.5)
   assert (args.a, args.b, args.c, args.d) == (2, True, 'x', 0.5)
+
+
+def test_vtab_driver_refuses_a_workdir_of_other_settings(tmp_path):
+  """Re-running skips finished tasks; other settings in the same workdir are
+  an error rather than a silently reused result."""
+  cmd = [sys.executable, '-m', 'vit_jax.vtab', f'--workdir={tmp_path}',
+         '--tasks=dtd']
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  first = subprocess.run(cmd + ['--config_args=smoke=true'], cwd=ROOT,
+                         capture_output=True, text=True, env=env)
+  assert first.returncode == 0, first.stderr[-3000:]
+  again = subprocess.run(cmd + ['--config_args=smoke=true'], cwd=ROOT,
+                         capture_output=True, text=True, env=env)
+  assert again.returncode == 0 and 'finished earlier, skipped' in again.stderr
+  other = subprocess.run(cmd + ['--config_args=smoke=true,lr=0.03'],
+                         cwd=ROOT, capture_output=True, text=True, env=env)
+  assert other.returncode != 0 and 'other settings (lr' in other.stderr

@@ -39,14 +39,27 @@ def tasks(names) -> list:
   return list(names)
 
 
-def _finished(workdir: str, total_steps: int) -> bool:
+def _finished(workdir: str, config) -> bool:
+  """Whether `workdir` holds this config's finished run; an earlier run
+  with other settings (model, init, lr, ...) is an error, not a skip."""
   import tensorflow as tf
   path = os.path.join(workdir, 'summary.json')
   if not tf.io.gfile.exists(path):
     return False
   with tf.io.gfile.GFile(path) as f:
     summary = json.load(f)
-  return summary.get('steps') == total_steps and 'eval_accuracy' in summary
+  ours = {**config.report.to_dict(), 'init': config.init,
+          'image_size': config.input.image_size}
+  theirs = {**summary.get('report', {}), 'init': summary.get('init'),
+            'image_size': summary.get('image_size')}
+  changed = sorted(k for k in ours if theirs.get(k) != ours[k])
+  if changed:
+    raise app.UsageError(
+        f'{workdir} holds a VTAB run with other settings ({", ".join(changed)}'
+        f': {[theirs.get(k) for k in changed]} there, '
+        f'{[ours[k] for k in changed]} now); use a new --workdir')
+  return summary.get('steps') == config.total_steps and (
+      'eval_accuracy' in summary)
 
 
 def main(argv):
@@ -63,7 +76,7 @@ def main(argv):
     config = vtab_config.get_config(','.join(filter(None, [args,
                                                             f'task={task}'])))
     workdir = os.path.join(_WORKDIR.value, task)
-    if _finished(workdir, config.total_steps):
+    if _finished(workdir, config):
       logging.info('%s: finished earlier, skipped', task)
       continue
     logging.info('%s: training in %s', task, workdir)

@@ -5,7 +5,7 @@ steps and at the end). `config.evals` adds more, one section each, keyed by
 a name of your choice and built by its `kind`:
 
     c.evals.real = dict(kind='classification', data='imagenet2012_real',
-                        split='validation', prefix='real_')  # ImageNet ReaL
+                        real_only=True)  # ImageNet ReaL: `real_accuracy`
     c.evals.fewshot = dict(kind='fewshot', datasets=('mnist5k',),
                            shots=(1, 5, 10, 25), seeds=3)
 
@@ -36,13 +36,16 @@ def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
     kind = cfg.get('kind')
     if kind == 'classification':
       inp = ml_collections.ConfigDict(config.input.to_dict())
-      inp.data = cfg.get('data', inp.data)
+      if cfg.get('data', inp.data) != inp.data:
+        # Another dataset: its own splits, not the training data's.
+        inp.data = cfg.data
+        inp.train_split = inp.eval_split = None
       if cfg.get('pp'):
         inp.pp_eval = cfg.pp
       out.append(Classification(
           inp, model, mesh, params_sharding, split=cfg.get('split'),
           prefix=cfg.get('prefix', f'{name}_'), every=cfg.get('every', 0),
-          name=name))
+          name=name, real_only=cfg.get('real_only', False)))
     elif kind == 'fewshot':
       out.append(FewShot(cfg, config.input, model, mesh, params_sharding,
                          image_size=image_size, name=name))

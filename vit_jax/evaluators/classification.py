@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vit_jax.data import pipeline
+from vit_jax.data import pipeline, registry
 from vit_jax.evaluators import base
 from vit_jax.train import sharding as shd
 
@@ -38,7 +38,10 @@ def batch_sums(params: Any, batch: Dict[str, jax.Array], *,
   if 'real_label' in batch:
     real = batch['real_label'].astype(bool)
     has_real = real.any(-1).astype(jnp.float32) * mask
-    hit = jnp.take_along_axis(real, pred[:, None], -1)[:, 0]
+    # Predictions beyond the label set's classes are misses (take_along_axis
+    # would fill them with True).
+    hit = jnp.take_along_axis(real, jnp.minimum(pred, real.shape[-1] - 1)[
+        :, None], -1)[:, 0] & (pred < real.shape[-1])
     out['real_correct'] = (hit.astype(jnp.float32) * has_real).sum()
     out['real_count'] = has_real.sum()
   return out
@@ -48,14 +51,24 @@ class Classification(base.Evaluator):
   """Accuracy and loss of the model's own head on one split.
 
   Metrics: `{prefix}accuracy`, `{prefix}loss`, `{prefix}examples`, and with
-  ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`.
+  ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`; with
+  `real_only` just `real_accuracy` and `real_examples`.
+  The dataset and split are checked when the evaluator is built, so a bad
+  setting fails before training, not after it.
   """
 
   def __init__(self, input_config: ml_collections.ConfigDict, model, mesh,
                params_sharding, *, split: Optional[str] = None,
-               prefix: str = 'eval_', every: int = 0, name: str = 'eval'):
+               prefix: str = 'eval_', every: int = 0, name: str = 'eval',
+               real_only: bool = False):
     self.name, self.every, self.prefix = name, every, prefix
     self._input, self._split, self._mesh = input_config, split, mesh
+    self._real_only = real_only
+    spec = registry.get(input_config.data)
+    if real_only and not spec.real_label_key:
+      raise ValueError(f'evals.{name}: real_only needs a dataset with ReaL '
+                       f'labels (imagenet2012_real), not {spec.name}')
+    pipeline.dataset_info(input_config, split=split)  # Fails early.
     self._sums = jax.jit(
         functools.partial(batch_sums, model=model),
         in_shardings=(params_sharding, None), out_shardings=shd.replicated(
@@ -66,9 +79,16 @@ class Classification(base.Evaluator):
     for batch in pipeline.eval_iterator(
         self._input, split=self._split, process_index=jax.process_index(),
         process_count=jax.process_count()):
-      out = self._sums(params, base.global_batch(batch, self._mesh))
+      out = self._sums(params, shd.global_batch(batch, self._mesh))
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
+    if sums is None:
+      raise ValueError(f'evals.{self.name}: split {self._split!r} of '
+                       f'{self._input.data} has no examples')
     sums = {k: float(v) for k, v in jax.device_get(sums).items()}
+    if self._real_only:
+      return {'real_accuracy': sums['real_correct'] /
+              max(sums['real_count'], 1.0), 'real_examples':
+              sums['real_count']}
     p = self.prefix
     metrics = {f'{p}accuracy': sums['correct'] / sums['count'],
                f'{p}loss': sums['loss'] / sums['count'],

@@ -93,13 +93,19 @@ class FewShot(base.Evaluator):
                        f'the largest shot count {self.shots[-1]}')
     self._mesh = mesh
     self._datasets = [_parse_dataset(d) for d in cfg.datasets]
+    batch = int(cfg.get('batch_size', input_config.eval_batch_size))
+    shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
     self._input = ml_collections.ConfigDict(dict(
         data='', data_dir=input_config.get('data_dir'),
         image_size=image_size, pp_eval=pp.format(size=image_size),
-        eval_batch_size=int(cfg.get('batch_size',
-                                    input_config.eval_batch_size)),
-        batch_size=int(cfg.get('batch_size', input_config.eval_batch_size))))
+        eval_batch_size=batch, batch_size=batch))
+    for data, train_split, test_split in self._datasets:  # Fail early.
+      cfg_ = ml_collections.ConfigDict(self._input.to_dict())
+      cfg_.data = data
+      if train_split:
+        cfg_.train_split = train_split
+      pipeline.dataset_info(cfg_, split=test_split or None)
     rep = shd.replicated(mesh)
     def represent(params, batch):
       return {'x': representation(params, batch['image'], model=model),
@@ -123,7 +129,7 @@ class FewShot(base.Evaluator):
         process_count=jax.process_count()):
       batch = {k: batch[k] for k in ('image', 'label', 'mask')}
       out = jax.device_get(self._represent(
-          params, base.global_batch(batch, self._mesh)))
+          params, shd.global_batch(batch, self._mesh)))
       keep = out['mask'].astype(bool)
       x, y = out['x'][keep], out['label'][keep].astype(np.int64)
       feats.append(x)
@@ -173,6 +179,9 @@ def _parse_dataset(item: str) -> Tuple[str, str, str]:
   if len(parts) not in (1, 3):
     raise ValueError(f'few-shot dataset {item!r}: expected NAME or '
                      'NAME:TRAIN_SPLIT:TEST_SPLIT')
-  registry.get(parts[0])  # Unknown names fail here, with suggestions.
+  spec = registry.get(parts[0])  # Unknown names fail, with suggestions.
+  if not spec.num_classes:
+    raise ValueError(f'few-shot dataset {parts[0]!r} does not fix its class '
+                     'count; few-shot needs a registry dataset with classes')
   return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (
       parts[0], '', '')

@@ -150,7 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     with jax.set_mesh(mesh):
       while step < steps:
         t0 = time.perf_counter()
-        batch = evaluators.base.global_batch(next(train_it), mesh)
+        batch = shd.global_batch(next(train_it), mesh)
         progress.input_wait(time.perf_counter() - t0)
         state, metrics = train_fn(state, batch)
         step += 1
@@ -190,7 +190,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       'device_hours': jax.device_count() * wall / 3600,
       'core_days': jax.device_count() * progress.cores_per_device * wall
                    / 86400,
-      'image_size': image_shape[0],
+      'image_size': image_shape[0], 'init': config.get('init'),
       'forward_gflops': fwd / 1e9,
       'exaflops': examples * 3 * fwd / 1e18,
       'report': config.report.to_dict() if 'report' in config else {},

@@ -131,6 +131,12 @@ def batch_sharding(mesh: Mesh, ndim: int = 4) -> NamedSharding:
   return NamedSharding(mesh, P(BATCH, *([None] * (ndim - 1))))
 
 
+def global_batch(batch, mesh: Mesh):
+  """Process-local numpy batch -> global arrays split over (data, fsdp)."""
+  return {k: jax.make_array_from_process_local_data(
+      batch_sharding(mesh, v.ndim), v) for k, v in batch.items()}
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
