@@ -20,7 +20,9 @@ FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 
 def get_config(arg=None):
   args = common.parse_arg(arg, data='auto', steps=600, model='ViT-test',
-                          batch=128, fewshot='')
+                          batch=128, fewshot='', smoke=False)
+  if args.smoke:  # Like every config: seconds, on scikit-learn's digits.
+    args.data, args.steps, args.batch = 'digits', 20, 32
   data = args.data
   if data == 'auto':
     data = ('fashion_mnist' if os.path.isdir(FASHION_MNIST_DIR)
