@@ -50,10 +50,15 @@ def base() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
   # None: the dataset's class count.
   c.num_classes = ml_collections.FieldReference(None, field_type=int)
+  def none(kind):  # An optional field, overridable from the command line.
+    return ml_collections.FieldReference(None, field_type=kind)
+  # See docs/data.md; None: the dataset registry's default.
   c.input = ml_collections.ConfigDict(dict(
-      data='imagenet2012', data_dir=ml_collections.FieldReference(
-          None, field_type=str), image_size=224, batch_size=4096,
-      eval_batch_size=1024, num_train_examples=1_281_167))
+      data='imagenet2012', data_dir=none(str), image_size=224,
+      batch_size=4096, eval_batch_size=1024, num_train_examples=1_281_167,
+      train_split=none(str), eval_split=none(str), pp_train=none(str),
+      pp_eval=none(str), shuffle_buffer=10_000, cache=False, prefetch=2,
+      mixup=0.0, skip_bad_images=False, prepare=False))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)

@@ -1,0 +1,179 @@
+"""gcloud command lines and the shell run on TPU workers (pure functions).
+
+Each function returns an argv list (or, for the `*_script` ones, one line of
+shell for `tpu-vm ssh --command`); nothing here runs anything. On every
+worker: the project in ~/vit_jax, a Python 3.11 virtual environment in
+~/vit_jax_env (TPU VM images ship Python 3.10; the pinned jax needs 3.11, so
+`uv` provides it), and the run's log, pid and exit status in
+~/vit_jax_run.{log,pid,exit}.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Mapping, Optional, Sequence
+
+REMOTE_DIR = 'vit_jax'  # Relative to the home directory (scp's default).
+_HOME_DIR = '$HOME/vit_jax'
+_VENV = '$HOME/vit_jax_env'
+_PYTHON = f'{_VENV}/bin/python'
+_UV = '$HOME/.local/bin/uv'
+LOG, PID, EXIT = ('$HOME/vit_jax_run.log', '$HOME/vit_jax_run.pid',
+                  '$HOME/vit_jax_run.exit')
+EXTRAS = '.[data]'  # scikit-learn's digits: smoke configs run on a TPU too.
+
+# TPU generation (the accelerator type's prefix) -> default runtime version.
+RUNTIME_VERSIONS = {
+    'v2': 'tpu-ubuntu2204-base',
+    'v3': 'tpu-ubuntu2204-base',
+    'v4': 'tpu-ubuntu2204-base',
+    'v5litepod': 'v2-alpha-tpuv5-lite',
+    'v5p': 'v2-alpha-tpuv5',
+    'v6e': 'v2-alpha-tpuv6e',
+}
+
+
+def default_runtime_version(accelerator_type: str) -> str:
+  return RUNTIME_VERSIONS[accelerator_type.split('-')[0]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Tpu:
+  """A TPU VM (or queued resource) `name` in `zone`."""
+  name: str
+  zone: str
+  project: Optional[str] = None
+  queued: bool = False
+
+  def flags(self) -> list:
+    return [f'--zone={self.zone}'] + (
+        [f'--project={self.project}'] if self.project else [])
+
+
+_TPU_VM = ['gcloud', 'compute', 'tpus', 'tpu-vm']
+_QUEUED = ['gcloud', 'compute', 'tpus', 'queued-resources']
+
+
+def create(tpu: Tpu, accelerator_type: str, version: str, *,
+           spot: bool = False, preemptible: bool = False) -> list:
+  """`tpu-vm create` (waits until READY) or `queued-resources create`."""
+  if tpu.queued:
+    argv = _QUEUED + ['create', tpu.name, f'--node-id={tpu.name}',
+                      f'--accelerator-type={accelerator_type}',
+                      f'--runtime-version={version}']
+  else:
+    argv = _TPU_VM + ['create', tpu.name,
+                      f'--accelerator-type={accelerator_type}',
+                      f'--version={version}']
+  return (argv + ['--spot'] * spot + ['--preemptible'] * preemptible
+          + tpu.flags())
+
+
+def describe(tpu: Tpu) -> list:
+  """Prints the node's state: READY, CREATING, PREEMPTED, ..."""
+  return _TPU_VM + ['describe', tpu.name, '--format=value(state)'] + (
+      tpu.flags())
+
+
+def describe_queued(tpu: Tpu) -> list:
+  """Prints the queued resource's state: ACCEPTED, ..., ACTIVE, FAILED."""
+  return _QUEUED + ['describe', tpu.name, '--format=value(state.state)'] + (
+      tpu.flags())
+
+
+def delete(tpu: Tpu) -> list:
+  """Deletes the node (a queued resource together with its node)."""
+  if tpu.queued:
+    return _QUEUED + ['delete', tpu.name, '--force', '--quiet'] + tpu.flags()
+  return _TPU_VM + ['delete', tpu.name, '--quiet'] + tpu.flags()
+
+
+def ssh(tpu: Tpu, command: str, worker: str = 'all') -> list:
+  return _TPU_VM + ['ssh', tpu.name] + tpu.flags() + [
+      f'--worker={worker}', f'--command={command}']
+
+
+def scp_to_workers(tpu: Tpu, src: str, dest: str = REMOTE_DIR) -> list:
+  return _TPU_VM + ['scp', '--recurse', src, f'{tpu.name}:{dest}'] + (
+      tpu.flags() + ['--worker=all'])
+
+
+def scp_from_worker(tpu: Tpu, src: str, dest: str, worker: str = '0') -> list:
+  return _TPU_VM + ['scp', '--recurse', f'{tpu.name}:{src}', dest] + (
+      tpu.flags() + [f'--worker={worker}'])
+
+
+def storage_cp(src: str, dest: str, project: Optional[str] = None) -> list:
+  return ['gcloud', 'storage', 'cp', '-r', src, dest] + (
+      [f'--project={project}'] if project else [])
+
+
+# --------------------------------------------------------------------------
+# Shell run on the workers (one line each: dry runs print one command a line).
+
+
+def remove_project_script() -> str:
+  return f'rm -rf {_HOME_DIR}'
+
+
+def install_script(git_url: Optional[str] = None,
+                   ref: Optional[str] = None) -> str:
+  """Installs ~/vit_jax (cloned from `git_url`, else already copied there)."""
+  steps = []
+  if git_url:
+    steps += [remove_project_script(),
+              f'git clone -q {shlex.quote(git_url)} {_HOME_DIR}']
+    if ref:
+      steps.append(f'git -C {_HOME_DIR} checkout -q {shlex.quote(ref)}')
+  steps += [
+      f'cd {_HOME_DIR}',
+      'python3 -m pip install -q --user -U uv',
+      f'rm -rf {_VENV}',
+      f'{_UV} venv -q --python 3.11 {_VENV}',
+      f'{_UV} pip install -q --python {_PYTHON} -e {shlex.quote(EXTRAS)} '
+      "'jax[tpu]' -c constraints.txt",
+      f'v=$({_PYTHON} -c \'import jax, vit_jax; print(jax.__version__)\')',
+      'echo "$(hostname): jax $v"',
+  ]
+  return ' && '.join(steps)
+
+
+def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
+  """Starts `python -m vit_jax.main ARGS` in the background (nohup).
+
+  Refuses to start a second run while one is going on the worker. The exit
+  status lands in ~/vit_jax_run.exit when the run ends.
+  """
+  words = ['env', *(f'{k}={v}' for k, v in env.items())] if env else []
+  cmd = ' '.join([*map(shlex.quote, words), _PYTHON, '-m', 'vit_jax.main',
+                  *map(shlex.quote, main_args)])
+  inner = f'cd {_HOME_DIR} && {cmd}; echo $? > {EXIT}'
+  guard = (f'if [ -f {PID} ] && kill -0 "$(cat {PID})" 2>/dev/null; then '
+           f'echo "$(hostname): a run is still going (pid $(cat {PID}))"; '
+           'exit 1; fi')
+  return (f'{guard}; rm -f {EXIT}; nohup bash -c {shlex.quote(inner)} '
+          f'> {LOG} 2>&1 < /dev/null & echo $! > {PID}')
+
+
+def logs_script() -> str:
+  """Follows the run's log until it ends; exits with the run's status."""
+  return (f'test -f {PID} || {{ echo "$(hostname): no run started"; '
+          f'exit 2; }}; tail -n +1 -F --pid="$(cat {PID})" {LOG}; '
+          f'exit "$(cat {EXIT} 2>/dev/null || echo 1)"')
+
+
+def status_script() -> str:
+  """One line per worker: running / exited N / no run, and the last log line."""
+  return (f'if [ -f {PID} ] && kill -0 "$(cat {PID})" 2>/dev/null; then '
+          f's=running; elif [ -f {EXIT} ]; then s="exited $(cat {EXIT})"; '
+          'else s="no run"; fi; '
+          f'echo "$(hostname): $s | $(tail -n 1 {LOG} 2>/dev/null)"')
+
+
+def exec_script(command: Sequence[str]) -> str:
+  """Runs `command` (joined with spaces, as ssh does) in ~/vit_jax with the
+  project's environment first on PATH (`python` is its Python)."""
+  # `;`, not `&&`: a trailing `&` then backgrounds the command alone.
+  return (f'cd {_HOME_DIR} || exit 1; export PATH={_VENV}/bin:$PATH; '
+          + ' '.join(command))

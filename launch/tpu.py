@@ -1,0 +1,569 @@
+"""Launch training on Cloud TPU VMs and pods: `python -m launch.tpu VERB`.
+
+    python -m launch.tpu up --name=vit --topology=v4-32 --zone=us-central2-b \\
+        --config=configs/pretrain.py:model=ViT-B/16,data=i21k \\
+        --workdir=gs://bucket/b16 --env TFDS_DATA_DIR=gs://bucket/tfds --spot
+
+Verbs: create, setup (install the project on every worker), run (start the
+config on every worker), logs (follow worker 0's log), status, exec (a
+command on the workers), delete, and up (create + setup + run + logs, on
+preemption delete + create + setup + run again -- the run resumes from its
+checkpoint in the same workdir -- then copy results back and delete).
+--dry-run prints the gcloud commands (a pasteable script) and runs nothing;
+--local-processes=N runs the same launch as N CPU processes on this machine.
+See docs/tpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import sys
+import time
+from typing import Optional, Sequence
+
+from launch import commands, local
+from launch import topology as topology_lib
+from launch.runner import CommandError, Result, Runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VERBS = ('up', 'create', 'setup', 'run', 'logs', 'status', 'exec', 'delete')
+_TPU_FLAGS = ('name', 'zone')
+REQUIRED = {
+    'up': _TPU_FLAGS + ('topology', 'config', 'workdir'),
+    'create': _TPU_FLAGS + ('topology',),
+    'setup': _TPU_FLAGS,
+    'run': _TPU_FLAGS + ('topology', 'config', 'workdir'),
+    'logs': _TPU_FLAGS,
+    'status': _TPU_FLAGS,
+    'exec': _TPU_FLAGS,
+    'delete': _TPU_FLAGS,
+}
+LOCAL_REQUIRED = ('config', 'workdir')
+GONE = ('PREEMPTED', 'TERMINATED')  # The node must be deleted and recreated.
+SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
+MAX_REATTACH = 3
+
+
+# --------------------------------------------------------------------------
+# Command line.
+
+
+def _topology(name: str) -> topology_lib.Topology:
+  try:
+    return topology_lib.parse(name)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _env_pair(text: str) -> tuple:
+  key, sep, value = text.partition('=')
+  if not sep or not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', key):
+    raise argparse.ArgumentTypeError(f'{text!r}: expected KEY=VALUE')
+  return key, value
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog='python -m launch.tpu', allow_abbrev=False,
+      description=__doc__,
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+      epilog='Unknown --config.FIELD=VALUE flags are passed to vit_jax.main; '
+      'exec runs the command after "--".')
+  a = p.add_argument
+  a('verb', choices=VERBS)
+  a('--name', help='TPU VM (and queued resource) name')
+  a('--zone', help='e.g. us-central2-b')
+  a('--project', help='gcloud project (default: gcloud\'s)')
+  a('--topology', type=_topology, help='TPU slice, e.g. v3-8, v4-32, '
+    'v5litepod-16 (see python -m launch.topology)')
+  a('--runtime-version', help='TPU VM image (default per generation: '
+    + ', '.join(f'{k}: {v}' for k, v in commands.RUNTIME_VERSIONS.items())
+    + ')')
+  a('--spot', action='store_true', help='spot VM (preemptible, no time limit)')
+  a('--preemptible', action='store_true', help='preemptible VM (at most 24 h)')
+  a('--queued', action='store_true', help='create through a queued resource '
+    '(waits for capacity)')
+  a('--config', help='config spec for vit_jax.main, e.g. configs/smoke.py:'
+    'data=digits (its file must be inside the repo)')
+  a('--workdir', help='vit_jax.main --workdir; gs://... on multi-host slices')
+  a('--repo', default=ROOT, help='what setup installs: a local checkout '
+    '(copied; default: this one) or a git URL, optionally URL#REF')
+  a('--results', help='local dir to copy the workdir into when the run ends')
+  a('--env', action='append', type=_env_pair, default=[], metavar='KEY=VALUE',
+    help='environment of the run (repeatable), e.g. TFDS_DATA_DIR=gs://b/tfds')
+  a('--max-restarts', type=int, default=5, help='up: recreations after '
+    'preemption before giving up')
+  a('--poll-seconds', type=float, default=60.0, help='how often up checks '
+    'the TPU state (and a queued resource\'s)')
+  a('--worker', help='logs (default 0) and exec (default all): which worker')
+  a('--keep', action='store_true', help='up: do not delete the TPU at the end')
+  a('--local-processes', type=int, metavar='N', help='run/up: N local CPU '
+    'processes (jax.distributed on 127.0.0.1) instead of a TPU')
+  a('--dry-run', action='store_true', help='print the commands, run nothing')
+  a('--yes', '-y', action='store_true', help='do not ask for confirmation')
+  return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+  argv = list(argv)
+  rest = []
+  if '--' in argv:
+    i = argv.index('--')
+    argv, rest = argv[:i], argv[i + 1:]
+  parser = _parser()
+  args, unknown = parser.parse_known_args(argv)
+  bad = [u for u in unknown if not re.match(r'--config\.\w.*=', u)]
+  if bad:
+    parser.error(f'unrecognized arguments: {" ".join(bad)} (config fields '
+                 'are passed as --config.FIELD=VALUE)')
+  args.overrides, args.command = unknown, rest
+  try:
+    _validate(args)
+  except ValueError as e:
+    parser.error(str(e))
+  return args
+
+
+def _validate(args: argparse.Namespace) -> None:
+  if args.local_processes is not None:
+    if args.verb not in ('run', 'up'):
+      raise ValueError('--local-processes goes with run or up')
+    if args.local_processes < 1:
+      raise ValueError('--local-processes must be at least 1')
+    required = LOCAL_REQUIRED
+  else:
+    required = REQUIRED[args.verb]
+  missing = [f'--{f.replace("_", "-")}' for f in required
+             if getattr(args, f) is None]
+  if missing:
+    raise ValueError(f'{args.verb} needs {", ".join(missing)}')
+  if args.spot and args.preemptible:
+    raise ValueError('--spot and --preemptible exclude each other')
+  if args.queued and args.preemptible:
+    raise ValueError('queued resources take --spot, not --preemptible')
+  if (args.command or args.verb == 'exec') and not (
+      args.verb == 'exec' and args.command):
+    raise ValueError('exec runs the command after "--" (and only exec does)')
+  if args.results and not args.workdir:
+    raise ValueError('--results needs --workdir (what to copy)')
+  if args.max_restarts < 0 or args.poll_seconds < 0:
+    raise ValueError('--max-restarts and --poll-seconds must be >= 0')
+
+
+# --------------------------------------------------------------------------
+# What the run is: config, workdir, estimate, confirmation.
+
+
+def _tpu(args) -> commands.Tpu:
+  return commands.Tpu(args.name, args.zone, args.project, args.queued)
+
+
+def _runtime_version(args) -> str:
+  return args.runtime_version or commands.default_runtime_version(
+      args.topology.name.strip().lower())
+
+
+def _config_file(spec: str) -> tuple:
+  """`path:args` -> (absolute path, ':args' or '')."""
+  path, sep, arg = spec.partition(':')
+  full = os.path.abspath(path)
+  if not os.path.isfile(full):
+    raise ValueError(f'--config={spec}: no such file {full}')
+  return full, sep + arg
+
+
+def _main_args(args, remote: bool) -> list:
+  """vit_jax.main's flags: the config (path as the workers / processes see
+  it), the workdir and the --config.FIELD overrides."""
+  full, arg = _config_file(args.config)
+  path, workdir = full, args.workdir
+  if remote:
+    repo = _repo(args.repo)[0] or ROOT  # A git URL: assume the same layout.
+    path = os.path.relpath(full, repo)
+    if path.startswith('..'):
+      raise ValueError(f'--config={args.config}: the file must be inside '
+                       f'{repo}, the checkout the workers get')
+  elif not workdir.startswith('gs://'):
+    workdir = os.path.abspath(workdir)
+  return [f'--config={path}{arg}', f'--workdir={workdir}', *args.overrides]
+
+
+def load_config(spec: str, overrides: Sequence[str] = ()):
+  """The config exactly as vit_jax.main builds it from the same flags."""
+  from absl import flags
+  from ml_collections import config_flags
+  fv = flags.FlagValues()
+  argv = ['launch.tpu', f'--config={spec}', *overrides]
+  # The --config.FIELD flags are defined from `sys_argv`, as in main.py.
+  config_flags.DEFINE_config_file('config', None, flag_values=fv,
+                                  lock_config=True, sys_argv=argv)
+  try:
+    fv(argv)
+    return fv.config
+  except Exception as e:  # Whatever the config file or an override raises.
+    raise ValueError(f'--config={spec} {" ".join(overrides)}: '
+                     f'{type(e).__name__}: {e}') from e
+
+
+def check_batches(config, topo) -> None:
+  """The batch sizes must split over the slice's devices (as the trainer
+  will check): fail here, before a TPU is created."""
+  model = max(1, int(config.get('mesh', {}).get('model', 1)))
+  divisor = topo.devices // model
+  accum = max(1, int(config.get('accum_steps', 1)))
+  for field, per in (('batch_size', accum), ('eval_batch_size', 1)):
+    size = config.input.get(field)
+    if size and (size % per or (size // per) % divisor):
+      raise ValueError(
+          f'input.{field}={size} does not split over the {divisor} '
+          f'data-parallel devices of {topo.name}'
+          + (f' in {accum} accumulation steps' if per > 1 else '')
+          + f': use a multiple of {divisor * per} '
+          f'(--config.input.{field}=...)')
+
+
+def describe_launch(args) -> list:
+  """The lines shown before asking: slice, TPU, and the cost estimate."""
+  lines, topo = [], args.topology
+  if args.local_processes:
+    lines.append(f'local: {args.local_processes} processes of vit_jax.main '
+                 'on this machine (JAX_PLATFORMS=cpu)')
+  if topo:
+    lines.append(f'{topo.name}: {topo.chips} chips, {topo.cores} TensorCores,'
+                 f' {topo.devices} JAX devices on {topo.hosts} host(s)')
+  if topo and not args.local_processes:
+    kind = ('spot' if args.spot else 'preemptible' if args.preemptible
+            else 'on-demand') + (', queued resource' if args.queued else '')
+    lines.append(f'TPU {args.name} in {args.zone}: {kind}, runtime '
+                 f'{_runtime_version(args)}')
+  if topo and args.config:
+    config = load_config(''.join(_config_file(args.config)), args.overrides)
+    if not args.local_processes:
+      check_batches(config, topo)
+    lines.append(f'estimate for {args.config} on {topo.name}:')
+    lines += ['  ' + line for line in
+              topology_lib.estimate(config, topo).lines()]
+  return lines
+
+
+def confirm(args, runner: Runner, lines: Sequence[str]) -> bool:
+  for line in lines:
+    runner.note(line)
+  if args.yes or args.dry_run:
+    return True
+  print('Proceed? [y/N] ', end='', flush=True, file=runner.out)
+  try:
+    answer = input()
+  except EOFError:
+    answer = ''
+  if answer.strip().lower() in ('y', 'yes'):
+    return True
+  runner.note('aborted: nothing was run')
+  return False
+
+
+def _preflight(args, runner: Runner) -> None:
+  """Checks what a TPU run needs before anything is created."""
+  _repo(args.repo)
+  _main_args(args, remote=True)
+  if args.workdir.startswith('gs://'):
+    return
+  if args.topology.hosts > 1:
+    raise ValueError(f'{args.topology.name} has {args.topology.hosts} hosts: '
+                     'use a gs:// --workdir (every worker writes checkpoint '
+                     'shards to it)')
+  runner.note(f'warning: --workdir={args.workdir} is on worker 0\'s disk and '
+              'is lost when the TPU is deleted or recreated')
+
+
+# --------------------------------------------------------------------------
+# Steps.
+
+
+def _state(runner: Runner, args) -> str:
+  """The node's state, e.g. READY or PREEMPTED; NOT_FOUND; '?' if unknown."""
+  res = runner.run(commands.describe(_tpu(args)), capture=True, check=False,
+                   dry_stdout='READY', echo=False)
+  if res.returncode:
+    return 'NOT_FOUND' if 'NOT_FOUND' in res.stderr else '?'
+  return (res.stdout.strip().splitlines() or ['?'])[0]
+
+
+def _gone(args) -> tuple:
+  # A preempted queued resource is suspended and its node removed.
+  return GONE + ('NOT_FOUND',) if args.queued else GONE
+
+
+def _create(runner: Runner, args, created: Optional[list] = None) -> None:
+  """Creates the TPU (noted in `created`: it exists, even if it failed)."""
+  runner.run(commands.create(
+      _tpu(args), args.topology.name.strip().lower(), _runtime_version(args),
+      spot=args.spot, preemptible=args.preemptible))
+  if created is not None:
+    created.append(True)
+  if args.queued:
+    _wait_active(runner, args)
+
+
+def _wait_active(runner: Runner, args) -> None:
+  """A queued resource is ACTIVE (its node exists) once capacity is found."""
+  argv = commands.describe_queued(_tpu(args))
+  runner.note(f'waiting for ACTIVE, polling every {args.poll_seconds:g} s: '
+              + shlex.join(argv))
+  last = None
+  while True:
+    res = runner.run(argv, capture=True, check=False, dry_stdout='ACTIVE',
+                     echo=False)
+    state = res.stdout.strip() or '?'
+    if state != last:
+      runner.note(f'queued resource {args.name}: {state}')
+      last = state
+    if state == 'ACTIVE':
+      return
+    if state in ('FAILED', 'SUSPENDED'):
+      raise CommandError(argv, Result(1, stderr=f'queued resource '
+                                      f'{args.name} is {state}'))
+    time.sleep(args.poll_seconds)
+
+
+def _repo(repo: str) -> tuple:
+  """(local dir, None, None) or (None, git URL, ref)."""
+  if os.path.isdir(repo):
+    if not os.path.isfile(os.path.join(repo, 'setup.py')):
+      raise ValueError(f'--repo={repo}: no setup.py there')
+    return os.path.abspath(repo), None, None
+  if '://' in repo or repo.startswith('git@') or repo.split('#')[0].endswith(
+      '.git'):
+    url, _, ref = repo.partition('#')
+    return None, url, ref or None
+  raise ValueError(f'--repo={repo}: neither a directory nor a git URL')
+
+
+def _setup(runner: Runner, args) -> None:
+  tpu = _tpu(args)
+  path, url, ref = _repo(args.repo)
+  if path:
+    runner.run(commands.ssh(tpu, commands.remove_project_script()))
+    runner.run(commands.scp_to_workers(tpu, path))
+  runner.run(commands.ssh(tpu, commands.install_script(url, ref)))
+
+
+def _start(runner: Runner, args) -> None:
+  runner.run(commands.ssh(_tpu(args), commands.run_script(
+      _main_args(args, remote=True), dict(args.env))))
+
+
+def _logs_argv(args) -> list:
+  return commands.ssh(_tpu(args), commands.logs_script(),
+                      worker=args.worker or '0')
+
+
+def _delete(runner: Runner, args) -> None:
+  runner.run(commands.delete(_tpu(args)))
+
+
+def _copy_results(runner: Runner, args) -> None:
+  runner.run(['mkdir', '-p', args.results])
+  if args.workdir.startswith('gs://'):
+    runner.run(commands.storage_cp(args.workdir, args.results, args.project))
+  else:
+    runner.run(commands.scp_from_worker(_tpu(args), args.workdir,
+                                        args.results))
+
+
+def _watch(runner: Runner, args) -> str:
+  """Streams worker 0's log to the end: 'done', 'failed' or 'preempted'.
+
+  Every --poll-seconds while it streams, the node's state is read; a lost
+  ssh connection on a healthy node reattaches (a few times).
+  """
+  runner.note(f'while the log streams, the TPU state is read every '
+              f'{args.poll_seconds:g} s: ' + shlex.join(
+                  commands.describe(_tpu(args))) + f'; on '
+              f'{"/".join(_gone(args))}: delete, create, setup and run '
+              f'again (at most {args.max_restarts} times)')
+  reattached = 0
+  stream = runner.start(_logs_argv(args))
+  while True:
+    code = stream.wait(args.poll_seconds)
+    if code == 0:
+      return 'done'
+    state = _state(runner, args)
+    if state in _gone(args):
+      stream.stop()
+      runner.note(f'{args.name} is {state}')
+      return 'preempted'
+    if code is None:
+      continue
+    if (state == 'READY' and code != SSH_FAILED) or reattached == MAX_REATTACH:
+      runner.note(f'the run failed (exit {code}; TPU {state})')
+      return 'failed'
+    reattached += 1
+    runner.note(f'lost worker 0 (exit {code}; TPU {state}): reattaching')
+    time.sleep(args.poll_seconds)
+    stream = runner.start(_logs_argv(args))
+
+
+# --------------------------------------------------------------------------
+# Verbs.
+
+
+def cmd_create(args, runner: Runner) -> int:
+  if not confirm(args, runner, describe_launch(args)):
+    return 1
+  _create(runner, args)
+  return 0
+
+
+def cmd_setup(args, runner: Runner) -> int:
+  _setup(runner, args)
+  return 0
+
+
+def cmd_run(args, runner: Runner) -> int:
+  if not args.local_processes:
+    _preflight(args, runner)
+  if not confirm(args, runner, describe_launch(args)):
+    return 1
+  if args.local_processes:
+    return _run_local(args, runner)
+  _start(runner, args)
+  runner.note(f'started on every worker of {args.name}; follow worker 0 '
+              f'with: python -m launch.tpu logs --name={args.name} '
+              f'--zone={args.zone}')
+  return 0
+
+
+def _run_local(args, runner: Runner) -> int:
+  return local.run(runner, args.local_processes,
+                   _main_args(args, remote=False), dict(args.env), cwd=ROOT)
+
+
+def cmd_logs(args, runner: Runner) -> int:
+  code = runner.run(_logs_argv(args), check=False).returncode
+  if args.results:
+    _copy_results(runner, args)
+  return code
+
+
+def cmd_status(args, runner: Runner) -> int:
+  res = runner.run(commands.describe(_tpu(args)), check=False, capture=True,
+                   dry_stdout='READY')
+  state = res.stdout.strip() or res.stderr.strip()
+  runner.note(f'{args.name}: {state}')
+  if res.returncode or state != 'READY':
+    return res.returncode or 1
+  return runner.run(commands.ssh(_tpu(args), commands.status_script()),
+                    check=False).returncode
+
+
+def cmd_exec(args, runner: Runner) -> int:
+  return runner.run(commands.ssh(
+      _tpu(args), commands.exec_script(args.command),
+      worker=args.worker or 'all'), check=False).returncode
+
+
+def cmd_delete(args, runner: Runner) -> int:
+  what = 'queued resource and TPU' if args.queued else 'TPU'
+  if not confirm(args, runner, [f'delete {what} {args.name} in {args.zone}']):
+    return 1
+  _delete(runner, args)
+  return 0
+
+
+def _launch(runner: Runner, args, created: list) -> str:
+  """create + setup + run: 'started', or 'preempted' if the TPU went."""
+  _create(runner, args, created)
+  try:
+    _setup(runner, args)
+    _start(runner, args)
+  except CommandError:
+    if runner.dry_run or _state(runner, args) not in _gone(args):
+      raise
+    return 'preempted'
+  return 'started'
+
+
+def _up_loop(runner: Runner, args, created: list) -> str:
+  restarts = 0
+  while True:
+    outcome = _launch(runner, args, created)
+    if outcome == 'started':
+      outcome = _watch(runner, args)
+    if outcome != 'preempted':
+      return outcome
+    if restarts == args.max_restarts:
+      runner.note(f'preempted again after {restarts} restart(s): giving up '
+                  f'(--max-restarts={args.max_restarts})')
+      return 'failed'
+    restarts += 1
+    runner.note(f'preempted: recreating {args.name}; the run resumes from '
+                f'its checkpoint in {args.workdir} (restart {restarts}/'
+                f'{args.max_restarts})')
+    _delete(runner, args)
+
+
+def cmd_up(args, runner: Runner) -> int:
+  if not args.local_processes:
+    _preflight(args, runner)
+  if not confirm(args, runner, describe_launch(args)):
+    return 1
+  if args.local_processes:
+    return _run_local(args, runner)
+  created = []
+  try:
+    outcome = _up_loop(runner, args, created)
+  except KeyboardInterrupt:
+    runner.note(f'interrupted; the TPU and its run go on. Follow: python -m '
+                f'launch.tpu logs --name={args.name} --zone={args.zone}; '
+                f'delete: python -m launch.tpu delete --name={args.name} '
+                f'--zone={args.zone}' + ' --queued' * args.queued)
+    return 130
+  except CommandError as e:
+    print(f'error: {e}', file=sys.stderr)
+    outcome = 'failed'
+    if not created:
+      return 1
+  return _finish(runner, args, outcome)
+
+
+def _finish(runner: Runner, args, outcome: str) -> int:
+  if args.results:
+    try:
+      _copy_results(runner, args)
+    except CommandError as e:
+      print(f'error: {e}', file=sys.stderr)
+  if not args.keep:
+    _delete(runner, args)
+  if not runner.dry_run:
+    runner.note(f'run {outcome}')
+  return 0 if outcome == 'done' else 1
+
+
+COMMANDS = {'up': cmd_up, 'create': cmd_create, 'setup': cmd_setup,
+            'run': cmd_run, 'logs': cmd_logs, 'status': cmd_status,
+            'exec': cmd_exec, 'delete': cmd_delete}
+
+
+def main(argv: Optional[Sequence[str]] = None,
+         runner: Optional[Runner] = None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  runner = runner or Runner(dry_run=args.dry_run)
+  runner.dry_run = runner.dry_run or args.dry_run
+  try:
+    return COMMANDS[args.verb](args, runner)
+  except ValueError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  except CommandError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    return 130
+
+
+if __name__ == '__main__':
+  sys.exit(main())

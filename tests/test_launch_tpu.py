@@ -1,0 +1,591 @@
+"""launch.tpu: exact gcloud commands, confirmation, preemption, local runs.
+
+Offline: gcloud is never called (a recording runner, or a fake `gcloud` first
+on PATH). The worker-side shell is run for real against a fake home
+directory, and one test trains the smoke config as 2 local processes.
+
+Commands of docs/tpu.md covered: every `python -m launch.tpu ...` line of its
+bash blocks runs with --dry-run in `test_every_doc_command_runs_dry` (the
+`--local-processes` one also for real in `test_local_processes_train`; the
+`vit_jax.data.prepare` commands inside its `exec` lines have their flags
+checked in `test_doc_prepare_flags_exist`); the other commands are listed in
+`COVERED_ELSEWHERE` with the test that runs them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from launch import commands, local, topology, tpu
+from launch.runner import Process, Result, Runner
+
+ROOT = tpu.ROOT
+DOC = os.path.join(ROOT, 'docs', 'tpu.md')
+B16 = 'configs/pretrain.py:model=ViT-B/16,data=i21k'
+SMOKE = 'configs/smoke.py:data=digits,steps=8,batch=32'
+COVERED_ELSEWHERE = {
+    'python -m launch.topology v4-32 --config=' + B16:
+        'tests/test_launch_topology.py::test_cli',
+}
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path_factory):
+  """Runs from the repo root, with a `gcloud` on PATH that only refuses."""
+  monkeypatch.chdir(ROOT)
+  bin_dir = tmp_path_factory.mktemp('no_gcloud')
+  (bin_dir / 'gcloud').write_text('#!/bin/sh\necho "gcloud called in a '
+                                  'test" >&2\nexit 97\n')
+  (bin_dir / 'gcloud').chmod(0o755)
+  monkeypatch.setenv('PATH', f'{bin_dir}{os.pathsep}{os.environ["PATH"]}')
+
+
+class FakeProcess(Process):
+  """A log stream whose wait() answers from a script (last answer repeats)."""
+
+  def __init__(self, answers):
+    super().__init__()
+    self.answers, self.stopped = list(answers), False
+
+  def wait(self, timeout=None):
+    return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+  def stop(self, grace=10.0):
+    self.stopped = True
+
+
+class FakeRunner(Runner):
+  """Records every command; describe answers `states` in turn; the n-th log
+  stream answers `streams[n]`; commands matching `fail` exit 1."""
+
+  def __init__(self, states=(), streams=(), fail=None):
+    super().__init__(out=io.StringIO())
+    self.calls, self.states, self.streams = [], list(states), list(streams)
+    self.fail, self.processes = fail, []
+
+  def _call(self, argv, capture):
+    self.calls.append(argv)
+    if 'describe' in argv:
+      return Result(0, self.states.pop(0) + '\n')
+    if self.fail and self.fail(argv):
+      return Result(1, '', 'boom')
+    return Result(0)
+
+  def _spawn(self, argv, log, cwd):
+    self.calls.append(argv)
+    self.processes.append(FakeProcess(self.streams.pop(0)))
+    return self.processes[-1]
+
+
+def kind(argv) -> str:
+  """A short name for a recorded command."""
+  if argv[:2] == ['gcloud', 'storage']:
+    return 'storage cp'
+  if argv[0] != 'gcloud':
+    return argv[0]
+  verb = argv[4]
+  if verb != 'ssh':
+    return verb
+  command = next(a for a in argv if a.startswith('--command='))
+  for word, name in (('vit_jax.main', 'run'), ('tail -n +1', 'logs'),
+                     ('uv venv', 'install'), ('rm -rf', 'rm')):
+    if word in command:
+      return name
+  return 'ssh'
+
+
+def dry(argv):
+  """main(VERB --dry-run ARGS) in-process: (exit status, output lines)."""
+  runner = Runner(dry_run=True, out=io.StringIO())
+  code = tpu.main([argv[0], '--dry-run', *argv[1:]], runner=runner)
+  return code, runner.out.getvalue().splitlines()
+
+
+def gcloud_lines(lines):
+  return [shlex.split(line) for line in lines if not line.startswith('#')]
+
+
+UP = ['up', '--name=vit', '--zone=us-central2-b', f'--config={B16}',
+      '--workdir=gs://b/run']
+
+
+# --------------------------------------------------------------------------
+# Dry runs: the exact commands.
+
+
+@pytest.mark.parametrize('topo,flags,create', [
+    ('v3-8', [], ['gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'vit',
+                  '--accelerator-type=v3-8', '--version=tpu-ubuntu2204-base',
+                  '--zone=us-central2-b']),
+    ('v3-32', ['--preemptible', '--project=p'], [
+        'gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'vit',
+        '--accelerator-type=v3-32', '--version=tpu-ubuntu2204-base',
+        '--preemptible', '--zone=us-central2-b', '--project=p']),
+    ('v4-32', ['--spot'], [
+        'gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 'vit',
+        '--accelerator-type=v4-32', '--version=tpu-ubuntu2204-base', '--spot',
+        '--zone=us-central2-b']),
+    ('v5litepod-16', ['--spot', '--queued'], [
+        'gcloud', 'compute', 'tpus', 'queued-resources', 'create', 'vit',
+        '--node-id=vit', '--accelerator-type=v5litepod-16',
+        '--runtime-version=v2-alpha-tpuv5-lite', '--spot',
+        '--zone=us-central2-b']),
+])
+def test_dry_run_up(topo, flags, create):
+  code, lines = dry(UP + [f'--topology={topo}', '--results=out',
+                          '--env', 'TFDS_DATA_DIR=gs://b/tfds', *flags])
+  assert code == 0
+  cmds = gcloud_lines(lines)
+  assert [kind(c) for c in cmds] == [
+      'create', 'rm', 'scp', 'install', 'run', 'logs', 'mkdir', 'storage cp',
+      'delete']
+  assert cmds[0] == create
+  zone = ['--zone=us-central2-b'] + [f for f in flags if 'project' in f]
+  queued = '--queued' in flags
+  tpu_vm = ['gcloud', 'compute', 'tpus', 'tpu-vm']
+  assert cmds[2] == tpu_vm + ['scp', '--recurse', ROOT, 'vit:vit_jax', *zone,
+                              '--worker=all']
+  for i, worker in zip((1, 3, 4, 5), ('all', 'all', 'all', '0')):
+    c = cmds[i]
+    assert c[:6] + c[-2:-1] == tpu_vm + ['ssh', 'vit', f'--worker={worker}']
+    assert c[6:-2] == zone
+  run = cmds[4][-1]
+  assert ('env TFDS_DATA_DIR=gs://b/tfds $HOME/vit_jax_env/bin/python -m '
+          f'vit_jax.main --config={B16} --workdir=gs://b/run;') in run
+  assert 'nohup bash -c' in run and '> $HOME/vit_jax_run.log' in run
+  assert cmds[7] == ['gcloud', 'storage', 'cp', '-r', 'gs://b/run', 'out'] + [
+      f for f in flags if 'project' in f]
+  assert cmds[8] == (
+      ['gcloud', 'compute', 'tpus', 'queued-resources', 'delete', 'vit',
+       '--force', '--quiet', *zone] if queued else
+      tpu_vm + ['delete', 'vit', '--quiet', *zone])
+  # The estimate, as launch.topology computes it, before any command.
+  t = topology.parse(topo)
+  est = topology.estimate(tpu.load_config(B16), t)
+  first = next(i for i, line in enumerate(lines) if not line.startswith('#'))
+  head = lines[:first]
+  assert (f'# {topo}: {t.chips} chips, {t.cores} TensorCores, {t.devices} '
+          f'JAX devices on {t.hosts} host(s)') in head
+  assert [f'#   {line}' for line in est.lines()] == [
+      line for line in head if line.startswith('#   ')]
+  assert any('core-days' in x for x in head) and any(
+      'exaFLOPs' in x for x in head) and any(
+          f'h on {t.devices} devices' in x for x in head)
+  if queued:
+    assert any('queued-resources describe vit' in x for x in lines)
+
+
+def test_dry_run_output_is_a_shell_script():
+  code, lines = dry(UP + ['--topology=v4-32', '--spot', '--results=out'])
+  assert code == 0
+  subprocess.run(['bash', '-n'], input='\n'.join(lines), text=True,
+                 check=True)
+
+
+def test_runtime_version_defaults_and_override():
+  assert commands.default_runtime_version('v6e-8') == 'v2-alpha-tpuv6e'
+  assert commands.default_runtime_version('v5p-16') == 'v2-alpha-tpuv5'
+  _, lines = dry(['create', '--name=t', '--zone=z', '--topology=v6e-8',
+                  '--runtime-version=custom-image'])
+  assert gcloud_lines(lines) == [[
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'create', 't',
+      '--accelerator-type=v6e-8', '--version=custom-image', '--zone=z']]
+
+
+def test_config_overrides_reach_the_estimate_and_the_workers():
+  _, lines = dry(UP + ['--topology=v4-32', '--config.input.batch_size=1024',
+                       '--config.accum_steps=2'])
+  est = topology.estimate(
+      tpu.load_config(B16, ['--config.input.batch_size=1024']),
+      topology.parse('v4-32'))
+  assert f'#   {est.lines()[2]}' in lines  # Examples seen: 1024 x steps.
+  run = next(c for c in gcloud_lines(lines) if kind(c) == 'run')[-1]
+  assert ('--workdir=gs://b/run --config.input.batch_size=1024 '
+          '--config.accum_steps=2;') in run
+
+
+def test_git_repo_is_cloned_on_every_worker():
+  _, lines = dry(['setup', '--name=t', '--zone=z',
+                  '--repo=https://github.com/me/vit.git#v1'])
+  (cmd,) = gcloud_lines(lines)
+  assert cmd[:8] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 't',
+                     '--zone=z', '--worker=all']
+  assert cmd[8].startswith(
+      '--command=rm -rf $HOME/vit_jax && git clone -q '
+      'https://github.com/me/vit.git $HOME/vit_jax && git -C $HOME/vit_jax '
+      'checkout -q v1 && cd $HOME/vit_jax && ')
+  assert "-e '.[data]' 'jax[tpu]' -c constraints.txt" in cmd[8]
+
+
+def test_logs_status_exec_delete():
+  _, lines = dry(['logs', '--name=t', '--zone=z', '--worker=2'])
+  assert gcloud_lines(lines)[0][7] == '--worker=2'
+  _, lines = dry(['status', '--name=t', '--zone=z'])
+  assert [c[4] for c in gcloud_lines(lines)] == ['describe', 'ssh']
+  _, lines = dry(['exec', '--name=t', '--zone=z', '--', 'python', '-V'])
+  assert gcloud_lines(lines) == [[
+      'gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 't', '--zone=z',
+      '--worker=all', '--command=cd $HOME/vit_jax || exit 1; export '
+      'PATH=$HOME/vit_jax_env/bin:$PATH; python -V']]
+  _, lines = dry(['delete', '--name=t', '--zone=z', '--queued'])
+  assert gcloud_lines(lines) == [[
+      'gcloud', 'compute', 'tpus', 'queued-resources', 'delete', 't',
+      '--force', '--quiet', '--zone=z']]
+
+
+# --------------------------------------------------------------------------
+# Bad input: clear errors, nothing run.
+
+
+@pytest.mark.parametrize('argv,message', [
+    (UP + ['--topology=v9-8'], "unknown TPU topology 'v9-8'"),
+    (UP + ['--topology=v3-9'], 'even number'),
+    (['up', '--topology=v4-32'], 'up needs --name, --zone, --config, '
+     '--workdir'),
+    (UP + ['--topology=v4-32', '--spot', '--preemptible'], 'exclude'),
+    (UP + ['--topology=v4-32', '--queued', '--preemptible'], '--spot'),
+    (UP + ['--topology=v4-32', '--env', 'NOPE'], 'expected KEY=VALUE'),
+    (UP + ['--topology=v4-32', '--bogus'], 'unrecognized arguments: --bogus'),
+    (['logs', '--name=t', '--zone=z', '--local-processes=2'],
+     '--local-processes goes with run or up'),
+    (['logs', '--name=t', '--zone=z', '--', 'ls'], 'only exec does'),
+    (['exec', '--name=t', '--zone=z'], 'exec runs the command after "--"'),
+])
+def test_bad_flags(argv, message, capsys):
+  runner = FakeRunner()
+  with pytest.raises(SystemExit) as e:
+    tpu.main(argv, runner=runner)
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err
+  assert runner.calls == []
+
+
+@pytest.mark.parametrize('extra,message', [
+    (['--workdir=/tmp/run'], 'has 4 hosts: use a gs:// --workdir'),
+    (['--config=/etc/hostname'], 'must be inside'),
+    (['--config=configs/nope.py'], 'no such file'),
+    (['--repo=/tmp'], 'no setup.py'),
+    (['--config.no_such_field=1'], "AttributeError: \"'no_such_field'\""),
+])
+def test_bad_runs_fail_before_any_command(extra, message, capsys):
+  runner = FakeRunner()
+  assert tpu.main(UP + ['--topology=v4-32', '--yes', *extra],
+                  runner=runner) == 2
+  assert message in capsys.readouterr().err
+  assert runner.calls == []
+
+
+def test_single_host_local_workdir_warns():
+  _, lines = dry(UP[:-1] + ['--workdir=/tmp/run', '--topology=v3-8'])
+  assert any('lost when the TPU is deleted' in x for x in lines)
+
+
+# --------------------------------------------------------------------------
+# Confirmation: a real subprocess, with a fake gcloud first on PATH.
+
+
+@pytest.fixture
+def fake_gcloud(tmp_path):
+  """PATH with a `gcloud` that appends its argv to a file and succeeds."""
+  record = tmp_path / 'gcloud_calls'
+  script = tmp_path / 'bin' / 'gcloud'
+  script.parent.mkdir()
+  script.write_text(f'#!/bin/sh\necho "$@" >> {record}\n')
+  script.chmod(script.stat().st_mode | stat.S_IEXEC)
+  env = dict(os.environ, PATH=f'{script.parent}{os.pathsep}'
+             f'{os.environ["PATH"]}')
+  return env, record
+
+
+def _launch(argv, answer, env):
+  return subprocess.run([sys.executable, '-m', 'launch.tpu', *argv],
+                        input=answer, capture_output=True, text=True,
+                        env=env, cwd=ROOT, timeout=120)
+
+
+def test_refusing_aborts_before_any_command(fake_gcloud):
+  env, record = fake_gcloud
+  p = _launch(UP + ['--topology=v4-32', '--spot'], 'n\n', env)
+  assert p.returncode == 1, p.stderr
+  assert 'core-days' in p.stdout and 'Proceed? [y/N]' in p.stdout
+  assert 'aborted' in p.stdout
+  assert not record.exists()
+
+
+def test_yes_proceeds(fake_gcloud):
+  env, record = fake_gcloud
+  p = _launch(['create', '--name=t', '--zone=z', '--topology=v3-8',
+               f'--config={SMOKE}'], 'y\n', env)
+  assert p.returncode == 0, p.stderr
+  assert 'Proceed? [y/N]' in p.stdout and 'core-days' in p.stdout
+  assert record.read_text().split() == [
+      'compute', 'tpus', 'tpu-vm', 'create', 't', '--accelerator-type=v3-8',
+      '--version=tpu-ubuntu2204-base', '--zone=z']
+
+
+def test_end_of_input_aborts(monkeypatch):
+  monkeypatch.setattr('sys.stdin', io.StringIO(''))
+  runner = FakeRunner()
+  assert tpu.main(['delete', '--name=t', '--zone=z'], runner=runner) == 1
+  assert runner.calls == []
+
+
+# --------------------------------------------------------------------------
+# up: preemption, failures (a scripted runner).
+
+
+def _up(runner, *extra):
+  return tpu.main(UP + ['--topology=v3-32', '--spot', '--yes',
+                        '--poll-seconds=0', *extra], runner=runner)
+
+
+LAUNCH = ['create', 'rm', 'scp', 'install', 'run']
+
+
+def test_preemption_recreates_and_resumes():
+  # Stream 1 still running when describe says PREEMPTED; stream 2 running at
+  # the next poll (READY), then the run ends well.
+  runner = FakeRunner(states=['PREEMPTED', 'READY'],
+                      streams=[[None], [None, 0]])
+  assert _up(runner, '--results=out') == 0
+  assert [kind(c) for c in runner.calls] == (
+      LAUNCH + ['logs', 'describe', 'delete'] + LAUNCH +
+      ['logs', 'describe', 'mkdir', 'storage cp', 'delete'])
+  creates = [c for c in runner.calls if kind(c) == 'create']
+  runs = [c for c in runner.calls if kind(c) == 'run']
+  assert len(runs) == 2 and runs[0] == runs[1]  # Same workdir: resumes.
+  assert creates[0] == creates[1] and '--spot' in creates[0]
+  assert runner.processes[0].stopped
+  assert 'restart 1/5' in runner.out.getvalue()
+
+
+def test_preemption_during_setup_recreates():
+  fails = iter([True])
+  runner = FakeRunner(
+      states=['PREEMPTED'], streams=[[0]],
+      fail=lambda argv: kind(argv) == 'install' and next(fails, False))
+  assert _up(runner) == 0
+  assert [kind(c) for c in runner.calls] == (
+      LAUNCH[:4] + ['describe', 'delete'] + LAUNCH + ['logs', 'delete'])
+
+
+def test_too_many_preemptions_give_up_and_delete():
+  runner = FakeRunner(states=['PREEMPTED'] * 3, streams=[[None]] * 3)
+  assert _up(runner, '--max-restarts=2') == 1
+  assert [kind(c) for c in runner.calls].count('create') == 3
+  assert kind(runner.calls[-1]) == 'delete'
+  assert 'giving up' in runner.out.getvalue()
+
+
+def test_failed_run_copies_results_and_deletes():
+  runner = FakeRunner(states=['READY'], streams=[[1]])
+  assert _up(runner, '--results=out') == 1
+  assert [kind(c) for c in runner.calls][-5:] == [
+      'logs', 'describe', 'mkdir', 'storage cp', 'delete']
+
+
+def test_lost_connection_reattaches():
+  runner = FakeRunner(states=['READY'], streams=[[255], [0]])
+  assert _up(runner, '--keep') == 0
+  assert [kind(c) for c in runner.calls][-3:] == ['logs', 'describe', 'logs']
+
+
+def test_failed_create_deletes_nothing(capsys):
+  runner = FakeRunner(fail=lambda argv: kind(argv) == 'create')
+  assert _up(runner) == 1
+  assert [kind(c) for c in runner.calls] == ['create']
+  assert 'command failed' in capsys.readouterr().err
+
+
+def test_failed_queued_resource_is_deleted(capsys):
+  runner = FakeRunner(states=['WAITING_FOR_RESOURCES', 'FAILED'])
+  assert _up(runner, '--queued') == 1
+  assert [kind(c) for c in runner.calls] == [
+      'create', 'describe', 'describe', 'delete']
+  assert 'queued resource vit is FAILED' in capsys.readouterr().err
+
+
+def test_queued_waits_for_active():
+  runner = FakeRunner(states=['ACCEPTED', 'PROVISIONING', 'ACTIVE'],
+                      streams=[[0]])
+  assert _up(runner, '--queued') == 0
+  assert [kind(c) for c in runner.calls][:4] == [
+      'create', 'describe', 'describe', 'describe']
+  assert runner.calls[1][3] == 'queued-resources'
+
+
+# --------------------------------------------------------------------------
+# The worker-side shell, run for real against a fake home directory.
+
+
+def test_worker_scripts(tmp_path):
+  home = tmp_path / 'home'
+  (home / 'vit_jax_env' / 'bin').mkdir(parents=True)
+  (home / 'vit_jax').mkdir()
+  python = home / 'vit_jax_env' / 'bin' / 'python'
+  python.write_text('#!/bin/sh\necho "ran $@ in $(pwd) with $RUN_ENV"\n'
+                    'sleep 2\nexit 3\n')
+  python.chmod(0o755)
+  env = dict(os.environ, HOME=str(home))
+
+  def sh(script):
+    return subprocess.run(['bash', '-c', script], env=env, text=True,
+                          capture_output=True, timeout=60)
+
+  run = commands.run_script(['--config=c.py:a=1', '--workdir=gs://b/r'],
+                            {'RUN_ENV': 'x y'})
+  assert sh(run).returncode == 0
+  second = sh(run)  # Refused while the first one runs.
+  assert second.returncode == 1 and 'still going' in second.stdout
+  logs = sh(commands.logs_script())
+  assert logs.returncode == 3  # The run's exit status.
+  assert (f'ran -m vit_jax.main --config=c.py:a=1 --workdir=gs://b/r in '
+          f'{home}/vit_jax with x y') in logs.stdout
+  assert 'exited 3' in sh(commands.status_script()).stdout
+  out = sh(commands.exec_script(['python', 'a;', 'echo', '$PWD'])).stdout
+  assert out.splitlines()[0].startswith('ran a in')
+  assert out.splitlines()[-1] == f'{home}/vit_jax'
+  # docs/tpu.md's background exec: returns at once (the ssh session ends).
+  start = time.monotonic()
+  sh(commands.exec_script(['nohup python b > b.log 2>&1 < /dev/null &']))
+  assert time.monotonic() - start < 1.5
+  time.sleep(0.5)
+  assert (home / 'vit_jax' / 'b.log').read_text().startswith('ran b in')
+
+
+# --------------------------------------------------------------------------
+# --local-processes.
+
+
+def test_local_processes_dry_run():
+  code, lines = dry(['run', '--local-processes=2', f'--config={SMOKE}',
+                     '--workdir=rel/dir', '--env', 'A=b'])
+  assert code == 0
+  background, foreground = gcloud_lines(lines)
+  log = os.path.join(tempfile.gettempdir(), 'vit_jax_local', 'process_1.log')
+  assert background[-4:] == ['>', log, '2>&1', '&']
+  port = re.search(r'--coordinator=127\.0\.0\.1:(\d+)', lines[-1]).group(1)
+  for cmd, i in ((background[:-4], 1), (foreground, 0)):
+    assert cmd == ['env', 'JAX_PLATFORMS=cpu', 'A=b', sys.executable, '-m',
+                   'vit_jax.main', f'--config={ROOT}/{SMOKE}',
+                   f'--workdir={ROOT}/rel/dir',
+                   f'--coordinator=127.0.0.1:{port}', '--num_processes=2',
+                   f'--process_id={i}']
+
+
+def test_wait_all_stops_the_others_when_one_fails():
+  waiting = FakeProcess([None])
+  code = local._wait_all({0: waiting, 1: FakeProcess([7])}, poll_s=0,
+                         grace_s=0)
+  assert code == (1, 7) and waiting.stopped
+
+
+def _local_env(tmp_path):
+  env = dict(os.environ, TMPDIR=str(tmp_path))  # The processes' logs.
+  env.pop('XLA_FLAGS', None)  # One CPU device per process.
+  return env
+
+
+def test_local_processes_fail(tmp_path):
+  """A batch the 2 processes cannot split: non-zero, the failure named."""
+  p = subprocess.run(
+      [sys.executable, '-m', 'launch.tpu', 'run', '--local-processes=2',
+       f'--config={SMOKE}', f'--workdir={tmp_path}', '--yes',
+       '--config.input.batch_size=33'],
+      capture_output=True, text=True, env=_local_env(tmp_path), cwd=ROOT,
+      timeout=300)
+  assert p.returncode != 0
+  assert re.search(r'# process \d failed \(exit', p.stdout), p.stdout
+
+
+def test_local_processes_train(tmp_path):
+  """The multi-host path on this machine: 2 processes, 1 CPU device each."""
+  workdir = tmp_path / 'run'
+  p = subprocess.run(
+      [sys.executable, '-m', 'launch.tpu', 'run', '--local-processes=2',
+       f'--config={SMOKE}', f'--workdir={workdir}', '--yes'],
+      capture_output=True, text=True, env=_local_env(tmp_path), cwd=ROOT,
+      timeout=600)
+  assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+  summary = json.loads((workdir / 'summary.json').read_text())
+  assert summary['num_devices'] == 2 and summary['steps'] == 8
+  assert 'eval_accuracy' in p.stdout  # Process 0's output streamed.
+
+
+# --------------------------------------------------------------------------
+# docs/tpu.md.
+
+
+def _doc_blocks(lang):
+  text = open(DOC).read()
+  return re.findall(rf'```{lang}\n(.*?)```', text, re.S)
+
+
+def doc_commands():
+  return [line.strip() for block in _doc_blocks('bash')
+          for line in block.strip().splitlines() if line.strip()]
+
+
+def test_every_doc_command_runs_dry():
+  cmds = doc_commands()
+  assert len(cmds) > 20
+  for cmd in cmds:
+    if cmd in COVERED_ELSEWHERE:
+      continue
+    argv = shlex.split(cmd)
+    assert argv[:3] == ['python', '-m', 'launch.tpu'], cmd
+    code, lines = dry(argv[3:])
+    assert code == 0, cmd
+    assert any(not x.startswith('#') for x in lines), cmd
+
+
+def test_doc_estimate_matches_the_launcher():
+  first = doc_commands()[0]
+  _, lines = dry(shlex.split(first)[3:])
+  shown = _doc_blocks('text')[0].strip().splitlines()
+  assert shown[-1] == 'Proceed? [y/N]'
+  assert shown[:-1] == [x for x in lines if x.startswith('#')][:len(shown) - 1]
+
+
+def test_doc_topology_table():
+  rows = re.findall(r'^\| `([\w-]+)` \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| '
+                    r'`([\w-]+)` \|$', open(DOC).read(), re.M)
+  assert len(rows) >= 10
+  for name, chips, cores, devices, hosts, version in rows:
+    t = topology.parse(name)
+    assert (t.chips, t.cores, t.devices, t.hosts) == tuple(
+        map(int, (chips, cores, devices, hosts))), name
+    assert commands.default_runtime_version(name) == version
+
+
+def test_doc_prepare_flags_exist():
+  prepares = [c for c in doc_commands() if 'vit_jax.data.prepare' in c]
+  assert len(prepares) == 2
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.data.prepare',
+                        '--help'], capture_output=True, text=True,
+                       cwd=ROOT, check=True).stdout
+  for cmd in prepares:
+    for flag in re.findall(r'(--\w+)=', cmd.split('vit_jax.data.prepare')[1]):
+      assert flag in out, flag
+
+
+def test_batch_that_does_not_split_over_the_slice_fails_before_create():
+  from launch import topology as topology_lib
+  from launch import tpu
+  smoke = os.path.join(ROOT, 'configs/smoke.py:data=digits')
+  config = tpu.load_config(smoke, ['--config.input.batch_size=100'])
+  with pytest.raises(ValueError, match='multiple of 32'):
+    tpu.check_batches(config, topology_lib.parse('v4-64'))
+  pre = os.path.join(ROOT, 'configs/pretrain.py:model=ViT-B/16,data=i21k')
+  tpu.check_batches(tpu.load_config(pre), topology_lib.parse('v4-32'))
