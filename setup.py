@@ -40,6 +40,10 @@ setup(
             'scikit-learn>=1.5',
             'scikit-image>=0.24',
             'mlxtend>=0.23',
+            # Executing docs/colab.ipynb (tests/test_notebook.py).
+            'nbclient>=0.10',
+            'nbformat>=5.10',
+            'ipykernel>=6.29',
         ],
         # CPU PyTorch + Hugging Face transformers, for weight interop.
         # Pinned: an unpinned torch resolves to a multi-GB CUDA build.

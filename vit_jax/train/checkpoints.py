@@ -103,8 +103,11 @@ def resolve(path: str) -> str:
   path = path.rstrip('/')
   for directory in (path + '/checkpoints', path):
     if tf.io.gfile.isdir(directory):
+      # Only finished saves: on object stores (gs://) orbax writes into the
+      # step directory and marks it complete with commit_success.txt last.
       steps = [int(d.rstrip('/')) for d in tf.io.gfile.listdir(directory)
-               if d.rstrip('/').isdigit()]
+               if d.rstrip('/').isdigit() and tf.io.gfile.exists(
+                   f'{directory}/{d.rstrip("/")}/commit_success.txt')]
       if steps:
         path = f'{directory}/{max(steps)}'
         break
