@@ -18,7 +18,8 @@ Steps:
                   the paper's Table 4 recipe.
   finetune_same   the same fine-tuning at 28 px (separates resolution from
                   extra training).
-  transfer        fine-tune it on MNIST digits (mnist5k, 4000 train images).
+  transfer        fine-tune it on MNIST digits (mnist5k, 4000 train images);
+                  `lr=` as in the paper's sweep (default 0.01).
   scratch         the same model, steps and batch on mnist5k from scratch.
   vit_1ep, bit_1ep
                   equal pre-training compute: the ViT and a small BiT ResNet
@@ -72,7 +73,7 @@ def _sgd(c, lr: float, steps: int) -> None:
 
 def get_config(arg=None):
   args = common.parse_arg(arg, step='pretrain', init='', epochs=7.0,
-                          smoke=False)
+                          lr=0.0, smoke=False)
   if args.step not in STEPS:
     raise ValueError(f'step={args.step!r}: expected one of {", ".join(STEPS)}')
   if args.step in ('finetune_hires', 'finetune_same', 'transfer') and not (
@@ -98,11 +99,11 @@ def get_config(arg=None):
   elif step in ('finetune_hires', 'finetune_same'):
     _data(c, 'fashion_mnist', 40 if step == 'finetune_hires' else 28)
     c.total_steps = 300
-    _sgd(c, lr=0.01, steps=c.total_steps)
+    _sgd(c, lr=args.lr or 0.01, steps=c.total_steps)
   elif step == 'transfer':
     _data(c, 'mnist5k', 28)
     c.total_steps = 300
-    _sgd(c, lr=0.01, steps=c.total_steps)
+    _sgd(c, lr=args.lr or 0.01, steps=c.total_steps)
   elif step == 'scratch':
     _data(c, 'mnist5k', 28)
     c.total_steps = 300
