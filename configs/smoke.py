@@ -39,7 +39,7 @@ def get_config(arg=None):
     c.input.pp_train = 'decode|resize(28)|flip_lr|value_range(-1,1)'
     c.input.pp_eval = 'decode|resize(28)|value_range(-1,1)'
   c.input.batch_size = args.batch
-  c.input.eval_batch_size = 500
+  c.input.eval_batch_size = 512  # Splits over 1, 2, 4, ... 512 devices.
   c.input.num_train_examples = 60_000 if data == 'fashion_mnist' else 1_437
   c.num_classes = 10
   c.total_steps = args.steps

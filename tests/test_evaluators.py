@@ -209,6 +209,18 @@ def test_mode_eval_evaluates_a_finished_run(tmp_path):
   assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
 
   # A different model than the checkpoint's: refused.
+  # No checkpoint in a new workdir: config.init is evaluated, into
+  # eval_summary.json only (it is not that workdir's run).
+  fresh = os.path.join(workdir, 'new')
+  out = subprocess.run(
+      [a if not a.startswith('--workdir=') else f'--workdir={fresh}'
+       for a in base] + ['--config.mode=eval', f'--config.init={workdir}'],
+      cwd=ROOT, capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert sorted(os.listdir(fresh)) == ['eval_summary.json']
+  assert json.load(open(os.path.join(fresh, 'eval_summary.json')))[
+      'eval_accuracy'] == pytest.approx(trained['eval_accuracy'])
+
   out = subprocess.run(base + ['--config.mode=eval',
                                '--config.model.name=ViT-Ti/16'], cwd=ROOT,
                        capture_output=True, text=True, env=env)

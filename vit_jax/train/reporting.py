@@ -117,6 +117,7 @@ def write_json(workdir: str, name: str, content: Dict[str, Any]) -> str:
   """Writes `workdir/name` atomically (process 0 only); returns its path."""
   path = os.path.join(workdir, name)
   if jax.process_index() == 0:
+    tf.io.gfile.makedirs(workdir)
     _write_text(path, json.dumps(content, indent=2, sort_keys=True) + '\n')
   return path
 
