@@ -1,0 +1,160 @@
+"""Every command in README.md and docs/*.md is checked against the code.
+
+Commands in fenced code blocks are parsed and validated the cheap way: the
+config spec and every `--config.*` override load, flags and arguments are
+ones the module accepts, topology and dataset names exist. (What they do is
+tested elsewhere: training, evaluation, tables, the launcher's dry runs.)
+The README's test command must be what CI runs.
+"""
+
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = [os.path.join(ROOT, 'README.md'),
+        *sorted(glob.glob(os.path.join(ROOT, 'docs', '*.md')))]
+
+
+def _commands(path):
+  """`python -m ...` commands in the file's fenced code blocks (not the
+  ```text ones: synopses with placeholders)."""
+  out, kind, lines = [], None, open(path).read().splitlines()
+  i = 0
+  while i < len(lines):
+    line = lines[i]
+    if line.startswith('```'):  # Opens (with its language) or closes.
+      kind = (line[3:].strip() or 'plain') if kind is None else None
+    elif kind not in (None, 'text'):
+      while line.endswith('\\') and i + 1 < len(lines):
+        i += 1
+        line = line[:-1] + ' ' + lines[i].strip()
+      line = re.sub(r'\s+#\s.*$', '', line)  # Trailing comments.
+      for part in line.split('&&'):
+        part = part.strip().strip('()').strip()
+        if part.startswith('python -m ') and ' -- ' not in part:
+          out.append(part)
+    i += 1
+  return out
+
+
+ALL = [(os.path.relpath(p, ROOT), c) for p in DOCS for c in _commands(p)]
+
+
+# Shell variables the docs' loops and scripts use, with sample values.
+SHELL_VARS = {'$R': '/tmp/r', '$lr': '0.01'}
+
+
+def _argv(command):
+  for var, value in SHELL_VARS.items():
+    command = command.replace(var, value)
+  assert '$' not in command, f'unknown shell variable in {command}'
+  return shlex.split(command)[2:]  # After `python -m`.
+
+
+def _config(argv):
+  from launch import tpu
+  spec = next(a.split('=', 1)[1] for a in argv if a.startswith('--config='))
+  overrides = [a for a in argv if a.startswith('--config.')]
+  path, _, args = spec.partition(':')
+  spec = os.path.join(ROOT, path) + (f':{args}' if args else '')
+  return tpu.load_config(spec, overrides)
+
+
+def check_main(argv):
+  _config(argv)
+  known = ('--config', '--workdir', '--coordinator', '--num_processes',
+           '--process_id')
+  for a in argv:
+    assert a.startswith(known), f'unknown flag {a}'
+
+
+def check_accounting(argv):
+  if any(a.startswith('--config=') for a in argv):
+    _config(argv)
+  for a in argv:
+    assert a.split('=')[0] in ('--config', '--table', '--devices',
+                               '--hardware', '--utilization'), a
+
+
+def check_topology(argv):
+  from launch import topology
+  topology.parse(argv[1] if argv[0] == 'launch.topology' else argv[0])
+  if any(a.startswith('--config=') for a in argv):
+    _config(argv)
+
+
+def check_tpu(argv):
+  from launch import tpu
+  args = tpu.parse_args(argv)
+  if getattr(args, 'config', None):
+    _config([f'--config={args.config}'])
+
+
+def check_tables(argv):
+  from vit_jax import tables
+  tables._parser().parse_args(argv)
+
+
+def check_vtab(argv):
+  from configs import vtab
+  from vit_jax import vtab as driver
+  flags = dict(a.lstrip('-').split('=', 1) for a in argv)
+  assert set(flags) <= {'config_args', 'workdir', 'tasks'}, flags
+  vtab.get_config(flags.get('config_args', ''))
+  driver.tasks(flags.get('tasks', 'all').split(','))
+
+
+def check_prepare(argv):
+  from vit_jax.data import registry
+  registry.get(argv[0])
+  for a in argv[1:]:
+    assert a.split('=')[0] in ('--data_dir', '--manual_dir'), a
+
+
+def check_bench(argv):
+  """Flags parse (absl, in a subprocess: its flags are module globals)."""
+  code = ('import sys, vit_jax.bench; from absl import flags; '
+          'flags.FLAGS(["bench"] + sys.argv[1:])')
+  out = subprocess.run([sys.executable, '-c', code, *argv], cwd=ROOT,
+                       capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-2000:]
+
+
+CHECKS = {
+    'vit_jax.main': check_main, 'vit_jax.accounting': check_accounting,
+    'launch.topology': check_topology, 'launch.tpu': check_tpu,
+    'vit_jax.tables': check_tables, 'vit_jax.vtab': check_vtab,
+    'vit_jax.data.prepare': check_prepare, 'vit_jax.bench': check_bench,
+    'vit_jax.models': lambda argv: None,
+    # Run as they are by CI (.ci/run) and the README's first command.
+    'pip': lambda argv: None, 'pytest': lambda argv: None,
+}
+
+
+def test_the_docs_have_commands():
+  modules = {_argv(c)[0] for _, c in ALL}
+  assert {'vit_jax.main', 'launch.tpu', 'vit_jax.tables'} <= modules
+  assert len(ALL) > 40
+
+
+@pytest.mark.parametrize('where,command', ALL,
+                         ids=[f'{w}:{c[:60]}' for w, c in ALL])
+def test_doc_command_is_valid(where, command):
+  argv = _argv(command)
+  module, rest = argv[0], argv[1:]
+  assert module in CHECKS, f'{where}: no check for python -m {module}'
+  CHECKS[module](rest)
+
+
+def test_readme_test_command_is_what_ci_runs():
+  readme = open(os.path.join(ROOT, 'README.md')).read()
+  ci = open(os.path.join(ROOT, '.ci', 'run')).read()
+  command = next(l for l in ci.splitlines() if 'pytest' in l).strip()
+  assert command in readme, (command, 'not in README.md')
