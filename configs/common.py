@@ -12,7 +12,7 @@ from typing import Any, Dict, Optional
 
 import ml_collections
 
-from vit_jax import models
+from vit_jax import models, paper
 
 
 def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
@@ -93,6 +93,28 @@ def base() -> ml_collections.ConfigDict:
           None, field_type=int), utilization=ml_collections.FieldReference(
               None, field_type=float)))
   return c
+
+
+def table4_optim(c: ml_collections.ConfigDict, lr: float,
+                 warmup_steps: int) -> None:
+  """The paper's fine-tuning optimizer (Table 4): SGD momentum 0.9, cosine
+  decay, no weight decay, global-norm clipping at 1."""
+  t4 = paper.TABLE4_COMMON
+  c.optim.update(dict(name=t4['optimizer'], momentum=t4['momentum'], lr=lr,
+                      decay=t4['decay'], weight_decay=t4['weight_decay'],
+                      grad_clip_norm=t4['grad_clip_norm'],
+                      warmup_steps=warmup_steps))
+
+
+def transfer_report(args, task: str, lr: float) -> dict:
+  """`config.report` of a transfer run: the pre-training its `init` is
+  (args `pretrain`, `pretrain_epochs`, `pretrain_opt`) and its task."""
+  from configs import pretrain  # pretrain imports this module.
+  epochs = args.pretrain_epochs or pretrain.default_epochs(args.pretrain,
+                                                           args.model)
+  return dict(model=args.model, pretrain=args.pretrain,
+              pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
+              task=task, lr=lr, sweep=args.sweep)
 
 
 def shrink_model(model: ml_collections.ConfigDict) -> int:

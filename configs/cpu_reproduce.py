@@ -63,14 +63,6 @@ def _adam(c, lr: float = 1e-3, warmup: int = 500) -> None:
   c.label_smoothing = 0.1
 
 
-def _sgd(c, lr: float, steps: int) -> None:
-  """The paper's fine-tuning recipe (Table 4): SGD momentum 0.9, cosine,
-  no weight decay, clipping at 1."""
-  c.optim.update(dict(name='sgd', lr=lr, momentum=0.9, decay='cosine',
-                      weight_decay=0.0, grad_clip_norm=1.0,
-                      warmup_steps=steps // 10))
-
-
 def get_config(arg=None):
   args = common.parse_arg(arg, step='pretrain', init='', epochs=7.0,
                           lr=0.0, smoke=False)
@@ -99,11 +91,11 @@ def get_config(arg=None):
   elif step in ('finetune_hires', 'finetune_same'):
     _data(c, 'fashion_mnist', 40 if step == 'finetune_hires' else 28)
     c.total_steps = 300
-    _sgd(c, lr=args.lr or 0.01, steps=c.total_steps)
+    common.table4_optim(c, args.lr or 0.01, c.total_steps // 10)
   elif step == 'transfer':
     _data(c, 'mnist5k', 28)
     c.total_steps = 300
-    _sgd(c, lr=args.lr or 0.01, steps=c.total_steps)
+    common.table4_optim(c, args.lr or 0.01, c.total_steps // 10)
   elif step == 'scratch':
     _data(c, 'mnist5k', 28)
     c.total_steps = 300

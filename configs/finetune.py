@@ -16,7 +16,7 @@ ImageNet ReaL (`real_accuracy`).
 result tables (`python -m vit_jax.tables`); they change nothing else.
 """
 
-from configs import common, pretrain
+from configs import common
 from vit_jax import paper
 
 # data: (steps, LR sweep) from Table 4 (VTAB has its own config).
@@ -53,26 +53,16 @@ def get_config(arg=None):
     c.input.train_split = 'train_dev'  # 1% (ImageNet) of train held out.
     c.input.eval_split = 'dev'
   c.total_steps = args.steps or steps
-  c.optim.name = 'sgd'
-  c.optim.momentum = 0.9
-  c.optim.lr = lr
-  c.optim.decay = 'cosine'
-  c.optim.weight_decay = 0.0
-  c.optim.grad_clip_norm = 1.0
-  # Not in the paper: the reference code's 500 warm-up steps, capped at 10%
-  # of the run for the 500-step rows.
-  c.optim.warmup_steps = min(500, c.total_steps // 10)
+  # Warm-up, not in the paper: the reference code's 500 steps, capped at
+  # 10% of the run for the 500-step rows.
+  common.table4_optim(c, lr, warmup_steps=min(500, c.total_steps // 10))
   c.init = args.init or None
   c.checkpoint_every = 1000
   c.eval_every = 0
   if data == 'imagenet2012' and not args.sweep:
     c.evals.real = dict(kind='classification', data='imagenet2012_real',
                         real_only=True)
-  c.report = dict(model=args.model, pretrain=args.pretrain,
-                  pretrain_epochs=args.pretrain_epochs or pretrain.default_epochs(
-                      args.pretrain, args.model),
-                  pretrain_optimizer=args.pretrain_opt, task=data, lr=lr,
-                  sweep=args.sweep)
+  c.report = common.transfer_report(args, data, lr)
   if args.smoke:
     common.apply_smoke(c)
     # A 3x3 grid where pre-training (smoke) had 2x2: the position

@@ -11,7 +11,7 @@ for choosing settings). `python -m vit_jax.vtab` runs all 19 and reports the
 per-task accuracies with the Natural / Specialized / Structured means.
 """
 
-from configs import common, pretrain
+from configs import common
 from vit_jax import paper
 from vit_jax.data import registry
 
@@ -39,20 +39,10 @@ def get_config(arg=None):
   c.input.train_split = 'train800' if args.sweep else 'train800val200'
   c.input.eval_split = 'val200' if args.sweep else 'test'
   c.total_steps = args.steps
-  c.optim.name = 'sgd'
-  c.optim.momentum = 0.9
-  c.optim.lr = args.lr
-  c.optim.decay = 'cosine'
-  c.optim.weight_decay = 0.0
-  c.optim.grad_clip_norm = 1.0
-  c.optim.warmup_steps = min(200, args.steps // 10)
+  common.table4_optim(c, args.lr, warmup_steps=min(200, args.steps // 10))
   c.init = args.init or None
   c.checkpoint_every = 500
-  c.report = dict(model=args.model, pretrain=args.pretrain,
-                  pretrain_epochs=args.pretrain_epochs or pretrain.default_epochs(
-                      args.pretrain, args.model),
-                  pretrain_optimizer=args.pretrain_opt, task=data,
-                  lr=args.lr, sweep=args.sweep)
+  c.report = common.transfer_report(args, data, args.lr)
   if args.smoke:
     common.apply_smoke(c)
     # Offline stand-in with VTAB-1k's shape: 1000 training images.

@@ -423,13 +423,22 @@ def cmd_setup(args, runner: Runner) -> int:
   return 0
 
 
-def cmd_run(args, runner: Runner) -> int:
+def _begin(args, runner: Runner) -> Optional[int]:
+  """Pre-flight, estimate and confirmation shared by `run` and `up`; an
+  exit code when there is nothing more to do (refused, or ran locally)."""
   if not args.local_processes:
     _preflight(args, runner)
   if not confirm(args, runner, describe_launch(args)):
     return 1
   if args.local_processes:
     return _run_local(args, runner)
+  return None
+
+
+def cmd_run(args, runner: Runner) -> int:
+  code = _begin(args, runner)
+  if code is not None:
+    return code
   _start(runner, args)
   runner.note(f'started on every worker of {args.name}; follow worker 0 '
               f'with: python -m launch.tpu logs --name={args.name} '
@@ -507,12 +516,9 @@ def _up_loop(runner: Runner, args, created: list) -> str:
 
 
 def cmd_up(args, runner: Runner) -> int:
-  if not args.local_processes:
-    _preflight(args, runner)
-  if not confirm(args, runner, describe_launch(args)):
-    return 1
-  if args.local_processes:
-    return _run_local(args, runner)
+  code = _begin(args, runner)
+  if code is not None:
+    return code
   created = []
   try:
     outcome = _up_loop(runner, args, created)
