@@ -22,7 +22,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 from vit_jax import models  # noqa: E402
 from vit_jax.train import optim  # noqa: E402
-from vit_jax.train import sharding as shd  # noqa: E402
+from vit_jax import sharding as shd  # noqa: E402
 from vit_jax.train import step as step_lib  # noqa: E402
 
 

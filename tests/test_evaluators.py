@@ -14,7 +14,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.evaluators import classification, fewshot
-from vit_jax.train import sharding as shd
+from vit_jax import sharding as shd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

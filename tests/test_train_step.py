@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from vit_jax.train import optim
-from vit_jax.train import sharding as shd
+from vit_jax import sharding as shd
 from vit_jax.train import step as step_lib
 
 HERE = os.path.dirname(__file__)

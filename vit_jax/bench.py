@@ -108,7 +108,7 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
 
   from vit_jax import accounting, models
   from vit_jax.train import optim
-  from vit_jax.train import sharding as shd
+  from vit_jax import sharding as shd
   from vit_jax.train import step as step_lib
 
   mesh = shd.make_mesh(**(mesh_axes or {}))

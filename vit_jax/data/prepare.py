@@ -29,6 +29,8 @@ import sys
 import tempfile
 from typing import Dict, Optional
 
+from absl import logging
+
 from vit_jax.data import registry
 from vit_jax.data.errors import DatasetNotPreparedError
 
@@ -153,6 +155,30 @@ def prepare(name: str, *, data_dir: Optional[str] = None,
         manual_dir=manual_dir))
   return str(builder.data_dir)
 
+
+
+def ensure_prepared(input_config) -> None:
+  """With `input.prepare`, prepares a missing dataset (process 0 of a
+  multi-process run; the others wait for it)."""
+  if not input_config.get('prepare'):
+    return
+  import jax
+  from jax.experimental import multihost_utils
+  name, data_dir = input_config.data, input_config.get('data_dir')
+  if registry.get(name).source != 'tfds':
+    return  # Folders, TFRecords and in-memory data need no preparation.
+  if jax.process_index() == 0 and not _is_prepared(name, data_dir):
+    logging.info('preparing %s in %s', name, data_dir or 'the tfds data dir')
+    prepare(name, data_dir=data_dir)
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices('dataset prepared')
+
+
+def _is_prepared(name, data_dir) -> bool:
+  try:
+    return is_prepared(name, data_dir)
+  except ValueError:  # No tfds builder (e.g. a user-prepared i21k): leave it.
+    return True
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(

@@ -20,7 +20,7 @@ import optax
 
 from vit_jax.data import pipeline, registry
 from vit_jax.evaluators import base
-from vit_jax.train import sharding as shd
+from vit_jax import sharding as shd
 
 
 def batch_sums(params: Any, batch: Dict[str, jax.Array], *,

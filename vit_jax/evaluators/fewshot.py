@@ -26,7 +26,7 @@ import numpy as np
 
 from vit_jax.data import pipeline, registry
 from vit_jax.evaluators import base
-from vit_jax.train import sharding as shd
+from vit_jax import sharding as shd
 
 
 def representation(params: Any, images: jax.Array, *,

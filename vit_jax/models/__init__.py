@@ -103,3 +103,16 @@ def create(name: str, num_classes: int | None = 1000, **overrides) -> nn.Module:
     raise ValueError(f'{name} ({cls.__name__}) has no option(s) {unknown}; '
                      f'valid options: {sorted(fields - {"num_classes"})}')
   return cls(num_classes=num_classes, **kwargs)
+
+
+def from_config(model_config, num_classes: int) -> nn.Module:
+  """The model a config's `model` field describes: `name` plus options
+  (None = the variant's default; `dtype` / `param_dtype` by name)."""
+  import jax.numpy as jnp
+  kw = dict(model_config)
+  name = kw.pop('name')
+  for key in ('dtype', 'param_dtype'):
+    if kw.get(key):
+      kw[key] = jnp.dtype(kw[key])
+  return create(name, num_classes=num_classes,
+                **{k: v for k, v in kw.items() if v is not None})

@@ -26,17 +26,17 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import evaluators
+from vit_jax import evaluators, models
 from vit_jax.checkpoint import load_pretrained
-from vit_jax.data import pipeline
-from vit_jax.train import checkpoints, loop, reporting
-from vit_jax.train import sharding as shd
+from vit_jax.data import pipeline, prepare
+from vit_jax import sharding as shd
+from vit_jax.train import orbax_state, reporting
 
 
 def _source(config, workdir: str) -> Tuple[str, bool]:
   """(checkpoint to evaluate, whether it is workdir's own)."""
   try:
-    source = checkpoints.resolve(workdir)
+    source = orbax_state.resolve(workdir)
   except FileNotFoundError:
     if not config.get('init'):
       raise FileNotFoundError(
@@ -46,9 +46,9 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
     init = config.init
     logging.warning('%s has no checkpoint: evaluating config.init=%s',
                     workdir, init)
-    return (init if init.endswith('.npz') else checkpoints.resolve(init),
+    return (init if init.endswith('.npz') else orbax_state.resolve(init),
             False)
-  saved = checkpoints.load_run_state(source).get('model')
+  saved = orbax_state.load_run_state(source).get('model')
   if saved is not None and saved != config.model.to_dict():
     raise ValueError(
         f'{source} is a checkpoint of model {saved}; this config has '
@@ -64,7 +64,7 @@ def _load(config, source: str, model, image_shape, mesh):
   params_sh = shd.param_shardings(abstract['params'], mesh,
                                   config.get('fsdp_min_size', 2**18))
   loaded = (source if source.endswith('.npz')
-            else checkpoints.load_params(source))
+            else orbax_state.load_params(source))
   host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                       abstract['params'])
   params = jax.device_put(load_pretrained(loaded, host, keep_head=True),
@@ -84,13 +84,13 @@ def _read_summary(workdir: str) -> Dict[str, Any]:
 def evaluate_run(config: ml_collections.ConfigDict,
                  workdir: str) -> Dict[str, Any]:
   """Evaluates a checkpoint; returns what it wrote to eval_summary.json."""
-  loop.ensure_prepared(config.input)
+  prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   shd.check_batch_size(config.input.eval_batch_size, mesh,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
-  model = loop.model_from_config(config, num_classes)
+  model = models.from_config(config.model, num_classes)
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)
   params, params_sh = _load(config, source, model, image_shape, mesh)

@@ -11,31 +11,19 @@ import time
 from typing import Any, Dict
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from absl import logging
-from jax.experimental import multihost_utils
 
 from vit_jax import accounting, evaluators, models
 from vit_jax.checkpoint import load_pretrained
-from vit_jax.data import pipeline, prepare, registry
-from vit_jax.train import checkpoints, optim, reporting
-from vit_jax.train import sharding as shd
+from vit_jax.data import pipeline, prepare
+from vit_jax.train import optim, orbax_state, reporting
+from vit_jax import sharding as shd
 from vit_jax.train import step as step_lib
 
 
 class NonFiniteLossError(FloatingPointError):
   """The loss became NaN or Inf; the last good checkpoint is kept."""
-
-
-def model_from_config(config: ml_collections.ConfigDict, num_classes: int):
-  kw = dict(config.model)
-  name = kw.pop('name')
-  for key in ('dtype', 'param_dtype'):
-    if kw.get(key):
-      kw[key] = jnp.dtype(kw[key])
-  return models.create(name, num_classes=num_classes,
-                       **{k: v for k, v in kw.items() if v is not None})
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
@@ -53,39 +41,18 @@ def _init_params(config, state, state_sh):
   host = jax.device_get(state.params)
   source = config.init
   if not source.endswith('.npz'):
-    source = checkpoints.load_params(source)
+    source = orbax_state.load_params(source)
   params = load_pretrained(source, host)
   params = jax.device_put(params, state_sh.params)
   logging.info('initialised from %s', config.init)
   return state.replace(params=params)
 
 
-def ensure_prepared(input_config) -> None:
-  """With `input.prepare`, prepares a missing dataset (process 0 only)."""
-  if not input_config.get('prepare'):
-    return
-  name, data_dir = input_config.data, input_config.get('data_dir')
-  if registry.get(name).source != 'tfds':
-    return  # Folders, TFRecords and in-memory data need no preparation.
-  if jax.process_index() == 0 and not _is_prepared(name, data_dir):
-    logging.info('preparing %s in %s', name, data_dir or 'the tfds data dir')
-    prepare.prepare(name, data_dir=data_dir)
-  if jax.process_count() > 1:
-    multihost_utils.sync_global_devices('dataset prepared')
-
-
-def _is_prepared(name, data_dir) -> bool:
-  try:
-    return prepare.is_prepared(name, data_dir)
-  except ValueError:  # No tfds builder (e.g. a user-prepared i21k): leave it.
-    return True
-
-
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> Dict[str, Any]:
   """Trains (resuming from `workdir` when it holds a checkpoint); returns
   the summary written to `workdir/summary.json`."""
-  ensure_prepared(config.input)
+  prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   accum = config.get('accum_steps', 1)
   shd.check_batch_size(config.input.batch_size, mesh, 'input.batch_size',
@@ -95,13 +62,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
   steps = total_steps(config, info.num_train_examples)
-  model = model_from_config(config, num_classes)
+  model = models.from_config(config.model, num_classes)
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
   fsdp_min = config.get('fsdp_min_size', 2**18)
   state, state_sh = step_lib.create_state(model, tx, config.seed, image_shape,
                                           mesh, fsdp_min)
-  ckpt = checkpoints.Checkpointer(
+  ckpt = orbax_state.Checkpointer(
       workdir, every=config.get('checkpoint_every', 1000),
       keep=config.get('keep_checkpoints', 3),
       async_save=config.get('async_checkpoints', True))
@@ -203,7 +170,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
 
 def _check_finite(step: int, metrics: Dict[str, Any],
-                  ckpt: checkpoints.Checkpointer) -> None:
+                  ckpt: orbax_state.Checkpointer) -> None:
   loss = float(metrics['loss'])
   if not math.isfinite(loss):
     ckpt.wait()

@@ -18,7 +18,7 @@ import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from vit_jax.train import sharding as shd
+from vit_jax import sharding as shd
 
 LOSSES = ('softmax', 'sigmoid')
 
