@@ -209,3 +209,27 @@ def test_scan_and_remat_compute_the_same(rng):
   gs = jax.grad(lambda q: loss(scanned, q))(ps)
   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(gs)):
     np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize('bit', [False, True])
+def test_weight_standardisation_matches_reference_formula(bit):
+  # A kernel of small variance, where (std + eps) and sqrt(var + eps) differ:
+  # the hybrid follows vision_transformer's models_resnet.py, (w - mean) /
+  # (std + 1e-5); BiT follows big_transfer / big_vision bit_paper.py,
+  # (w - mean) / sqrt(var + 1e-10).
+  from vit_jax.models.resnet import StdConv
+  rs = np.random.RandomState(0)
+  k = (1e-4 * rs.normal(size=(3, 3, 2, 4))).astype(np.float64)
+  x = jnp.asarray(rs.normal(size=(1, 5, 5, 2)), jnp.float32)
+  conv = StdConv(4, (3, 3), use_bias=False, padding='VALID', bit=bit)
+  c = k - k.mean(axis=(0, 1, 2), keepdims=True)
+  if bit:
+    ref = c / np.sqrt((c**2).mean(axis=(0, 1, 2), keepdims=True) + 1e-10)
+  else:
+    ref = c / (c.std(axis=(0, 1, 2), keepdims=True) + 1e-5)
+  want = jax.lax.conv_general_dilated(
+      x, jnp.asarray(ref, jnp.float32), (1, 1), 'VALID',
+      dimension_numbers=('NHWC', 'HWIO', 'NHWC'))
+  got = conv.apply({'params': {'kernel': jnp.asarray(k, jnp.float32)}}, x)
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+  assert np.abs(np.asarray(want)).max() > 1  # Not a degenerate kernel.

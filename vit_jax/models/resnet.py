@@ -33,17 +33,36 @@ DEPTHS = {
 
 
 def weight_standardize(w, axis, eps):
-  w = w - jnp.mean(w, axis=axis)
-  return w / jnp.sqrt(jnp.var(w, axis=axis) + eps)
+  """(w - mean) / (std + eps): vision_transformer's `models_resnet.py`, whose
+  hybrid checkpoints were trained with it."""
+  w = w - jnp.mean(w, axis=axis, keepdims=True)
+  return w / (jnp.std(w, axis=axis, keepdims=True) + eps)
+
+
+def weight_standardize_bit(w, axis, eps):
+  """(w - mean) / sqrt(mean((w - mean)^2) + eps): BiT's code (big_transfer,
+  big_vision `models/bit_paper.py`), whose BiT checkpoints were trained
+  with it."""
+  w = w - jnp.mean(w, axis=axis, keepdims=True)
+  return w / jnp.sqrt(jnp.mean(jnp.square(w), axis=axis, keepdims=True) + eps)
 
 
 class StdConv(nn.Conv):
-  """Convolution whose kernel is standardised over (kh, kw, in) per output."""
+  """Convolution whose kernel is standardised over (kh, kw, in) per output.
+
+  `bit=False` is the hybrid stem's formula (`weight_standardize`, eps 1e-5),
+  `bit=True` the BiT ResNets' (`weight_standardize_bit`, eps 1e-10): they
+  differ for kernels of small variance, so each model uses its reference's.
+  """
+  bit: bool = False
 
   def param(self, name, *args, **kwargs):
     p = super().param(name, *args, **kwargs)
     if name == 'kernel':
-      p = weight_standardize(p, axis=[0, 1, 2], eps=1e-5)
+      if self.bit:
+        p = weight_standardize_bit(p, axis=(0, 1, 2), eps=1e-10)
+      else:
+        p = weight_standardize(p, axis=(0, 1, 2), eps=1e-5)
     return p
 
 
@@ -116,6 +135,12 @@ class ResNetStage(nn.Module):
     return x
 
 
+def bit_group_norm(dtype, param_dtype, name):
+  """BiT's GroupNorm: 32 groups, eps 1e-5, variance of the centred values."""
+  return nn.GroupNorm(epsilon=1e-5, use_fast_variance=False, dtype=dtype,
+                      param_dtype=param_dtype, name=name)
+
+
 class BottleneckV2(nn.Module):
   """Pre-activation bottleneck unit of BiT (ResNet-v2)."""
   features: int
@@ -127,9 +152,8 @@ class BottleneckV2(nn.Module):
   def __call__(self, x):
     conv = lambda f, k, s, name: StdConv(
         f, (k, k), strides=s, use_bias=False, padding=[(k // 2, k // 2)] * 2,
-        dtype=self.dtype, param_dtype=self.param_dtype, name=name)
-    gn = lambda name: nn.GroupNorm(dtype=self.dtype,
-                                   param_dtype=self.param_dtype, name=name)
+        dtype=self.dtype, param_dtype=self.param_dtype, bit=True, name=name)
+    gn = lambda name: bit_group_norm(self.dtype, self.param_dtype, name)
     nout = self.features * 4
     residual = x
     x = nn.relu(gn('gn1')(x))
@@ -161,15 +185,14 @@ class BiT(nn.Module):
     width = int(64 * self.width_factor)
     x = StdConv(width, (7, 7), strides=(2, 2), padding=[(3, 3), (3, 3)],
                 use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                name='conv_root')(images)
+                bit=True, name='conv_root')(images)
     x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
     x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
     for i, units in enumerate(DEPTHS[self.depth]):
       x = ResNetStage(units, width * 2**i, (1, 1) if i == 0 else (2, 2),
                       self.dtype, self.param_dtype, unit=BottleneckV2,
                       name=f'block{i + 1}')(x)
-    x = nn.GroupNorm(dtype=self.dtype, param_dtype=self.param_dtype,
-                     name='norm_pre_head')(x)
+    x = bit_group_norm(self.dtype, self.param_dtype, 'norm_pre_head')(x)
     x = jnp.mean(nn.relu(x), axis=(1, 2))
     self.sow('intermediates', 'representation', x)
     if not self.num_classes:
