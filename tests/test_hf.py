@@ -16,6 +16,10 @@ transformers = pytest.importorskip('transformers')
 CASES = [('ViT-Ti/16', {}), ('ViT-B/16', {'num_layers': 2})]
 
 
+# Logits agree to float32 rounding.
+TOL = 1e-5
+
+
 def _hf_logits(hf_model, x):
   with torch.no_grad():
     return hf_model(pixel_values=torch.from_numpy(
@@ -27,33 +31,70 @@ def _images(n=2, size=224):
       np.float32)
 
 
+# Both activations: tanh GELU (the JAX checkpoints) and erf GELU (the Hub's
+# hidden_act="gelu").
+ACTS = [True, False]
+
+
+@pytest.mark.parametrize('approx', ACTS, ids=['tanh', 'erf'])
 @pytest.mark.parametrize('name,overrides', CASES)
-def test_ours_to_hf(name, overrides):
+def test_ours_to_hf(name, overrides, approx):
+  overrides = dict(overrides, gelu_approximate=approx)
   model = models.create(name, num_classes=10, **overrides)
   x = _images()
   params = perturb(model.init(jax.random.key(0), jnp.asarray(x))['params'],
                    scale=0.05)
   ours = np.asarray(model.apply({'params': params}, x))
   assert np.abs(ours).max() > 0.1  # Non-trivial logits.
-  hf = transformers.ViTForImageClassification(
-      checkpoint.hf_config(name, num_classes=10, **overrides)).eval()
+  cfg = checkpoint.hf_config(name, num_classes=10, **overrides)
+  assert cfg.hidden_act == ('gelu_pytorch_tanh' if approx else 'gelu')
+  hf = transformers.ViTForImageClassification(cfg).eval()
   hf.load_state_dict(checkpoint.to_hf(params, name, **overrides), strict=True)
-  np.testing.assert_allclose(_hf_logits(hf, x), ours, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(_hf_logits(hf, x), ours, atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize('act', ['gelu', 'gelu_new', 'gelu_pytorch_tanh'])
 @pytest.mark.parametrize('name,overrides', CASES)
-def test_hf_to_ours(name, overrides):
+def test_hf_to_ours(name, overrides, act):
   torch.manual_seed(0)
   cfg = checkpoint.hf_config(name, num_classes=10, **overrides)
   cfg.initializer_range = 0.05
+  cfg.hidden_act = act
   hf = transformers.ViTForImageClassification(cfg).eval()
   x = _images()
   theirs = _hf_logits(hf, x)
   assert np.abs(theirs).max() > 0.1
-  params = checkpoint.from_hf(hf.state_dict(), name, **overrides)
-  model = models.create(name, num_classes=10, **overrides)
+  model, params = checkpoint.from_hf_model(hf, name, **overrides)
+  assert model.gelu_approximate == (act != 'gelu')
   np.testing.assert_allclose(np.asarray(model.apply({'params': params}, x)),
-                             theirs, atol=1e-4, rtol=0)
+                             theirs, atol=TOL, rtol=0)
+  # The state-dict path with the options `model_options` derives.
+  options = checkpoint.hf.model_options(cfg)
+  params = checkpoint.from_hf(hf.state_dict(), name, **overrides, **options)
+  model = models.create(name, num_classes=10, **overrides, **options)
+  np.testing.assert_allclose(np.asarray(model.apply({'params': params}, x)),
+                             theirs, atol=TOL, rtol=0)
+
+
+def test_activations_differ_enough_to_matter():
+  # The two GELUs give different logits: the activation test above has teeth.
+  name, overrides = CASES[0]
+  x = _images(1)
+  tanh = models.create(name, num_classes=10, **overrides)
+  erf = models.create(name, num_classes=10, gelu_approximate=False,
+                      **overrides)
+  params = perturb(tanh.init(jax.random.key(0), jnp.asarray(x))['params'],
+                   scale=0.05)
+  diff = np.abs(np.asarray(tanh.apply({'params': params}, x))
+                - np.asarray(erf.apply({'params': params}, x))).max()
+  assert diff > 10 * TOL
+
+
+def test_unknown_hidden_act_is_a_clear_error():
+  cfg = checkpoint.hf_config('ViT-Ti/16', 4, num_layers=1)
+  cfg.hidden_act = 'relu'
+  with pytest.raises(ValueError, match="hidden_act='relu' has no counterpart"):
+    checkpoint.hf.model_options(cfg)
 
 
 def test_transformers_4x_key_names_load():

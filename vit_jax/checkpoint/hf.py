@@ -8,10 +8,14 @@
 transformers 5 renamed the ViT state-dict keys of 4.x (`vit.encoder.layer.N.
 attention.attention.query` became `vit.layers.N.attention.q_proj`, ...); the
 Hub's files still use the 4.x names. `from_hf` reads both; `to_hf` writes the
-naming of the installed transformers (or the one asked for). HF's ViT must use
-`hidden_act="gelu_pytorch_tanh"` and `layer_norm_eps=1e-6` to compute what our
-model computes; `hf_config` sets both. Only plain class-token ViTs without a
-pre-logits layer exist on the HF side.
+naming of the installed transformers (or the one asked for).
+
+Activation: the public JAX checkpoints use the tanh GELU, Hub ViTs mostly the
+exact one (`hidden_act="gelu"`). Our ViT has both (`gelu_approximate`):
+`hf_config(name, gelu_approximate=...)` declares the matching `hidden_act`
+(and `layer_norm_eps=1e-6`), and `from_hf_model(hf_model, name)` builds the
+model whose activation matches the source's. Only plain class-token ViTs
+without a pre-logits layer exist on the HF side.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ _BLOCK = {
     'mlp.fc1': ('MlpBlock_0/Dense_0', 'dense'),
     'mlp.fc2': ('MlpBlock_0/Dense_1', 'dense'),
 }
+# HF `hidden_act` -> our `gelu_approximate`.
+HIDDEN_ACTS = {'gelu': False, 'gelu_new': True, 'gelu_pytorch_tanh': True}
+
 # transformers 4.x block names -> 5.x.
 _V4_TO_V5 = {
     'attention.attention.query': 'attention.q_proj',
@@ -71,6 +78,15 @@ def _vit_spec(name: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
   return kw
 
 
+def model_options(hf_cfg) -> Dict[str, Any]:
+  """`create` options making our ViT compute what HF config `hf_cfg` does."""
+  act = hf_cfg.hidden_act
+  if act not in HIDDEN_ACTS:
+    raise ValueError(f'Hugging Face hidden_act={act!r} has no counterpart in '
+                     f'our ViT; supported: {sorted(HIDDEN_ACTS)}')
+  return {'gelu_approximate': HIDDEN_ACTS[act]}
+
+
 def hf_config(name: str, num_classes: int = 1000, image_size: int = 224,
               num_channels: int = 3, **overrides):
   """A `transformers.ViTConfig` computing exactly what `create(name)` does."""
@@ -79,7 +95,9 @@ def hf_config(name: str, num_classes: int = 1000, image_size: int = 224,
   return ViTConfig(
       hidden_size=kw['hidden_size'], num_hidden_layers=kw['num_layers'],
       num_attention_heads=kw['num_heads'], intermediate_size=kw['mlp_dim'],
-      hidden_act='gelu_pytorch_tanh', layer_norm_eps=1e-6,
+      hidden_act=('gelu_pytorch_tanh' if kw.get('gelu_approximate', True)
+                  else 'gelu'),
+      layer_norm_eps=1e-6,
       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
       image_size=image_size, patch_size=kw['patch_size'],
       num_channels=num_channels, num_labels=num_classes, qkv_bias=True)
@@ -201,6 +219,19 @@ def from_hf(state_dict: Mapping[str, Any], name: str, **overrides) -> dict:
         f'{kw["num_layers"]}, or a pooler / pre-logits layer?)')
   return traverse_util.unflatten_dict(
       {tuple(k.split('/')): np.ascontiguousarray(v) for k, v in flat.items()})
+
+
+def from_hf_model(hf_model, name: str, **overrides):
+  """A `ViTForImageClassification` -> (our model, its params).
+
+  The model's activation follows `hf_model.config.hidden_act`; its head has
+  as many classes as the HF classifier (none without one).
+  """
+  options = dict(overrides)
+  options.update(model_options(hf_model.config))
+  params = from_hf(hf_model.state_dict(), name, **options)
+  num_classes = params['head']['bias'].shape[0] if 'head' in params else None
+  return models.create(name, num_classes=num_classes, **options), params
 
 
 def _v5_key(key: str) -> str:

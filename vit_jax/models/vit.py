@@ -43,9 +43,14 @@ class AddPositionEmbs(nn.Module):
 
 
 class MlpBlock(nn.Module):
-  """Dense -> GELU (tanh approximation) -> dropout -> Dense -> dropout."""
+  """Dense -> GELU -> dropout -> Dense -> dropout.
+
+  `gelu_approximate`: the tanh approximation of the public JAX checkpoints
+  (True) or the exact erf GELU of Hugging Face's `hidden_act="gelu"` (False).
+  """
   mlp_dim: int
   dropout_rate: float = 0.0
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -59,7 +64,7 @@ class MlpBlock(nn.Module):
     out_dim = x.shape[-1]
     x = dense(self.mlp_dim)(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
-    x = nn.gelu(x, approximate=True)
+    x = nn.gelu(x, approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim)(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -71,6 +76,7 @@ class Encoder1DBlock(nn.Module):
   num_heads: int
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -95,8 +101,8 @@ class Encoder1DBlock(nn.Module):
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + y
     y = norm()(x)
-    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.dtype,
-                 self.param_dtype)(y, deterministic=deterministic)
+    y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate,
+                 self.dtype, self.param_dtype)(y, deterministic=deterministic)
     return x + y
 
 
@@ -121,6 +127,7 @@ class Encoder(nn.Module):
   num_heads: int
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
+  gelu_approximate: bool = True
   scan_layers: bool = False
   remat: bool = False
   dtype: Dtype = jnp.float32
@@ -133,6 +140,7 @@ class Encoder(nn.Module):
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
               dropout_rate=self.dropout_rate,
               attention_dropout_rate=self.attention_dropout_rate,
+              gelu_approximate=self.gelu_approximate,
               dtype=self.dtype, param_dtype=self.param_dtype)
     if self.scan_layers:
       block = _ScannedBlock
@@ -165,6 +173,8 @@ class VisionTransformer(nn.Module):
     resnet_layers / resnet_width: units per stage and width factor of the
       hybrid's ResNet stem (e.g. (3, 4, 9), 1 for R50+ViT-B/16).
     head_bias_init: constant for the head bias (e.g. -10 for i21k pre-training).
+    gelu_approximate: tanh GELU (the public JAX checkpoints) or exact erf GELU
+      (False: Hugging Face ViTs with `hidden_act="gelu"`).
     scan_layers / remat: see `Encoder` (same numbers, less compile time and
       memory for deep models).
     dtype: compute dtype of every layer; param_dtype: storage dtype of params.
@@ -182,6 +192,7 @@ class VisionTransformer(nn.Module):
   resnet_layers: Optional[Sequence[int]] = None
   resnet_width: float = 1.0
   head_bias_init: float = 0.0
+  gelu_approximate: bool = True
   scan_layers: bool = False
   remat: bool = False
   dtype: Dtype = jnp.float32
@@ -217,6 +228,7 @@ class VisionTransformer(nn.Module):
     x = Encoder(num_layers=self.num_layers, mlp_dim=self.mlp_dim,
                 num_heads=self.num_heads, dropout_rate=self.dropout_rate,
                 attention_dropout_rate=self.attention_dropout_rate,
+                gelu_approximate=self.gelu_approximate,
                 scan_layers=self.scan_layers, remat=self.remat,
                 dtype=self.dtype, param_dtype=self.param_dtype,
                 name='Transformer')(x, train=train)
