@@ -74,6 +74,12 @@ def base() -> ml_collections.ConfigDict:
   # Device mesh (-1 fills): batch over data x fsdp, heads/MLP over model.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
   c.fsdp_min_size = 2**18  # Smaller tensors stay replicated under FSDP.
+  # Extra (logical axis, mesh axis) pairs before sharding.LOGICAL_RULES, e.g.
+  # (('mlp', None),) keeps MLP kernels whole under tensor parallelism.
+  c.sharding_rules = ()
+  # (parameter path regex, logical axes) pairs replacing a model's
+  # annotation, e.g. (('^head/kernel$', (None, 'mlp')),).
+  c.sharding_overrides = ()
   # Pre-trained weights to start from (.npz); None: from scratch.
   c.init = ml_collections.FieldReference(None, field_type=str)
   # Extra evaluators by name (vit_jax/evaluators): kind='classification'
@@ -118,21 +124,14 @@ def transfer_report(args, task: str, lr: float) -> dict:
 
 
 def shrink_model(model: ml_collections.ConfigDict) -> int:
-  """Shrinks `model` in place keeping its family (ViT, hybrid or BiT) and
-  patch size; returns an image size giving a 2x2 patch grid."""
-  spec = models.spec(model.name)
-  if 'depth' in spec:  # BiT: 4 stages of 2 units, 32 channels at the root.
-    model.depth, model.width_factor = 26, 0.5
-    return 64
-  model.update(dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2))
-  if model.get('representation_size'):
-    model.representation_size = 32
-  if spec.get('resnet_layers'):  # Hybrid: one unit per stage, half width.
-    model.resnet_layers = (1,) * len(spec['resnet_layers'])
-    model.resnet_width = 0.5
-    stride = 4 * 2 ** (len(spec['resnet_layers']) - 1)
-    return 2 * stride * spec['patch_size']
-  return 2 * spec['patch_size']
+  """Shrinks `model` in place keeping its family and patch size (the family's
+  registered `shrink`); returns an image size the small model takes."""
+  kw = {k: v for k, v in model.items() if k != 'name' and v is not None}
+  overrides, size = models.family(model.name).shrink(
+      models.options(model.name, **kw))
+  for k, v in overrides.items():
+    model[k] = v
+  return size
 
 
 def apply_smoke(c: ml_collections.ConfigDict, steps: int = 10

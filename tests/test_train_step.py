@@ -16,12 +16,13 @@ from vit_jax.train import optim
 from vit_jax import sharding as shd
 from vit_jax.train import step as step_lib
 
-HERE = os.path.dirname(__file__)
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
 
 
 def _run(mesh, devices, **extra):
   env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count='
-             f'{devices}', JAX_PLATFORMS='cpu')
+             f'{devices}', JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
   out = subprocess.run(
       [sys.executable, os.path.join(HERE, 'mesh_steps.py'), json.dumps(mesh),
        json.dumps(extra)], capture_output=True, text=True, env=env)
@@ -66,18 +67,28 @@ def test_gradient_accumulation_matches(single_device):
 
 
 def test_fsdp_shards_largest_divisible_dim():
+  # Logical axes as the ViT annotates its parameters.
+  from flax import traverse_util
+  from vit_jax import models
+  axes = traverse_util.flatten_dict(shd.logical_axes(
+      models.create('ViT-B/16', num_layers=1), (32, 32, 3)))
+  mlp = axes[('Transformer', 'encoderblock_0', 'MlpBlock_0', 'Dense_0',
+              'kernel')]
   mesh = shd.make_mesh(data=1, fsdp=1, model=1)
-  assert shd.param_spec('x/kernel', (768, 3072), mesh) == jax.sharding.PartitionSpec(None, None)
+  assert shd.param_spec((768, 3072), mesh) == jax.sharding.PartitionSpec(None, None)
+  assert shd.param_spec((768, 3072), mesh, mlp) == jax.sharding.PartitionSpec(
+      None, None)
 
   class FakeMesh:
     shape = {'data': 1, 'fsdp': 4, 'model': 2}
-  spec = shd.param_spec('Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel',
-                        (768, 3072), FakeMesh())
+  spec = shd.param_spec((768, 3072), FakeMesh(), mlp)
   assert tuple(spec) == ('fsdp', 'model')
-  spec = shd.param_spec('embedding/kernel', (16, 16, 3, 768), FakeMesh())
+  spec = shd.param_spec((16, 16, 3, 768), FakeMesh(), axes[('embedding',
+                                                            'kernel')])
   assert tuple(spec) == (None, None, None, 'fsdp')
   # Small tensors stay replicated.
-  assert tuple(shd.param_spec('cls', (1, 1, 768), FakeMesh())) == (None,) * 3
+  assert tuple(shd.param_spec((1, 1, 768), FakeMesh(),
+                              axes[('cls',)])) == (None,) * 3
 
 
 def test_mesh_errors():

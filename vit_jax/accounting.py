@@ -26,7 +26,6 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax import paper as paper_data
-from vit_jax.models import resnet
 
 SECONDS_PER_DAY = 86400.0
 
@@ -88,50 +87,11 @@ def forward_flops(name: str, image_size=224, num_classes: int = 1000,
 
 def analytic_forward_flops(name: str, image_size=224,
                            num_classes: int = 1000, **overrides) -> float:
-  """Matmul and convolution FLOPs per image, counted by hand (cross-check)."""
-  kw = models.spec(name)
-  kw.update(overrides)
+  """Matmul and convolution FLOPs per image, counted by hand (cross-check):
+  the model family's registered count (`models.registry.Family.flops`)."""
   h, w = _hw(image_size)
-  if kw['cls'] is models.BiT:
-    flops, (h, w, c) = _resnet_flops(h, w, resnet.DEPTHS[kw['depth']],
-                                     kw['width_factor'])
-    return flops + 2.0 * c * num_classes
-  flops, c = 0.0, 3
-  if kw.get('resnet_layers'):
-    flops, (h, w, c) = _resnet_flops(h, w, kw['resnet_layers'],
-                                     kw.get('resnet_width', 1.0))
-  p, d, m = kw['patch_size'], kw['hidden_size'], kw['mlp_dim']
-  patches = (h // p) * (w // p)
-  n = patches + (kw.get('classifier', 'token') == 'token')
-  flops += 2.0 * patches * p * p * c * d  # Patch embedding.
-  per_layer = (2.0 * n * d * 3 * d  # q, k, v projections.
-               + 2.0 * 2 * n * n * d  # q.k logits and attention x v.
-               + 2.0 * n * d * d  # Output projection.
-               + 2.0 * 2 * n * d * m)  # MLP.
-  flops += kw['num_layers'] * per_layer
-  rep = kw.get('representation_size') or 0
-  if rep:
-    flops += 2.0 * d * rep
-  return flops + 2.0 * (rep or d) * (num_classes or 0)
-
-
-def _resnet_flops(h, w, layers, width_factor):
-  """Convolution FLOPs of a bottleneck ResNet; returns (flops, out shape)."""
-  width = int(64 * width_factor)
-  h, w = -(-h // 2), -(-w // 2)
-  flops = 2.0 * h * w * 7 * 7 * 3 * width  # Root conv, stride 2.
-  h, w, cin = -(-h // 2), -(-w // 2), width  # Max pool, stride 2.
-  for i, units in enumerate(layers):
-    mid = width * 2**i
-    for j in range(units):
-      s = 2 if (i > 0 and j == 0) else 1
-      ho, wo = -(-h // s), -(-w // s)
-      flops += 2.0 * h * w * cin * mid  # conv1 (1x1); conv2 strides.
-      flops += 2.0 * ho * wo * 9 * mid * mid + 2.0 * ho * wo * mid * 4 * mid
-      if cin != 4 * mid or s != 1:
-        flops += 2.0 * ho * wo * cin * 4 * mid
-      h, w, cin = ho, wo, 4 * mid
-  return flops, (h, w, cin)
+  return models.family(name).flops(models.options(name, **overrides), h, w,
+                                   num_classes)
 
 
 def training_flops(forward: float, examples_seen: float) -> float:

@@ -2,26 +2,35 @@
 
 The mesh has three axes: `data` (pure data parallelism), `fsdp` (data
 parallelism with parameters and optimiser state sharded) and `model` (tensor
-parallelism: attention heads and the MLP hidden dimension split). The batch
-is split over (`data`, `fsdp`).
+parallelism: attention heads, the MLP hidden dimension and convolution output
+channels split). The batch is split over (`data`, `fsdp`).
 
-Parameters are placed in two steps, both from the parameter's path and shape:
-  1. logical axes (`param_logical_axes`): e.g. a query kernel (D, heads,
-     head_dim) is ('embed', 'heads', 'kv'); the rules map 'heads' and 'mlp'
-     to the `model` mesh axis and everything else to None (replicated);
+Parameters are placed in two steps:
+  1. logical axes: the models annotate their parameters with logical axis
+     names (`nn.with_logical_partitioning` on the initialisers, e.g. a query
+     kernel (D, heads, head_dim) is ('embed', 'heads', 'kv'), a convolution
+     kernel (kh, kw, in, out) is (None, None, 'conv_in', 'conv_out'));
+     `logical_axes(model, image_shape)` reads them from an abstract init.
+     `LOGICAL_RULES` map 'heads', 'mlp' and 'conv_out' to the `model` mesh
+     axis and everything else to None (replicated). A config can add rules
+     (`sharding_rules`, which take precedence) and replace the names of
+     parameters by path (`sharding_overrides`: (path regex, names) pairs);
   2. FSDP: for tensors of at least `fsdp_min_size` elements, the largest
      dimension not already sharded that divides by the `fsdp` axis size is
      sharded over `fsdp`.
-Optimiser state mirrors the parameters it belongs to.
+Optimiser state mirrors the parameters it belongs to. `model.init` returns
+plain arrays (`vit_jax.models.Module`); only this file sees the annotations.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -29,14 +38,18 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 AXES = ('data', 'fsdp', 'model')
 BATCH = ('data', 'fsdp')
 
-# Logical axis -> mesh axis. Unlisted logical axes are replicated.
-LOGICAL_RULES: Dict[str, Optional[str]] = {
-    'heads': 'model',
-    'mlp': 'model',
-    'embed': None,
-    'kv': None,
-    'classes': None,
-}
+# Logical parameter axis -> mesh axis (flax rule pairs, first match wins).
+# Unlisted logical axes are replicated.
+LOGICAL_RULES: Tuple[Tuple[str, Optional[str]], ...] = (
+    ('heads', 'model'),
+    ('mlp', 'model'),
+    ('conv_out', 'model'),
+    ('embed', None),
+    ('kv', None),
+    ('classes', None),
+    ('conv_in', None),
+    ('layers', None),
+)
 
 # Logical activation axes (`nn.with_logical_constraint` in the models) ->
 # mesh axes, active inside the train and eval steps.
@@ -49,20 +62,7 @@ ACTIVATION_RULES = (
     ('kv', None),
 )
 
-# (path regex, logical axes) for every parameter; the first match wins.
-# Paths are module names joined by '/', e.g.
-# 'Transformer/encoderblock_3/MultiHeadDotProductAttention_0/query/kernel'.
-PARAM_AXES: Sequence[Tuple[str, Tuple[Optional[str], ...]]] = (
-    (r'MultiHeadDotProductAttention_\d+/(query|key|value)/kernel$',
-     ('embed', 'heads', 'kv')),
-    (r'MultiHeadDotProductAttention_\d+/(query|key|value)/bias$',
-     ('heads', 'kv')),
-    (r'MultiHeadDotProductAttention_\d+/out/kernel$', ('heads', 'kv', 'embed')),
-    (r'MlpBlock_\d+/Dense_0/kernel$', ('embed', 'mlp')),
-    (r'MlpBlock_\d+/Dense_0/bias$', ('mlp',)),
-    (r'MlpBlock_\d+/Dense_1/kernel$', ('mlp', 'embed')),
-    (r'^head/kernel$', ('embed', 'classes')),
-)
+Names = Tuple[Optional[str], ...]
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
@@ -93,22 +93,46 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
                        devices=devices)
 
 
-def param_logical_axes(path: str, ndim: int) -> Tuple[Optional[str], ...]:
-  for pattern, axes in PARAM_AXES:
-    if re.search(pattern, path) and len(axes) == ndim:
-      return axes
-  return (None,) * ndim
+def abstract_params(model: nn.Module, image_shape: Sequence[int]):
+  """The model's parameters as ShapeDtypeStructs, each in the
+  `nn.LogicallyPartitioned` box its annotation made (no compute, no memory).
+
+  `nn.Module.init` is the flax one: it keeps the boxes that
+  `vit_jax.models.Module.init` strips.
+  """
+  images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+  init = lambda x: nn.Module.init(model, jax.random.key(0), x, train=False)
+  return jax.eval_shape(init, images)['params']
 
 
-def param_spec(path: str, shape: Sequence[int], mesh: Mesh,
-               fsdp_min_size: int = 2**18) -> P:
-  """The PartitionSpec of one parameter (logical rules, then FSDP)."""
-  spec = [LOGICAL_RULES.get(a) if a else None
-          for a in param_logical_axes(path, len(shape))]
-  # An axis only shards a dimension it divides.
-  spec = [s if s and shape[i] % mesh.shape[s] == 0 else None
-          for i, s in enumerate(spec)]
-  spec = [None if s and mesh.shape[s] == 1 else s for s in spec]
+def logical_axes(model: nn.Module, image_shape: Sequence[int]):
+  """The logical axis names of every parameter (a tree of tuples; () for a
+  parameter without annotation)."""
+  specs = nn.get_partition_spec(abstract_params(model, image_shape))
+  return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, P))
+
+
+def _size(mesh: Mesh, axis) -> int:
+  axes = axis if isinstance(axis, tuple) else (axis,)
+  return math.prod(mesh.shape[a] for a in axes)
+
+
+def param_spec(shape: Sequence[int], mesh: Mesh, axes: Names = (),
+               fsdp_min_size: int = 2**18,
+               rules: Sequence[Tuple[str, Any]] = LOGICAL_RULES) -> P:
+  """The PartitionSpec of one parameter from its logical `axes` (rules, then
+  FSDP)."""
+  axes = tuple(axes)
+  if axes and len(axes) != len(shape):
+    raise ValueError(f'logical axes {axes} do not match a parameter of shape '
+                     f'{tuple(shape)}: give one name (or None) per dimension')
+  names = axes or (None,) * len(shape)
+  spec = list(nn.logical_to_mesh_axes(names, rules)) if any(names) else [
+      None] * len(shape)
+  spec += [None] * (len(shape) - len(spec))
+  # An axis only shards a dimension it divides; size-1 axes are dropped.
+  spec = [s if s and shape[i] % _size(mesh, s) == 0 and _size(mesh, s) > 1
+          else None for i, s in enumerate(spec)]
   n = mesh.shape['fsdp']
   if n > 1 and math.prod(shape) >= fsdp_min_size:
     free = [i for i, s in enumerate(spec) if s is None and shape[i] % n == 0]
@@ -117,13 +141,41 @@ def param_spec(path: str, shape: Sequence[int], mesh: Mesh,
   return P(*spec)
 
 
-def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18):
-  """A NamedSharding for every leaf of a (possibly abstract) params tree."""
+def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
+                    axes: Any = None, rules: Sequence[Tuple[str, Any]] = (),
+                    overrides: Sequence[Tuple[str, Names]] = ()):
+  """A NamedSharding for every leaf of a (possibly abstract) params tree.
+
+  The logical names come from `axes` (a tree like `logical_axes(model,
+  image_shape)`), or from the leaves themselves when `params` holds
+  `nn.LogicallyPartitioned` boxes (`abstract_params`); without either every
+  parameter is unannotated (replicated, FSDP aside). `rules` are extra
+  (logical, mesh axis) pairs taking precedence over `LOGICAL_RULES`;
+  `overrides` are (path regex, names) pairs replacing the names of the
+  parameters whose '/'-joined path matches (first match wins).
+  """
+  is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
   flat = traverse_util.flatten_dict(params)
-  return traverse_util.unflatten_dict({
-      k: NamedSharding(mesh, param_spec('/'.join(k), np.shape(v), mesh,
-                                        fsdp_min_size))
-      for k, v in flat.items()})
+  names = traverse_util.flatten_dict(axes) if axes is not None else {}
+  all_rules = tuple(tuple(r) for r in rules) + LOGICAL_RULES
+  out = {}
+  for k, v in flat.items():
+    path = '/'.join(k)
+    if is_box(v):
+      leaf_axes, v = tuple(v.names), v.value
+    else:
+      leaf_axes = names.get(k, ())
+    for pattern, override in overrides:
+      if re.search(pattern, path):
+        leaf_axes = tuple(override)
+        break
+    try:
+      spec = param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
+                        all_rules)
+    except ValueError as e:
+      raise ValueError(f'parameter {path}: {e}') from None
+    out[k] = NamedSharding(mesh, spec)
+  return traverse_util.unflatten_dict(out)
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 4) -> NamedSharding:

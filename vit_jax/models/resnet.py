@@ -6,9 +6,9 @@ Two users:
     (`conv_root`, `gn_root`, `block1/unit1/conv1`, `gn1`, ..., `conv_proj`,
     `gn_proj`). /16 hybrids use units (3, 4, 9) (stage 4 dropped, stage 3
     extended), /32 hybrids the full R50 (3, 4, 6, 3).
-  * `BiT`: the paper's ResNet baselines (Big Transfer, ResNet-v2:
-    pre-activation units, a GroupNorm+ReLU before global pooling, then a
-    zero-initialised `head`).
+  * `bit.BiT`: the paper's ResNet baselines (Big Transfer, ResNet-v2:
+    pre-activation units `BottleneckV2`, a GroupNorm+ReLU before global
+    pooling, then a zero-initialised `head`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models.inputs import check_image_shape
+from vit_jax.models.partitioning import Module, with_axes
+
 
 Dtype = Any
 
@@ -47,14 +48,18 @@ def weight_standardize_bit(w, axis, eps):
   return w / jnp.sqrt(jnp.mean(jnp.square(w), axis=axis, keepdims=True) + eps)
 
 
-class StdConv(nn.Conv):
+class StdConv(Module, nn.Conv):
   """Convolution whose kernel is standardised over (kh, kw, in) per output.
 
   `bit=False` is the hybrid stem's formula (`weight_standardize`, eps 1e-5),
   `bit=True` the BiT ResNets' (`weight_standardize_bit`, eps 1e-10): they
   differ for kernels of small variance, so each model uses its reference's.
+  The kernel's output channels are the logical axis 'conv_out' (split over
+  the `model` mesh axis under tensor parallelism).
   """
   bit: bool = False
+  kernel_init: Any = with_axes(nn.initializers.lecun_normal(),
+                               (None, None, 'conv_in', 'conv_out'))
 
   def param(self, name, *args, **kwargs):
     p = super().param(name, *args, **kwargs)
@@ -165,40 +170,22 @@ class BottleneckV2(nn.Module):
     return x + residual
 
 
-class BiT(nn.Module):
-  """BiT ResNet-v2 classifier (`BiT-R50x1` ... `BiT-R200x3`)."""
-  num_classes: Optional[int]
-  depth: int = 50
-  width_factor: float = 1.0
-  head_bias_init: float = 0.0
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-
-  @property
-  def stride(self) -> int:
-    return 32
-
-  @nn.compact
-  def __call__(self, images, *, train: bool = False):
-    del train  # No dropout or batch statistics in BiT.
-    check_image_shape(images.shape, self.stride)
-    width = int(64 * self.width_factor)
-    x = StdConv(width, (7, 7), strides=(2, 2), padding=[(3, 3), (3, 3)],
-                use_bias=False, dtype=self.dtype, param_dtype=self.param_dtype,
-                bit=True, name='conv_root')(images)
-    x = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
-    x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='VALID')
-    for i, units in enumerate(DEPTHS[self.depth]):
-      x = ResNetStage(units, width * 2**i, (1, 1) if i == 0 else (2, 2),
-                      self.dtype, self.param_dtype, unit=BottleneckV2,
-                      name=f'block{i + 1}')(x)
-    x = bit_group_norm(self.dtype, self.param_dtype, 'norm_pre_head')(x)
-    x = jnp.mean(nn.relu(x), axis=(1, 2))
-    self.sow('intermediates', 'representation', x)
-    if not self.num_classes:
-      return x
-    x = nn.Dense(self.num_classes, dtype=self.dtype,
-                 param_dtype=self.param_dtype, name='head',
-                 kernel_init=nn.initializers.zeros,
-                 bias_init=nn.initializers.constant(self.head_bias_init))(x)
-    return x.astype(jnp.float32)
+def bottleneck_flops(h: int, w: int, layers: Sequence[int],
+                     width_factor: float):
+  """Convolution FLOPs of a bottleneck ResNet (root conv, max pool, stages)
+  on an h x w x 3 image; returns (flops, output (h, w, channels))."""
+  width = int(64 * width_factor)
+  h, w = -(-h // 2), -(-w // 2)
+  flops = 2.0 * h * w * 7 * 7 * 3 * width  # Root conv, stride 2.
+  h, w, cin = -(-h // 2), -(-w // 2), width  # Max pool, stride 2.
+  for i, units in enumerate(layers):
+    mid = width * 2**i
+    for j in range(units):
+      s = 2 if (i > 0 and j == 0) else 1
+      ho, wo = -(-h // s), -(-w // s)
+      flops += 2.0 * h * w * cin * mid  # conv1 (1x1); conv2 strides.
+      flops += 2.0 * ho * wo * 9 * mid * mid + 2.0 * ho * wo * mid * 4 * mid
+      if cin != 4 * mid or s != 1:
+        flops += 2.0 * ho * wo * cin * 4 * mid
+      h, w, cin = ho, wo, 4 * mid
+  return flops, (h, w, cin)

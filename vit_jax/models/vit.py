@@ -24,7 +24,8 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models import matmul, resnet
+from vit_jax.models import matmul, registry, resnet
+from vit_jax.models.partitioning import Module, with_axes
 from vit_jax.models.inputs import check_image_shape
 
 Dtype = Any
@@ -37,7 +38,9 @@ class AddPositionEmbs(nn.Module):
   @nn.compact
   def __call__(self, x):
     shape = (1, x.shape[1], x.shape[2])
-    pe = self.param('pos_embedding', nn.initializers.normal(stddev=0.02),
+    pe = self.param('pos_embedding',
+                    with_axes(nn.initializers.normal(stddev=0.02),
+                              (None, None, 'embed')),
                     shape, self.param_dtype)
     return x + pe.astype(x.dtype)
 
@@ -56,17 +59,17 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
-    dense = lambda n: nn.Dense(
+    dense = lambda n, axes: nn.Dense(
         n, dtype=self.dtype, param_dtype=self.param_dtype,
         dot_general=matmul.dot_general,
-        kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=1e-6))
+        kernel_init=with_axes(nn.initializers.xavier_uniform(), axes),
+        bias_init=with_axes(nn.initializers.normal(stddev=1e-6), axes[1:]))
     out_dim = x.shape[-1]
-    x = dense(self.mlp_dim)(x)
+    x = dense(self.mlp_dim, ('embed', 'mlp'))(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
     x = nn.gelu(x, approximate=self.gelu_approximate)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
-    x = dense(out_dim)(x)
+    x = dense(out_dim, ('mlp', 'embed'))(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -91,7 +94,12 @@ class Encoder1DBlock(nn.Module):
     y = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
+        kernel_init=with_axes(nn.initializers.xavier_uniform(),
+                              ('embed', 'heads', 'kv')),
+        bias_init=with_axes(nn.initializers.zeros, ('heads', 'kv')),
+        out_kernel_init=with_axes(nn.initializers.xavier_uniform(),
+                                  ('heads', 'kv', 'embed')),
+        out_bias_init=with_axes(nn.initializers.zeros, ('embed',)),
         qkv_dot_general=matmul.dot_general,
         out_dot_general=matmul.dot_general,
         attention_fn=functools.partial(nn.dot_product_attention,
@@ -148,7 +156,8 @@ class Encoder(nn.Module):
         block = nn.remat(block, prevent_cse=False, static_argnums=(2,))
       x, _ = nn.scan(block, variable_axes={'params': 0},
                      split_rngs={'params': True, 'dropout': True},
-                     in_axes=nn.broadcast, length=self.num_layers)(
+                     in_axes=nn.broadcast, length=self.num_layers,
+                     metadata_params={nn.PARTITION_NAME: 'layers'})(
                          name='encoderblock', **kw)(x, not train)
     else:
       block = Encoder1DBlock
@@ -160,7 +169,7 @@ class Encoder(nn.Module):
                         param_dtype=self.param_dtype, name='encoder_norm')(x)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(Module):
   """ViT classifier; with `resnet_layers` set it is the hybrid (R50+ViT).
 
   Attributes:
@@ -217,12 +226,16 @@ class VisionTransformer(nn.Module):
     p = self.patch_size
     x = nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
                 dtype=self.dtype, param_dtype=self.param_dtype,
+                kernel_init=with_axes(nn.initializers.lecun_normal(),
+                                      (None, None, None, 'embed')),
+                bias_init=with_axes(nn.initializers.zeros, ('embed',)),
                 name='embedding')(x)
     n, h, w, c = x.shape
     x = jnp.reshape(x, (n, h * w, c))
     if self.classifier == 'token':
-      cls = self.param('cls', nn.initializers.zeros, (1, 1, c),
-                       self.param_dtype)
+      cls = self.param('cls', with_axes(nn.initializers.zeros,
+                                        (None, None, 'embed')),
+                       (1, 1, c), self.param_dtype)
       x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], 1)
 
     x = Encoder(num_layers=self.num_layers, mlp_dim=self.mlp_dim,
@@ -246,6 +259,70 @@ class VisionTransformer(nn.Module):
     x = nn.Dense(self.num_classes, dtype=self.dtype,
                  param_dtype=self.param_dtype, name='head',
                  dot_general=matmul.dot_general,
-                 kernel_init=nn.initializers.zeros,
-                 bias_init=nn.initializers.constant(self.head_bias_init))(x)
+                 kernel_init=with_axes(nn.initializers.zeros,
+                                       ('embed', 'classes')),
+                 bias_init=with_axes(
+                     nn.initializers.constant(self.head_bias_init),
+                     ('classes',)))(x)
     return x.astype(jnp.float32)
+
+
+def vit_flops(spec, h: int, w: int, num_classes: int) -> float:
+  """Matmul and convolution FLOPs of a ViT (with its hybrid stem, if any)."""
+  flops, c = 0.0, 3
+  if spec.get('resnet_layers'):
+    flops, (h, w, c) = resnet.bottleneck_flops(
+        h, w, spec['resnet_layers'], spec.get('resnet_width', 1.0))
+  p, d, m = spec['patch_size'], spec['hidden_size'], spec['mlp_dim']
+  patches = (h // p) * (w // p)
+  n = patches + (spec.get('classifier', 'token') == 'token')
+  flops += 2.0 * patches * p * p * c * d  # Patch embedding.
+  per_layer = (2.0 * n * d * 3 * d  # q, k, v projections.
+               + 2.0 * 2 * n * n * d  # q.k logits and attention x v.
+               + 2.0 * n * d * d  # Output projection.
+               + 2.0 * 2 * n * d * m)  # MLP.
+  flops += spec['num_layers'] * per_layer
+  rep = spec.get('representation_size') or 0
+  if rep:
+    flops += 2.0 * d * rep
+  return flops + 2.0 * (rep or d) * (num_classes or 0)
+
+
+def vit_shrink(spec):
+  """Width 32, 2 layers, same patch size (and stem depth: one unit per stage,
+  half width); the image size gives a 2x2 patch grid."""
+  out = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=2)
+  if spec.get('representation_size'):
+    out['representation_size'] = 32
+  stride = spec['patch_size']
+  if spec.get('resnet_layers'):
+    out['resnet_layers'] = (1,) * len(spec['resnet_layers'])
+    out['resnet_width'] = 0.5
+    stride *= resnet.stem_stride(spec['resnet_layers'])
+  return out, 2 * stride
+
+
+# Table 1 of the paper, plus the Ti and S widths of the public checkpoints.
+WIDTHS = {
+    # width: (hidden_size, mlp_dim, num_heads, num_layers)
+    'Ti': (192, 768, 3, 12),
+    'S': (384, 1536, 6, 12),
+    'B': (768, 3072, 12, 12),
+    'L': (1024, 4096, 16, 24),
+    'H': (1280, 5120, 16, 32),
+}
+
+
+def dims(width: str, patch: int, **extra):
+  """The module arguments of a ViT of width `width` (a key of WIDTHS)."""
+  hidden, mlp, heads, layers = WIDTHS[width]
+  return dict(patch_size=patch, hidden_size=hidden, mlp_dim=mlp,
+              num_heads=heads, num_layers=layers, **extra)
+
+
+FAMILY = registry.Family('ViT', VisionTransformer, vit_flops, vit_shrink)
+registry.register(FAMILY, {
+    f'ViT-{width}/{patch}': dims(width, patch)
+    for width, patch in (('Ti', 16), ('S', 16), ('S', 32), ('B', 32),
+                         ('B', 16), ('B', 8), ('L', 32), ('L', 16), ('H', 14))
+})

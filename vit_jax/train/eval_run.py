@@ -61,8 +61,11 @@ def _load(config, source: str, model, image_shape, mesh):
   init = functools.partial(model.init, train=False)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
                             jnp.zeros((1, *image_shape), jnp.float32))
-  params_sh = shd.param_shardings(abstract['params'], mesh,
-                                  config.get('fsdp_min_size', 2**18))
+  params_sh = shd.param_shardings(
+      abstract['params'], mesh, config.get('fsdp_min_size', 2**18),
+      axes=shd.logical_axes(model, image_shape),
+      rules=config.get('sharding_rules', ()),
+      overrides=config.get('sharding_overrides', ()))
   loaded = (source if source.endswith('.npz')
             else orbax_state.load_params(source))
   host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),

@@ -66,8 +66,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
   fsdp_min = config.get('fsdp_min_size', 2**18)
-  state, state_sh = step_lib.create_state(model, tx, config.seed, image_shape,
-                                          mesh, fsdp_min)
+  state, state_sh = step_lib.create_state(
+      model, tx, config.seed, image_shape, mesh, fsdp_min,
+      rules=config.get('sharding_rules', ()),
+      overrides=config.get('sharding_overrides', ()))
   ckpt = orbax_state.Checkpointer(
       workdir, every=config.get('checkpoint_every', 1000),
       keep=config.get('keep_checkpoints', 3),

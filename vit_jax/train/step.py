@@ -49,11 +49,19 @@ def loss_fn(logits: jax.Array, labels: jax.Array, kind: str = 'softmax',
 
 def create_state(model: nn.Module, tx: optax.GradientTransformation,
                  seed: int, image_shape, mesh: jax.sharding.Mesh,
-                 fsdp_min_size: int = 2**18) -> Tuple[TrainState, Any]:
-  """A fresh state, created already sharded; returns (state, shardings)."""
+                 fsdp_min_size: int = 2**18, *, rules=(), overrides=()
+                 ) -> Tuple[TrainState, Any]:
+  """A fresh state, created already sharded; returns (state, shardings).
+
+  Parameters are placed by the model's logical-axis annotations, `rules`
+  and `overrides` (see `sharding.param_shardings`).
+  """
   init = functools.partial(_init_state, model, tx, image_shape)
   abstract = jax.eval_shape(init, seed)
-  shardings = state_shardings(abstract, tx, mesh, fsdp_min_size)
+  shardings = state_shardings(
+      abstract, tx, mesh, fsdp_min_size,
+      axes=shd.logical_axes(model, image_shape), rules=rules,
+      overrides=overrides)
   with jax.set_mesh(mesh):
     state = jax.jit(init, out_shardings=shardings)(seed)
   return state, shardings
@@ -72,9 +80,11 @@ def abstract_state(model, tx, image_shape, seed: int = 0) -> TrainState:
                         seed)
 
 
-def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18):
+def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
+                    axes=None, rules=(), overrides=()):
   """Shardings of a state: params by the rules, optimiser slots likewise."""
-  params = shd.param_shardings(abstract.params, mesh, fsdp_min_size)
+  params = shd.param_shardings(abstract.params, mesh, fsdp_min_size,
+                               axes=axes, rules=rules, overrides=overrides)
   rep = shd.replicated(mesh)
   opt = optax.tree_map_params(
       tx, lambda _, s: s, abstract.opt_state, params,

@@ -1,0 +1,145 @@
+"""Parameter sharding from the models' logical-axis annotations (8 simulated
+CPU devices): ViT heads / MLP and BiT convolution output channels over
+`model`, the largest free dimension over `fsdp`; config rules and overrides."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import traverse_util
+
+from vit_jax import models
+from vit_jax import sharding as shd
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
+
+
+def shard_specs(name, mesh, image_shape, module=None):
+  """{path: [spec, shape]} of `name`'s parameters on 8 simulated devices."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  args = [sys.executable, os.path.join(HERE, 'shard_specs.py'), name,
+          json.dumps(mesh), json.dumps(list(image_shape))]
+  out = subprocess.run(args + ([module] if module else []),
+                       capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert res['devices'] == 8
+  return res['params']
+
+
+def _sharded_share(specs, prefix=''):
+  """Share of the parameters (by count) that are split over some axis."""
+  total = split = 0
+  for path, (spec, shape) in specs.items():
+    if path.startswith(prefix):
+      total += math.prod(shape)
+      split += math.prod(shape) * any(spec)
+  return split / total
+
+
+@pytest.fixture(scope='module')
+def bit_tp():
+  return shard_specs('BiT-R50x1', {'data': 1, 'model': 8}, (64, 64, 3))
+
+
+def test_bit_conv_kernels_split_over_model_on_output_channels(bit_tp):
+  kernels = {p: v for p, v in bit_tp.items() if p.endswith('kernel')
+             and p != 'head/kernel'}
+  assert len(kernels) == 1 + 3 * 16 + 4  # Root, 3 per unit, 4 projections.
+  for path, (spec, shape) in kernels.items():
+    assert spec == [None, None, None, 'model'], path
+    assert shape[-1] % 8 == 0
+  assert _sharded_share(bit_tp) > 0.95
+
+
+def test_bit_conv_kernels_split_under_fsdp():
+  specs = shard_specs('BiT-R50x1', {'data': 1, 'fsdp': 8}, (64, 64, 3))
+  spec, shape = specs['block4/unit1/conv2/kernel']  # (3, 3, 512, 512)
+  assert 'fsdp' in spec and shape[spec.index('fsdp')] == 512
+  # Every kernel of at least fsdp_min_size elements is split.
+  for path, (spec, shape) in specs.items():
+    if math.prod(shape) >= 2**18:
+      assert 'fsdp' in spec, path
+
+
+def test_bit_conv_kernels_split_over_model_and_fsdp():
+  specs = shard_specs('BiT-R50x1', {'data': 1, 'fsdp': 2, 'model': 4},
+                      (64, 64, 3))
+  spec, _ = specs['block4/unit1/conv2/kernel']
+  assert spec == [None, None, 'fsdp', 'model']
+
+
+def test_hybrid_stem_and_vit_split_over_model():
+  # B/16 has 12 heads: model=4 divides them (8 would leave them whole).
+  specs = shard_specs('R50+ViT-B/16', {'data': 2, 'model': 4}, (64, 64, 3))
+  assert _sharded_share(specs, 'block') > 0.95  # The ResNet stem.
+  assert specs['conv_root/kernel'][0] == [None, None, None, 'model']
+  q = 'Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel'
+  assert specs[q][0] == [None, 'model', None]  # Heads.
+  assert specs['Transformer/encoderblock_0/MlpBlock_0/Dense_0/kernel'][0] == [
+      None, 'model']
+
+
+def test_scanned_layers_keep_their_axes():
+  model = models.create('ViT-test', num_classes=10, scan_layers=True)
+  axes = traverse_util.flatten_dict(shd.logical_axes(model, (28, 28, 3)))
+  q = ('Transformer', 'encoderblock', 'MultiHeadDotProductAttention_0',
+       'query', 'kernel')
+  assert axes[q] == ('layers', 'embed', 'heads', 'kv')
+
+
+def test_init_returns_plain_arrays():
+  # Checkpoints, optimisers and converters never see annotation boxes.
+  for name, shape in (('ViT-test', (28, 28, 3)), ('BiT-R50x1', (32, 32, 3))):
+    model = models.create(name, num_classes=3, width_factor=0.5) if name \
+        .startswith('BiT') else models.create(name, num_classes=3)
+    params = model.init(jax.random.key(0), jnp.zeros((1, *shape)))['params']
+    for leaf in jax.tree.leaves(params):
+      assert isinstance(leaf, jax.Array), type(leaf)
+    abstract = jax.eval_shape(model.init, jax.random.key(0),
+                              jnp.zeros((1, *shape)))['params']
+    for leaf in jax.tree.leaves(abstract):
+      assert isinstance(leaf, jax.ShapeDtypeStruct), type(leaf)
+
+
+class FakeMesh:
+  shape = {'data': 1, 'fsdp': 1, 'model': 4}
+
+
+def test_config_rules_and_overrides():
+  model = models.create('ViT-test', num_classes=8)
+  axes = shd.logical_axes(model, (28, 28, 3))
+  flat = traverse_util.flatten_dict(axes)
+  mlp = flat[('Transformer', 'encoderblock_0', 'MlpBlock_0', 'Dense_0',
+              'kernel')]
+  assert tuple(shd.param_spec((32, 64), FakeMesh(), mlp)) == (None, 'model')
+  # A rule taking precedence: MLP kernels stay whole.
+  rules = (('mlp', None),) + shd.LOGICAL_RULES
+  assert tuple(shd.param_spec((32, 64), FakeMesh(), mlp, rules=rules)) == (
+      None, None)
+  # Through param_shardings on a real (1-device) mesh.
+  mesh = shd.make_mesh(data=1, devices=jax.devices()[:1])
+  abstract = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, 28, 28, 3)))['params']
+  sh = shd.param_shardings(abstract, mesh, axes=axes,
+                           overrides=(('^head/kernel$', (None, 'mlp')),))
+  assert sh['head']['kernel'].spec == jax.sharding.PartitionSpec(None, None)
+
+
+def test_wrong_override_is_a_clear_error():
+  model = models.create('ViT-test', num_classes=8)
+  abstract = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, 28, 28, 3)))['params']
+  mesh = shd.make_mesh(data=1, devices=jax.devices()[:1])
+  with pytest.raises(ValueError, match=r'parameter head/kernel: logical axes '
+                     r"\('mlp',\) do not match a parameter of shape"):
+    shd.param_shardings(abstract, mesh,
+                        overrides=(('^head/kernel$', ('mlp',)),))
