@@ -1,0 +1,114 @@
+"""A model family registered from outside the package: one module and one
+`models.register` call, and `create`, accounting, smoke shrinking and
+sharding all know it."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import pytest
+
+from configs import common
+from test_sharding import shard_specs
+from vit_jax import accounting, models
+
+
+class TinyMLP(models.Module):
+  """Flattened pixels -> one ReLU hidden layer -> a zero-initialised head."""
+  num_classes: Optional[int]
+  hidden: int = 64
+
+  @nn.compact
+  def __call__(self, images, *, train: bool = False):
+    del train
+    x = images.reshape(images.shape[0], -1)
+    x = nn.Dense(self.hidden, name='hidden', kernel_init=models.with_axes(
+        nn.initializers.lecun_normal(), ('embed', 'mlp')),
+                 bias_init=models.with_axes(nn.initializers.zeros, ('mlp',)))(x)
+    x = nn.relu(x)
+    if not self.num_classes:
+      return x
+    return nn.Dense(self.num_classes, name='head',
+                    kernel_init=models.with_axes(nn.initializers.zeros,
+                                                 ('mlp', 'classes')))(x)
+
+
+def tiny_flops(spec, h, w, num_classes):
+  return 2.0 * h * w * 3 * spec['hidden'] + 2.0 * spec['hidden'] * (
+      num_classes or 0)
+
+
+def tiny_shrink(spec):
+  del spec
+  return dict(hidden=16), 8
+
+
+models.register(models.Family('TinyMLP', TinyMLP, tiny_flops, tiny_shrink),
+                {'TinyMLP-S': dict(hidden=64), 'TinyMLP-L': dict(hidden=256)})
+
+
+def test_created_by_name():
+  assert {'TinyMLP-S', 'TinyMLP-L'} <= set(models.names())
+  model = models.create('TinyMLP-L', num_classes=10)
+  assert isinstance(model, TinyMLP) and model.hidden == 256
+  assert models.family('TinyMLP-L').name == 'TinyMLP'
+  x = jnp.ones((2, 32, 32, 3))
+  params = model.init(jax.random.key(0), x)['params']
+  assert params['hidden']['kernel'].shape == (32 * 32 * 3, 256)
+  assert isinstance(params['hidden']['kernel'], jax.Array)  # Plain arrays.
+  assert model.apply({'params': params}, x).shape == (2, 10)
+  cfg = ml_collections.ConfigDict(dict(name='TinyMLP-S', hidden=None))
+  assert models.from_config(cfg, 5).hidden == 64
+
+
+def test_accounting_uses_its_flop_count():
+  ana = accounting.analytic_forward_flops('TinyMLP-L', 32, num_classes=10)
+  assert ana == 2.0 * 32 * 32 * 3 * 256 + 2.0 * 256 * 10
+  xla = accounting.forward_flops('TinyMLP-L', 32, num_classes=10)
+  assert abs(xla / ana - 1) < 0.02  # Bias and ReLU on top of the matmuls.
+  assert accounting.param_count('TinyMLP-L', num_classes=10,
+                                image_size=32) == 3072 * 256 + 256 + 2570
+
+
+def test_smoke_shrinks_it():
+  cfg = ml_collections.ConfigDict(dict(name='TinyMLP-L', hidden=None))
+  size = common.shrink_model(cfg)
+  assert (size, cfg.hidden) == (8, 16)
+  model = models.from_config(cfg, 10)
+  x = jnp.ones((1, size, size, 3))
+  out = model.apply(model.init(jax.random.key(0), x), x)
+  assert out.shape == (1, 10)
+
+
+def test_sharded_from_its_annotations():
+  tp = shard_specs('TinyMLP-L', {'data': 1, 'model': 8}, (32, 32, 3),
+                   module='test_model_registry')
+  assert tp['hidden/kernel'][0] == [None, 'model']
+  assert tp['hidden/bias'][0] == ['model']
+  assert tp['head/kernel'][0] == ['model', None]
+  fsdp = shard_specs('TinyMLP-L', {'data': 1, 'fsdp': 8}, (32, 32, 3),
+                     module='test_model_registry')
+  assert math.prod(fsdp['hidden/kernel'][1]) >= 2**18
+  assert fsdp['hidden/kernel'][0] == ['fsdp', None]  # Largest dim, 3072.
+
+
+def test_registration_errors_are_clear():
+  with pytest.raises(ValueError, match="'TinyMLP-S' is already registered"):
+    models.register(models.Family('Again', TinyMLP, tiny_flops, tiny_shrink),
+                    {'TinyMLP-S': {}})
+  with pytest.raises(ValueError, match=r"sets \['width'\]"):
+    models.register(models.Family('Bad', TinyMLP, tiny_flops, tiny_shrink),
+                    {'TinyMLP-X': dict(width=3)})
+
+  class Plain(nn.Module):
+    num_classes: Optional[int] = None
+  with pytest.raises(TypeError, match='must derive from vit_jax.models.Module'):
+    models.register(models.Family('Plain', Plain, tiny_flops, tiny_shrink),
+                    {'Plain-1': {}})
+  assert 'TinyMLP-X' not in models.names()
+  assert 'Plain-1' not in models.names()
