@@ -1,7 +1,7 @@
 """Prints the parameter shardings of a model under one mesh as JSON.
 
-Run in a subprocess so that the number of simulated CPU devices can differ
-from the test process (XLA_FLAGS=--xla_force_host_platform_device_count=8):
+Run in a subprocess (`shard_specs(...)` below) so that the number of
+simulated CPU devices can differ from the test process:
     python tests/shard_specs.py BiT-R50x1 '{"model": 8}' '[64, 64, 3]' [module]
 `module` (optional) is imported first: a test file registering a family.
 """
@@ -9,6 +9,7 @@ from the test process (XLA_FLAGS=--xla_force_host_platform_device_count=8):
 import importlib
 import json
 import os
+import subprocess
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
@@ -20,11 +21,29 @@ from vit_jax import models  # noqa: E402
 from vit_jax import sharding as shd  # noqa: E402
 
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
+
+
+def shard_specs(name, mesh, image_shape, module=None):
+  """{path: [spec, shape]} of `name`'s parameters on 8 simulated devices."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  args = [sys.executable, os.path.abspath(__file__), name, json.dumps(mesh),
+          json.dumps(list(image_shape))]
+  out = subprocess.run(args + ([module] if module else []),
+                       capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert res['devices'] == 8
+  return res['params']
+
+
 def main():
   name, mesh_cfg, image_shape = sys.argv[1], json.loads(sys.argv[2]), tuple(
       json.loads(sys.argv[3]))
   if len(sys.argv) > 4:
-    sys.path.insert(0, os.path.dirname(__file__))
+    sys.path.insert(0, HERE)
     importlib.import_module(sys.argv[4])
   mesh = shd.make_mesh(**mesh_cfg)
   model = models.create(name, num_classes=16)

@@ -14,7 +14,7 @@ import ml_collections
 import pytest
 
 from configs import common
-from test_sharding import shard_specs
+from shard_specs import shard_specs
 from vit_jax import accounting, models
 
 

@@ -2,37 +2,16 @@
 CPU devices): ViT heads / MLP and BiT convolution output channels over
 `model`, the largest free dimension over `fsdp`; config rules and overrides."""
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from flax import traverse_util
 
+from shard_specs import shard_specs
 from vit_jax import models
 from vit_jax import sharding as shd
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
-
-
-def shard_specs(name, mesh, image_shape, module=None):
-  """{path: [spec, shape]} of `name`'s parameters on 8 simulated devices."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
-  args = [sys.executable, os.path.join(HERE, 'shard_specs.py'), name,
-          json.dumps(mesh), json.dumps(list(image_shape))]
-  out = subprocess.run(args + ([module] if module else []),
-                       capture_output=True, text=True, env=env)
-  assert out.returncode == 0, out.stderr[-3000:]
-  res = json.loads(out.stdout.strip().splitlines()[-1])
-  assert res['devices'] == 8
-  return res['params']
 
 
 def _sharded_share(specs, prefix=''):

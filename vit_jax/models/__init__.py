@@ -13,8 +13,6 @@ forward GFLOPs at 224x224. A new family registers itself with `register`
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax.numpy as jnp
 

@@ -13,7 +13,7 @@ Two users:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
