@@ -122,3 +122,9 @@ def test_wrong_override_is_a_clear_error():
                      r"\('mlp',\) do not match a parameter of shape"):
     shd.param_shardings(abstract, mesh,
                         overrides=(('^head/kernel$', ('mlp',)),))
+
+
+def test_unknown_mesh_axis_in_rules_is_a_clear_error():
+  with pytest.raises(ValueError, match="mesh axis 'modle'.*fix sharding_rules"):
+    shd.param_spec((32, 64), FakeMesh(), ('embed', 'mlp'),
+                   rules=(('mlp', 'modle'),))

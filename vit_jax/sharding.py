@@ -114,6 +114,10 @@ def logical_axes(model: nn.Module, image_shape: Sequence[int]):
 
 def _size(mesh: Mesh, axis) -> int:
   axes = axis if isinstance(axis, tuple) else (axis,)
+  unknown = [a for a in axes if a not in mesh.shape]
+  if unknown:
+    raise ValueError(f'sharding rule names mesh axis {unknown[0]!r}; the mesh '
+                     f'has {tuple(mesh.shape)}: fix sharding_rules')
   return math.prod(mesh.shape[a] for a in axes)
 
 
