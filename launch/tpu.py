@@ -27,6 +27,7 @@ from typing import Optional, Sequence
 from launch import commands, local
 from launch import topology as topology_lib
 from launch.runner import CommandError, Result, Runner
+from vit_jax.train.preemption import EXIT_PREEMPTED
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VERBS = ('up', 'create', 'setup', 'run', 'logs', 'status', 'exec', 'delete')
@@ -391,6 +392,11 @@ def _watch(runner: Runner, args) -> str:
     code = stream.wait(args.poll_seconds)
     if code == 0:
       return 'done'
+    if code == EXIT_PREEMPTED:  # The run saved on SIGTERM / a notice.
+      stream.stop()
+      runner.note('the run saved a checkpoint on a preemption signal '
+                  f'(exit {code})')
+      return 'preempted'
     state = _state(runner, args)
     if state in _gone(args):
       stream.stop()

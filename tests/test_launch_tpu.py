@@ -27,6 +27,8 @@ import time
 
 import pytest
 
+from vit_jax.train.preemption import EXIT_PREEMPTED
+
 from launch import commands, local, topology, tpu
 from launch.runner import Process, Result, Runner
 
@@ -368,6 +370,17 @@ def test_preemption_recreates_and_resumes():
   assert creates[0] == creates[1] and '--spot' in creates[0]
   assert runner.processes[0].stopped
   assert 'restart 1/5' in runner.out.getvalue()
+
+
+def test_run_that_saved_on_sigterm_is_relaunched():
+  # The run saw SIGTERM (a preemption notice), saved and exited 75 while the
+  # node still answered READY: recreate and run again, which resumes.
+  runner = FakeRunner(states=['READY', 'READY'],
+                      streams=[[EXIT_PREEMPTED], [0]])
+  assert _up(runner) == 0
+  runs = [c for c in runner.calls if kind(c) == 'run']
+  assert len(runs) == 2 and runs[0] == runs[1]
+  assert 'preemption signal (exit 75)' in runner.out.getvalue()
 
 
 def test_preemption_during_setup_recreates():

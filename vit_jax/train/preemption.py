@@ -18,7 +18,7 @@ import signal
 import threading
 from typing import Callable, Optional
 
-import jax
+# No JAX import at module level: launchers read the exit codes without it.
 
 EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (the launcher relaunches).
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention.
@@ -43,6 +43,7 @@ class StopRequests:
     self._reason: Optional[str] = None
     self._code = 0
     self._previous = {}
+    self._multi = False
 
   def _handle(self, signum, frame):  # pylint: disable=unused-argument
     if signum == signal.SIGINT and self._reason is not None:
@@ -53,7 +54,9 @@ class StopRequests:
                   else EXIT_PREEMPTED)
 
   def __enter__(self) -> 'StopRequests':
-    single = jax.process_count() == 1
+    import jax
+    self._multi = jax.process_count() > 1
+    single = not self._multi
     if single and threading.current_thread() is threading.main_thread():
       for sig in (signal.SIGTERM, signal.SIGINT):
         self._previous[sig] = signal.signal(sig, self._handle)
@@ -66,7 +69,7 @@ class StopRequests:
 
   def requested(self, step: int) -> Optional[RunInterrupted]:
     """A RunInterrupted to raise once step `step` is saved, or None."""
-    if self._reason is None and jax.process_count() > 1:
+    if self._reason is None and self._multi:
       if self._reached_preemption(step):
         self._reason, self._code = 'preemption notice', EXIT_PREEMPTED
     if self._reason is None:
