@@ -48,8 +48,9 @@ def base() -> ml_collections.ConfigDict:
   c.mode = 'train'  # 'eval': evaluate workdir's checkpoint (or init) only.
   # `name` picks the model from the zoo; other fields override its options.
   c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
-  # None: the dataset's class count.
-  c.num_classes = ml_collections.FieldReference(None, field_type=int)
+  # The model head's classes; None: the dataset's class count. Any literal
+  # type, so that both --config.num_classes=None and =5 parse.
+  c.num_classes = ml_collections.FieldReference(None, field_type=object)
   def none(kind):  # An optional field, overridable from the command line.
     return ml_collections.FieldReference(None, field_type=kind)
   # See docs/data.md; None: the dataset registry's default.
@@ -76,8 +77,8 @@ def base() -> ml_collections.ConfigDict:
   c.fsdp_min_size = 2**18  # Smaller tensors stay replicated under FSDP.
   # Pre-trained weights to start from (.npz); None: from scratch.
   c.init = ml_collections.FieldReference(None, field_type=str)
-  # Extra evaluators by name (vit_jax/evaluators): kind='classification'
-  # (e.g. ImageNet ReaL) or kind='fewshot'.
+  # Extra evaluators by name (vit_jax/evaluators): type='classification'
+  # (e.g. ImageNet ReaL) or type='fewshot' (docs/evaluation.md).
   c.evals = ml_collections.ConfigDict()
   # Where the run belongs in the paper's tables (see docs/tables.md): model,
   # pretrain, pretrain_epochs, pretrain_optimizer, task, lr, sweep.
@@ -150,7 +151,7 @@ def apply_smoke(c: ml_collections.ConfigDict, steps: int = 10
   c.input.eval_batch_size = 120
   c.input.num_train_examples = 1437
   c.input.prepare = False
-  c.num_classes = 10
+  c.num_classes = None  # digits' 10.
   c.total_steps = steps
   c.total_epochs = None
   c.optim.warmup_steps = 2

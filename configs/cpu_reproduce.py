@@ -39,7 +39,7 @@ BIT = dict(name='BiT-R50x1', depth=26, width_factor=0.5, dtype='bfloat16')
 VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
 STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
          'vit_1ep', 'bit_1ep')
-FEWSHOT = dict(kind='fewshot', datasets=('mnist5k', 'fashion_mnist'),
+FEWSHOT = dict(type='fewshot', datasets=('mnist5k', 'fashion_mnist'),
                shots=(1, 5, 10, 25), seeds=5, l2_reg=1.0, pool_per_class=100)
 
 
@@ -74,7 +74,6 @@ def get_config(arg=None):
                      'pass init=<its workdir>')
   c = common.base()
   c.model.update(BIT if args.step == 'bit_1ep' else VIT)
-  c.num_classes = 10
   c.input.batch_size = 128
   c.input.eval_batch_size = 500
   c.log_every = 100

@@ -60,7 +60,7 @@ def get_config(arg=None):
   c.checkpoint_every = 1000
   c.eval_every = 0
   if data == 'imagenet2012' and not args.sweep:
-    c.evals.real = dict(kind='classification', data='imagenet2012_real',
+    c.evals.real = dict(type='classification', data='imagenet2012_real',
                         real_only=True)
   c.report = common.transfer_report(args, data, lr)
   if args.smoke:

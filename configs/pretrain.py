@@ -109,7 +109,7 @@ def get_config(arg=None):
                   pretrain_epochs=c.total_epochs, pretrain_optimizer=args.opt,
                   task='pretrain')
   if args.fewshot:  # E.g. fewshot=imagenet2012+cifar100+oxford_iiit_pet
-    c.evals.fewshot = dict(kind='fewshot', datasets=tuple(
+    c.evals.fewshot = dict(type='fewshot', datasets=tuple(
         args.fewshot.split('+')), shots=paper.FEWSHOT_SHOTS, seeds=3,
         every=10_000)
   if args.smoke:

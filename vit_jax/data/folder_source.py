@@ -135,6 +135,11 @@ class FolderSource(Source):
   def num_classes(self) -> int:
     return len(self.classes)
 
+  def largest_label(self):
+    return len(self.classes) - 1, (
+        f'{len(self.classes)} class folders in {self.root}, the last '
+        f'{self.classes[-1]!r}')
+
   def split_names(self) -> List[str]:
     return list(self._files)
 

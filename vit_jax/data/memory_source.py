@@ -68,7 +68,12 @@ class MemorySource(Source):
 
   @property
   def num_classes(self) -> int:
-    return self.spec.num_classes
+    return self.spec.num_classes or self.largest_label()[0] + 1
+
+  def largest_label(self):
+    largest = max(int(labels.max()) for _, labels in self._splits.values()
+                  if len(labels))
+    return largest, 'in its arrays'
 
   def split_names(self) -> List[str]:
     return list(self._splits)

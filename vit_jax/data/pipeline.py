@@ -368,6 +368,29 @@ def eval_iterator(input_config, *, split: Optional[str] = None,
                       process_count=process_count)
 
 
+def check_num_classes(input_config, num_classes) -> None:
+  """Raises a clear error before training if labels can reach the head size.
+
+  Args:
+    input_config: the `input` ConfigDict.
+    num_classes: the model head's class count (`config.num_classes`, or the
+      dataset's when that is None).
+
+  Raises:
+    ValueError: `num_classes` is not a positive integer.
+    LabelRangeError: the dataset's labels (from its metadata: class folders,
+      tfds features, the registry, in-memory arrays, `input.num_classes` of
+      TFRecords) go up to `num_classes` or beyond. TFRecord labels are also
+      checked example by example as they are read, naming the file.
+  """
+  if (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+      or num_classes < 1):
+    raise ValueError(
+        f'num_classes={num_classes!r}: expected a positive integer, or '
+        "--config.num_classes=None for the dataset's class count")
+  settings_lib.read(input_config).source.check_labels(num_classes)
+
+
 @dataclasses.dataclass(frozen=True)
 class DatasetInfo:
   """What the trainer needs to know before the first batch."""

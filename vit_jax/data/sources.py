@@ -27,6 +27,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax.data.errors import LabelRangeError
 from vit_jax.data.registry import DatasetSpec
 
 
@@ -106,6 +107,29 @@ class Source(abc.ABC):
     if split is None:
       raise ValueError(f'{self.spec.name}: set input.eval_split')
     return split
+
+  def largest_label(self) -> Tuple[int, str]:
+    """(the largest label the data can hold, where that is known from).
+
+    From metadata (class folders, tfds features, the registry, the loaded
+    arrays): cheap, reads no examples.
+    """
+    return self.num_classes - 1, 'its class count'
+
+  def check_labels(self, num_classes: int) -> None:
+    """Raises a LabelRangeError if a label can reach `num_classes` or more.
+
+    A label outside the head would train silently (one-hot of zeros, NaN
+    loss in evaluation); sources whose labels are only known by reading
+    also check each example in `host_dataset`.
+    """
+    largest, known_from = self.largest_label()
+    if largest >= num_classes:
+      raise LabelRangeError(
+          f'dataset {self.spec.name!r} has labels up to {largest} '
+          f'({known_from}) but the model head has num_classes={num_classes}: '
+          f'set --config.num_classes={largest + 1} or leave it None (the '
+          "dataset's class count)")
 
   def explain_error(self, error: Exception, split: str, process_index: int,
                     process_count: int) -> Optional[Exception]:
