@@ -46,7 +46,7 @@ from vit_jax.data import shuffle
 from vit_jax.data.errors import (DataError, DatasetNotPreparedError,
                                  LabelRangeError, UnknownSplitError)
 from vit_jax.data.registry import DatasetSpec
-from vit_jax.data.sources import Source
+from vit_jax.data.sources import Source, register
 
 _CYCLE_LENGTH = 16
 _STAT_THREADS = 32
@@ -162,6 +162,7 @@ def _records_of_shard(count: int, process_index: int,
   return max(0, -(-(count - process_index) // process_count))
 
 
+@register('tfrecord')
 class TFRecordSource(Source):
   """Examples from TFRecord files; see the module docstring."""
 
