@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 import ml_collections
 
 from vit_jax import models, paper
+from vit_jax.data import registry
 
 
 def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
@@ -56,7 +57,8 @@ def base() -> ml_collections.ConfigDict:
   # See docs/data.md; None: the dataset registry's default.
   c.input = ml_collections.ConfigDict(dict(
       data='imagenet2012', data_dir=none(str), image_size=224,
-      batch_size=4096, eval_batch_size=1024, num_train_examples=1_281_167,
+      batch_size=4096, eval_batch_size=1024,
+      num_train_examples=registry.get('imagenet2012').num_train_examples,
       train_split=none(str), eval_split=none(str), pp_train=none(str),
       pp_eval=none(str), shuffle_buffer=10_000, cache=False, prefetch=2,
       mixup=0.0, skip_bad_images=False, prepare=False))
@@ -110,9 +112,8 @@ def table4_optim(c: ml_collections.ConfigDict, lr: float,
 def transfer_report(args, task: str, lr: float) -> dict:
   """`config.report` of a transfer run: the pre-training its `init` is
   (args `pretrain`, `pretrain_epochs`, `pretrain_opt`) and its task."""
-  from configs import pretrain  # pretrain imports this module.
-  epochs = args.pretrain_epochs or pretrain.default_epochs(args.pretrain,
-                                                           args.model)
+  epochs = args.pretrain_epochs or paper.default_epochs(args.pretrain,
+                                                        args.model)
   return dict(model=args.model, pretrain=args.pretrain,
               pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
               task=task, lr=lr, sweep=args.sweep)
@@ -149,7 +150,7 @@ def apply_smoke(c: ml_collections.ConfigDict, steps: int = 10
   c.input.image_size = size
   c.input.batch_size = 32
   c.input.eval_batch_size = 120
-  c.input.num_train_examples = 1437
+  c.input.num_train_examples = registry.get('digits').num_train_examples
   c.input.prepare = False
   c.num_classes = None  # digits' 10.
   c.total_steps = steps

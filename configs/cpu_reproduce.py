@@ -30,6 +30,7 @@ smoke=true shrinks any step to seconds (tests run it).
 """
 
 from configs import common
+from vit_jax.data import registry
 
 # The CPU-scale ViT: ViT-Ti/16's layout, narrower and shallower, patch 4.
 VIT = dict(name='ViT-Ti/16', patch_size=4, hidden_size=128, mlp_dim=512,
@@ -54,7 +55,7 @@ def _data(c, data: str, size: int) -> None:
   c.input.image_size = size
   c.input.pp_train = _pp(size, train=data == 'fashion_mnist')
   c.input.pp_eval = _pp(size, train=False)
-  c.input.num_train_examples = 60_000 if data == 'fashion_mnist' else 4_000
+  c.input.num_train_examples = registry.get(data).num_train_examples
 
 
 def _adam(c, lr: float = 1e-3, warmup: int = 500) -> None:
