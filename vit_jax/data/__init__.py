@@ -10,7 +10,7 @@
   * `shuffle.py`: stateless permutations and the block shuffle;
   * `ops.py`, `preprocess.py`, `mixup.py`: pre-processing;
   * `prepare.py`: `python -m vit_jax.data.prepare NAME` (fashion_mnist
-    offline); `bench.py`: input throughput.
+    offline); `input_bench.py`: input throughput.
 
 Importing this package is cheap; TensorFlow loads with `pipeline`:
 

@@ -46,7 +46,7 @@ class DatasetSpec:
     image_size: default `input.image_size`.
     tfds_name: the tfds builder, `name[/config][:version]`.
     image_key, label_key: features holding the image and the class.
-    task: a VTAB label function (`vit_jax/data/vtab.py`) computing the label.
+    task: a VTAB label function (`vit_jax/data/vtab_tasks.py`) computing the label.
     real_label_key: feature with the ImageNet ReaL multi-label set.
     prepare: how to get the data, for docs and error messages.
     group: a tag for listings ('vtab-natural', ...).

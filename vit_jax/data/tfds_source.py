@@ -15,7 +15,7 @@ from typing import List, Optional
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import shuffle, vtab
+from vit_jax.data import shuffle, vtab_tasks
 from vit_jax.data.errors import DatasetNotPreparedError, UnknownSplitError
 from vit_jax.data.registry import DatasetSpec
 from vit_jax.data import tfrecord_source
@@ -72,7 +72,7 @@ class TfdsSource(Source):
     self._decoders = {k: tfds.decode.SkipDecoding()
                       for k, f in features.items()
                       if isinstance(f, tfds.features.Image)}
-    self._task = vtab.TASKS[spec.task] if spec.task else None
+    self._task = vtab_tasks.TASKS[spec.task] if spec.task else None
 
   @property
   def num_classes(self) -> int:
