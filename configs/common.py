@@ -54,14 +54,17 @@ def base() -> ml_collections.ConfigDict:
   c.num_classes = ml_collections.FieldReference(None, field_type=object)
   def none(kind):  # An optional field, overridable from the command line.
     return ml_collections.FieldReference(None, field_type=kind)
-  # See docs/data.md; None: the dataset registry's default.
+  # See docs/data.md; None: the dataset registry's default, or the input
+  # pipeline's (vit_jax/data/settings.py: shuffle_buffer, cache, prefetch,
+  # mixup, skip_bad_images).
   c.input = ml_collections.ConfigDict(dict(
       data='imagenet2012', data_dir=none(str), image_size=224,
       batch_size=4096, eval_batch_size=1024,
       num_train_examples=registry.get('imagenet2012').num_train_examples,
       train_split=none(str), eval_split=none(str), pp_train=none(str),
-      pp_eval=none(str), shuffle_buffer=10_000, cache=False, prefetch=2,
-      mixup=0.0, skip_bad_images=False, prepare=False))
+      pp_eval=none(str), shuffle_buffer=none(int), cache=none(bool),
+      prefetch=none(int), mixup=none(float), skip_bad_images=none(bool),
+      prepare=False))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)

@@ -305,15 +305,20 @@ class MeanConfidence(evaluators.Evaluator):
     return {f'{self.name}/confidence': float(np.mean(scores))}
 
 
-def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
+def _digits_run(digits_model, **evals):
+  """(config, model, params, mesh, params sharding) of a run on digits."""
   model, params = digits_model
   mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
   config = ml_collections.ConfigDict(dict(
       input=dict(data='digits', image_size=16, batch_size=60,
-                 eval_batch_size=60),
-      eval_every=0, evals=dict(conf=dict(type='test_mean_confidence',
-                                         batches=2, every=5))))
+                 eval_batch_size=60), eval_every=0, evals=evals))
+  return config, model, params, mesh, shd.param_shardings(params, mesh)
+
+
+def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
+  config, model, params, mesh, sh = _digits_run(
+      digits_model, conf=dict(type='test_mean_confidence', batches=2,
+                              every=5))
   built = evaluators.build(config, model, mesh, sh, 16)
   assert [type(e).__name__ for e in built] == ['Classification',
                                                'MeanConfidence']
@@ -325,12 +330,8 @@ def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
 
 
 def test_evaluator_types_say_what_is_known(digits_model):
-  model, params = digits_model
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  config = ml_collections.ConfigDict(dict(
-      input=dict(data='digits', image_size=16, batch_size=60,
-                 eval_batch_size=60), evals=dict(x=dict(type='fewshoot'))))
+  config, model, _, mesh, sh = _digits_run(digits_model,
+                                           x=dict(type='fewshoot'))
   with pytest.raises(ValueError, match="Did you mean fewshot.*Known types: "
                      'classification, fewshot'):
     evaluators.build(config, model, mesh, sh, 16)

@@ -265,21 +265,3 @@ OPTIMIZER_STUDY = {
         'oxford_iiit_pet': 94.79, 'oxford_flowers102': 99.32,
         'average': 93.72},
 }
-
-# --------------------------------------------------------------------------
-# Section 4.6: masked patch prediction, ViT-B/16 (ImageNet top-1, percent).
-
-SELF_SUPERVISION = {
-    'model': 'ViT-B/16', 'steps': 1_000_000, 'epochs': 14,
-    'batch_size': 4096, 'lr': 2e-4, 'warmup_steps': 10_000,
-    'decay': 'cosine', 'corrupt': 0.5, 'mask': 0.8, 'random': 0.1,
-    'keep': 0.1, 'color_bits': 3, 'classes': 512,
-    'imagenet2012': 79.9, 'gain_over_scratch': 2.0,
-    'gap_to_supervised': 4.0,
-}
-ATTENTION_DISTANCE_IMAGES = 128
-
-# --------------------------------------------------------------------------
-# Compute accounting: TPUv3 peak (bf16) and cores.
-
-TPU_V3 = {'peak_bf16_per_chip': 123e12, 'cores_per_chip': 2}
