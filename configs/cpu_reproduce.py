@@ -29,7 +29,7 @@ Steps:
 smoke=true shrinks any step to seconds (tests run it).
 """
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.data import registry
 
 # The CPU-scale ViT: ViT-Ti/16's layout, narrower and shallower, patch 4.

@@ -16,7 +16,7 @@ ImageNet ReaL (`real_accuracy`).
 result tables (`python -m vit_jax.tables`); they change nothing else.
 """
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import paper
 
 # data: (steps, LR sweep) from Table 4 (VTAB has its own config).

@@ -13,7 +13,7 @@ LR 0.03 per 256 images, weight decay 1e-4 (Kolesnikov et al. 2020; the
 paper reports the study, not these settings).
 """
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import paper
 
 # Models with a JFT-300M row in Table 3 (or, for BiT-R200x3, in Table 6).

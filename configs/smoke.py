@@ -13,7 +13,7 @@ evaluation over every test example and summary.json.
 
 import os
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax.data import registry
 
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'

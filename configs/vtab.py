@@ -11,7 +11,7 @@ for choosing settings). `python -m vit_jax.vtab` runs all 19 and reports the
 per-task accuracies with the Natural / Specialized / Structured means.
 """
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import paper
 from vit_jax.data import registry
 

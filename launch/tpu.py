@@ -24,11 +24,12 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from launch import commands, local
-from launch import topology as topology_lib
-from launch.runner import CommandError, Result, Runner
+from vit_jax.launch import commands, local
+from vit_jax.launch import topology as topology_lib
+from vit_jax.launch.runner import CommandError, Result, Runner
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# realpath: in a checkout this file is also reached as vit_jax/launch/tpu.py.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 VERBS = ('up', 'create', 'setup', 'run', 'logs', 'status', 'exec', 'delete')
 _TPU_FLAGS = ('name', 'zone')
 REQUIRED = {

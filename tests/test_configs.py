@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from configs import common, cpu_reproduce, finetune, pretrain, smoke, vtab
+from vit_jax.configs import common, cpu_reproduce, finetune, pretrain, smoke, vtab
 from vit_jax import models, paper
 from vit_jax.data import registry
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from configs import smoke
+from vit_jax.configs import smoke
 from vit_jax import models
 from vit_jax.data import pipeline, prepare
 from vit_jax.data.errors import LabelRangeError
