@@ -27,10 +27,9 @@ import time
 
 import pytest
 
+from vit_jax.launch import commands, local, topology, tpu
+from vit_jax.launch.runner import Process, Result, Runner
 from vit_jax.train.preemption import EXIT_PREEMPTED
-
-from launch import commands, local, topology, tpu
-from launch.runner import Process, Result, Runner
 
 ROOT = tpu.ROOT
 DOC = os.path.join(ROOT, 'docs', 'tpu.md')
@@ -594,8 +593,8 @@ def test_doc_prepare_flags_exist():
 
 
 def test_batch_that_does_not_split_over_the_slice_fails_before_create():
-  from launch import topology as topology_lib
-  from launch import tpu
+  from vit_jax.launch import topology as topology_lib
+  from vit_jax.launch import tpu
   smoke = os.path.join(ROOT, 'configs/smoke.py:data=digits')
   config = tpu.load_config(smoke, ['--config.input.batch_size=100'])
   with pytest.raises(ValueError, match='multiple of 32'):

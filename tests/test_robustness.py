@@ -276,8 +276,8 @@ def test_summary_complete_after_kill_before_it(reference, tmp_path):
 # 7. Values that cannot work are refused before compiling.
 
 def test_config_values_that_cannot_work_are_refused(tmp_path):
-  import configs.smoke
-  config = configs.smoke.get_config('data=digits')
+  from vit_jax.configs import smoke
+  config = smoke.get_config('data=digits')
   config_check.check(config)
   for key, value in [('total_steps', 0), ('input.batch_size', -8),
                      ('optim.lr', 0.0), ('keep_checkpoints', 0),

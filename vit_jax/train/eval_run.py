@@ -91,6 +91,7 @@ def _evaluate(config: ml_collections.ConfigDict,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
+  pipeline.check_num_classes(config.input, num_classes)
   model = models.from_config(config.model, num_classes)
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)

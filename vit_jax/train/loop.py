@@ -111,6 +111,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
+  pipeline.check_num_classes(config.input, num_classes)
   steps = total_steps(config, info.num_train_examples)
   model = models.from_config(config.model, num_classes)
   tx, lr_fn = optim.make(config.optim, steps)
