@@ -10,8 +10,13 @@ setup(
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',
     python_requires='>=3.10',
-    packages=find_packages(include=['vit_jax', 'vit_jax.*', 'configs',
-                                    'launch', 'launch.*']),
+    # configs/ and launch/ install inside the vit_jax namespace, not as
+    # top-level `configs` / `launch` packages (in a checkout, the links
+    # vit_jax/configs and vit_jax/launch point at them).
+    packages=find_packages(include=['vit_jax', 'vit_jax.*'],
+                           exclude=['vit_jax.configs', 'vit_jax.launch']) + [
+                               'vit_jax.configs', 'vit_jax.launch'],
+    package_dir={'vit_jax.configs': 'configs', 'vit_jax.launch': 'launch'},
     install_requires=[
         'absl-py>=2.1',
         'chex>=0.1.90',

@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 import ml_collections
 
 from vit_jax import models, paper
+from vit_jax.data import registry
 
 
 def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
@@ -48,17 +49,22 @@ def base() -> ml_collections.ConfigDict:
   c.mode = 'train'  # 'eval': evaluate workdir's checkpoint (or init) only.
   # `name` picks the model from the zoo; other fields override its options.
   c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
-  # None: the dataset's class count.
-  c.num_classes = ml_collections.FieldReference(None, field_type=int)
+  # The model head's classes; None: the dataset's class count. Any literal
+  # type, so that both --config.num_classes=None and =5 parse.
+  c.num_classes = ml_collections.FieldReference(None, field_type=object)
   def none(kind):  # An optional field, overridable from the command line.
     return ml_collections.FieldReference(None, field_type=kind)
-  # See docs/data.md; None: the dataset registry's default.
+  # See docs/data.md; None: the dataset registry's default, or the input
+  # pipeline's (vit_jax/data/settings.py: shuffle_buffer, cache, prefetch,
+  # mixup, skip_bad_images).
   c.input = ml_collections.ConfigDict(dict(
       data='imagenet2012', data_dir=none(str), image_size=224,
-      batch_size=4096, eval_batch_size=1024, num_train_examples=1_281_167,
+      batch_size=4096, eval_batch_size=1024,
+      num_train_examples=registry.get('imagenet2012').num_train_examples,
       train_split=none(str), eval_split=none(str), pp_train=none(str),
-      pp_eval=none(str), shuffle_buffer=10_000, cache=False, prefetch=2,
-      mixup=0.0, skip_bad_images=False, prepare=False))
+      pp_eval=none(str), shuffle_buffer=none(int), cache=none(bool),
+      prefetch=none(int), mixup=none(float), skip_bad_images=none(bool),
+      prepare=False))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)
@@ -82,8 +88,8 @@ def base() -> ml_collections.ConfigDict:
   c.sharding_overrides = ()
   # Pre-trained weights to start from (.npz); None: from scratch.
   c.init = ml_collections.FieldReference(None, field_type=str)
-  # Extra evaluators by name (vit_jax/evaluators): kind='classification'
-  # (e.g. ImageNet ReaL) or kind='fewshot'.
+  # Extra evaluators by name (vit_jax/evaluators): type='classification'
+  # (e.g. ImageNet ReaL) or type='fewshot' (docs/evaluation.md).
   c.evals = ml_collections.ConfigDict()
   # Where the run belongs in the paper's tables (see docs/tables.md): model,
   # pretrain, pretrain_epochs, pretrain_optimizer, task, lr, sweep.
@@ -115,9 +121,8 @@ def table4_optim(c: ml_collections.ConfigDict, lr: float,
 def transfer_report(args, task: str, lr: float) -> dict:
   """`config.report` of a transfer run: the pre-training its `init` is
   (args `pretrain`, `pretrain_epochs`, `pretrain_opt`) and its task."""
-  from configs import pretrain  # pretrain imports this module.
-  epochs = args.pretrain_epochs or pretrain.default_epochs(args.pretrain,
-                                                           args.model)
+  epochs = args.pretrain_epochs or paper.default_epochs(args.pretrain,
+                                                        args.model)
   return dict(model=args.model, pretrain=args.pretrain,
               pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
               task=task, lr=lr, sweep=args.sweep)
@@ -147,9 +152,9 @@ def apply_smoke(c: ml_collections.ConfigDict, steps: int = 10
   c.input.image_size = size
   c.input.batch_size = 32
   c.input.eval_batch_size = 120
-  c.input.num_train_examples = 1437
+  c.input.num_train_examples = registry.get('digits').num_train_examples
   c.input.prepare = False
-  c.num_classes = 10
+  c.num_classes = None  # digits' 10.
   c.total_steps = steps
   c.total_epochs = None
   c.optim.warmup_steps = 2

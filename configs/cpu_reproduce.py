@@ -29,7 +29,8 @@ Steps:
 smoke=true shrinks any step to seconds (tests run it).
 """
 
-from configs import common
+from vit_jax.configs import common
+from vit_jax.data import registry
 
 # The CPU-scale ViT: ViT-Ti/16's layout, narrower and shallower, patch 4.
 VIT = dict(name='ViT-Ti/16', patch_size=4, hidden_size=128, mlp_dim=512,
@@ -39,7 +40,7 @@ BIT = dict(name='BiT-R50x1', depth=26, width_factor=0.5, dtype='bfloat16')
 VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
 STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
          'vit_1ep', 'bit_1ep')
-FEWSHOT = dict(kind='fewshot', datasets=('mnist5k', 'fashion_mnist'),
+FEWSHOT = dict(type='fewshot', datasets=('mnist5k', 'fashion_mnist'),
                shots=(1, 5, 10, 25), seeds=5, l2_reg=1.0, pool_per_class=100)
 
 
@@ -54,7 +55,7 @@ def _data(c, data: str, size: int) -> None:
   c.input.image_size = size
   c.input.pp_train = _pp(size, train=data == 'fashion_mnist')
   c.input.pp_eval = _pp(size, train=False)
-  c.input.num_train_examples = 60_000 if data == 'fashion_mnist' else 4_000
+  c.input.num_train_examples = registry.get(data).num_train_examples
 
 
 def _adam(c, lr: float = 1e-3, warmup: int = 500) -> None:
@@ -74,7 +75,6 @@ def get_config(arg=None):
                      'pass init=<its workdir>')
   c = common.base()
   c.model.update(BIT if args.step == 'bit_1ep' else VIT)
-  c.num_classes = 10
   c.input.batch_size = 128
   c.input.eval_batch_size = 500
   c.log_every = 100

@@ -16,7 +16,7 @@ ImageNet ReaL (`real_accuracy`).
 result tables (`python -m vit_jax.tables`); they change nothing else.
 """
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import paper
 
 # data: (steps, LR sweep) from Table 4 (VTAB has its own config).
@@ -60,7 +60,7 @@ def get_config(arg=None):
   c.checkpoint_every = 1000
   c.eval_every = 0
   if data == 'imagenet2012' and not args.sweep:
-    c.evals.real = dict(kind='classification', data='imagenet2012_real',
+    c.evals.real = dict(type='classification', data='imagenet2012_real',
                         real_only=True)
   c.report = common.transfer_report(args, data, lr)
   if args.smoke:

@@ -13,43 +13,15 @@ LR 0.03 per 256 images, weight decay 1e-4 (Kolesnikov et al. 2020; the
 paper reports the study, not these settings).
 """
 
-import fnmatch
-
-from configs import common
+from vit_jax.configs import common
 from vit_jax import paper
 
 # Models with a JFT-300M row in Table 3 (or, for BiT-R200x3, in Table 6).
 MODELS = tuple(sorted({m for row in paper.TABLE3 if row[1] == 'jft'
                        for m in row[0]} | {'BiT-R200x3'}))
-# Data recipes outside Table 3's rows (BiT / hybrids on ImageNet-21k or
-# ImageNet): (decay, weight decay, dropout) as for that data's ViT rows.
-DATA = {
-    # data: (dataset, classes, train images, default epochs)
-    'jft': ('jft', 18_291, 303_000_000, 7.0),
-    'i21k': ('imagenet21k', 21_843, 14_197_122, 90.0),
-    'i1k': ('imagenet2012', 1000, 1_281_167, 300.0),
-}
-BATCH = 4096
-
-
-def table3_row(model: str, data: str):
-  """(epochs options, LR, decay, weight decay, dropout) of the Table 3 row
-  for `model` on `data`, or None when the paper has no such row."""
-  for models_, dataset, epochs, _, lr, decay, wd, dropout in paper.TABLE3:
-    if dataset == data and any(fnmatch.fnmatch(model, m) for m in models_):
-      return epochs, lr, decay, wd, dropout
-  if model == 'BiT-R200x3' and data == 'jft':  # Table 6 only: R152's row.
-    return (14,), 6e-4, 'linear', 0.1, 0.0
-  return None
-
-
-def default_epochs(data: str, model: str = '') -> float:
-  """The longest Table 3 schedule for `model` on `data` (the one Table 2
-  reports), else the data's usual one; 0 for data outside Table 3."""
-  row = table3_row(model, data)
-  if row:
-    return float(max(row[0]))
-  return DATA[data][3] if data in DATA else 0.0
+# Pre-training data by short name (classes and sizes: the data registry).
+DATA = paper.PRETRAIN_DATA
+BATCH = paper.TABLE3_COMMON['batch_size']
 
 
 def get_config(arg=None):
@@ -65,25 +37,23 @@ def get_config(arg=None):
   if args.opt == 'sgd' and not args.model.startswith('BiT'):
     raise ValueError('opt=sgd is the ResNet optimizer study (Appendix D.1): '
                      'use a BiT-R* model')
-  dataset, classes, examples, _ = DATA[args.data]
-  row = table3_row(args.model, args.data)
+  row = paper.table3_row(args.model, args.data)
   if row is None:  # E.g. BiT on ImageNet-21k: that data's ViT recipe.
-    vit_row = table3_row('ViT-B/16', args.data)
-    row = ((DATA[args.data][3],), *vit_row[1:])
+    vit_row = paper.table3_row('ViT-B/16', args.data)
+    row = ((paper.PRETRAIN_EPOCHS[args.data],), *vit_row[1:])
   epoch_options, lr, decay, wd, dropout = row
   c = common.base()
   c.model.name = args.model
-  c.num_classes = classes
-  c.input.data = dataset
-  c.input.num_train_examples = examples
+  c.input.data = DATA[args.data]
+  c.input.num_train_examples = paper.pretrain_images(args.data)
   c.input.batch_size = BATCH
-  c.input.image_size = 224
+  c.input.image_size = paper.TABLE3_COMMON['image_size']
   c.input.pp_train = 'inception'  # Inception crop + flip at 224.
   c.input.pp_eval = 'eval'
   c.total_epochs = args.epochs or float(max(epoch_options))
   c.optim.name = 'adam'
   c.optim.lr = lr
-  c.optim.warmup_steps = 10_000
+  c.optim.warmup_steps = paper.TABLE3_COMMON['warmup_steps']
   c.optim.decay = decay
   c.optim.weight_decay = wd
   if args.data != 'jft':
@@ -109,7 +79,7 @@ def get_config(arg=None):
                   pretrain_epochs=c.total_epochs, pretrain_optimizer=args.opt,
                   task='pretrain')
   if args.fewshot:  # E.g. fewshot=imagenet2012+cifar100+oxford_iiit_pet
-    c.evals.fewshot = dict(kind='fewshot', datasets=tuple(
+    c.evals.fewshot = dict(type='fewshot', datasets=tuple(
         args.fewshot.split('+')), shots=paper.FEWSHOT_SHOTS, seeds=3,
         every=10_000)
   if args.smoke:

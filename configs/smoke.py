@@ -13,7 +13,8 @@ evaluation over every test example and summary.json.
 
 import os
 
-from configs import common
+from vit_jax.configs import common
+from vit_jax.data import registry
 
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 
@@ -40,8 +41,7 @@ def get_config(arg=None):
     c.input.pp_eval = 'decode|resize(28)|value_range(-1,1)'
   c.input.batch_size = args.batch
   c.input.eval_batch_size = 512  # Splits over 1, 2, 4, ... 512 devices.
-  c.input.num_train_examples = 60_000 if data == 'fashion_mnist' else 1_437
-  c.num_classes = 10
+  c.input.num_train_examples = registry.get(data).num_train_examples
   c.total_steps = args.steps
   c.optim.name = 'adam'
   c.optim.lr = 2e-3
@@ -53,7 +53,7 @@ def get_config(arg=None):
   c.checkpoint_every = 300
   c.accounting.hardware = 'tpu_v3'
   if args.fewshot:  # E.g. fewshot=mnist5k or fewshot=digits+mnist5k.
-    c.evals.fewshot = dict(kind='fewshot', datasets=tuple(
+    c.evals.fewshot = dict(type='fewshot', datasets=tuple(
         args.fewshot.split('+')), shots=(1, 5, 10), seeds=3,
         pool_per_class=20)
   return c

@@ -11,7 +11,7 @@ for choosing settings). `python -m vit_jax.vtab` runs all 19 and reports the
 per-task accuracies with the Natural / Specialized / Structured means.
 """
 
-from configs import common
+from vit_jax.configs import common
 from vit_jax import paper
 from vit_jax.data import registry
 
@@ -33,7 +33,7 @@ def get_config(arg=None):
   c.input.image_size = args.res
   c.input.batch_size = 512
   c.input.eval_batch_size = 512
-  c.input.num_train_examples = 1000
+  c.input.num_train_examples = paper.VTAB_1K['train_examples']
   c.input.pp_train = 'resize'  # VTAB-1k: plain resize, no augmentation.
   c.input.pp_eval = 'resize'
   c.input.train_split = 'train800' if args.sweep else 'train800val200'

@@ -17,7 +17,7 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from launch.runner import Process, Runner
+from vit_jax.launch.runner import Process, Runner
 
 
 def free_port() -> int:

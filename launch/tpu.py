@@ -24,11 +24,13 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from launch import commands, local
-from launch import topology as topology_lib
-from launch.runner import CommandError, Result, Runner
+from vit_jax.launch import commands, local
+from vit_jax.launch import topology as topology_lib
+from vit_jax.launch.runner import CommandError, Result, Runner
+from vit_jax.train.preemption import EXIT_PREEMPTED
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# realpath: in a checkout this file is also reached as vit_jax/launch/tpu.py.
+ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 VERBS = ('up', 'create', 'setup', 'run', 'logs', 'status', 'exec', 'delete')
 _TPU_FLAGS = ('name', 'zone')
 REQUIRED = {
@@ -209,20 +211,19 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
 
 
 def check_batches(config, topo) -> None:
-  """The batch sizes must split over the slice's devices (as the trainer
-  will check): fail here, before a TPU is created."""
-  model = max(1, int(config.get('mesh', {}).get('model', 1)))
-  divisor = topo.devices // model
+  """The batch sizes must split over the slice's devices: the trainer's
+  check (`sharding.check_batch_size`), here before a TPU is created."""
+  from vit_jax import sharding  # Loads JAX: only when a config is checked.
+  mesh = sharding.abstract_mesh(topo.devices, **config.get('mesh', {}))
   accum = max(1, int(config.get('accum_steps', 1)))
-  for field, per in (('batch_size', accum), ('eval_batch_size', 1)):
+  for field, steps in (('batch_size', accum), ('eval_batch_size', 1)):
     size = config.input.get(field)
-    if size and (size % per or (size // per) % divisor):
-      raise ValueError(
-          f'input.{field}={size} does not split over the {divisor} '
-          f'data-parallel devices of {topo.name}'
-          + (f' in {accum} accumulation steps' if per > 1 else '')
-          + f': use a multiple of {divisor * per} '
-          f'(--config.input.{field}=...)')
+    if size:
+      try:
+        sharding.check_batch_size(size, mesh, f'input.{field}', steps)
+      except ValueError as e:
+        raise ValueError(f'{topo.name} ({topo.devices} JAX devices): {e} '
+                         f'(--config.input.{field}=...)') from None
 
 
 def describe_launch(args) -> list:
@@ -391,6 +392,11 @@ def _watch(runner: Runner, args) -> str:
     code = stream.wait(args.poll_seconds)
     if code == 0:
       return 'done'
+    if code == EXIT_PREEMPTED:  # The run saved on SIGTERM / a notice.
+      stream.stop()
+      runner.note('the run saved a checkpoint on a preemption signal '
+                  f'(exit {code})')
+      return 'preempted'
     state = _state(runner, args)
     if state in _gone(args):
       stream.stop()

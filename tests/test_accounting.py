@@ -70,7 +70,7 @@ def test_estimate_wall_clock():
 
 
 def test_estimate_for_pretrain_config():
-  from configs import pretrain
+  from vit_jax.configs import pretrain
   c = pretrain.get_config('model=ViT-L/16,data=i21k')
   est = accounting.estimate_for_config(c, num_devices=8)
   assert est.model == 'ViT-L/16' and est.examples_seen == 90 * 14_197_122
@@ -80,14 +80,14 @@ def test_estimate_for_pretrain_config():
 
 
 def test_config_without_length_is_an_error():
-  from configs import common
+  from vit_jax.configs import common
   c = common.base()
   with pytest.raises(ValueError, match='neither total_steps nor total_epochs'):
     accounting.estimate_for_config(c)
 
 
 def test_bad_config_args():
-  from configs import pretrain
+  from vit_jax.configs import pretrain
   with pytest.raises(ValueError, match="unknown config arg 'modle'"):
     pretrain.get_config('modle=ViT-B/16')
   with pytest.raises(ValueError, match="data='jfx'"):

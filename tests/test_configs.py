@@ -8,11 +8,16 @@ import sys
 
 import pytest
 
-from configs import common, cpu_reproduce, finetune, pretrain, smoke, vtab
+from vit_jax.configs import common, cpu_reproduce, finetune, pretrain, smoke, vtab
 from vit_jax import models, paper
 from vit_jax.data import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _head(c):
+  """The head size the trainer builds: the config's, else the dataset's."""
+  return c.num_classes or registry.get(c.input.data).num_classes
 
 
 def _table3_rows():
@@ -38,7 +43,7 @@ def test_pretrain_rows_follow_table3(row):
   for e in epochs:
     assert pretrain.get_config(
         f'model={model},data={data},epochs={e}').total_epochs == e
-  models.create(c.model.name, num_classes=c.num_classes,
+  models.create(c.model.name, num_classes=_head(c),
                 **{k: v for k, v in c.model.items() if k != 'name'})
 
 
@@ -46,7 +51,7 @@ def test_pretrain_rows_follow_table3(row):
 @pytest.mark.parametrize('data', sorted(pretrain.DATA))
 def test_every_model_builds_on_every_data(model, data):
   c = pretrain.get_config(f'model={model},data={data}')
-  models.create(c.model.name, num_classes=c.num_classes,
+  models.create(c.model.name, num_classes=_head(c),
                 **{k: v for k, v in c.model.items() if k != 'name'})
 
 

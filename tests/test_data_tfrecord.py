@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.data import bench, pipeline, tfrecord_source
+from vit_jax.data import input_bench, pipeline, tfrecord_source
 from vit_jax.data.errors import DataError, UnknownSplitError
 from conftest import assert_batches_equal, take
 
@@ -39,7 +39,7 @@ def _write(path, labels, size=(40, 50)):
 @pytest.fixture(scope='module')
 def records(tmp_path_factory):
   directory = str(tmp_path_factory.mktemp('jpeg_records'))
-  bench.synthetic_jpeg_records(directory, num_images=60, num_files=3,
+  input_bench.synthetic_jpeg_records(directory, num_images=60, num_files=3,
                                num_classes=60, size=(96, 128))
   # A validation split of 25 records in 2 files, labels 0..24.
   for i, labels in enumerate([range(0, 13), range(13, 25)]):
@@ -259,7 +259,7 @@ def test_missing_split_and_classes(records):
 
 
 def test_measure_input(records):
-  result = bench.measure_input(_config(records, pp_train='inception',
+  result = input_bench.measure_input(_config(records, pp_train='inception',
                                        image_size=64), steps=3, warmup=1)
   assert result['img_per_s'] > 0 and result['image_shape'] == (64, 64, 3)
   assert result['batch_size'] == 8 and result['steps'] == 3

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from vit_jax.data import vtab
+from vit_jax.data import vtab_tasks
 
 
 def test_clevr_labels():
@@ -11,8 +11,8 @@ def test_clevr_labels():
       'size': tf.constant([0, 1, 1, 0, 1]),
       'pixel_coords': tf.constant([[1., 2., 9.2], [3., 4., 12.], [0, 0, 11],
                                    [0, 0, 15], [0, 0, 20]])}}
-  assert int(vtab.clevr_count(x)['label']) == 2  # 5 objects -> class 2.
-  assert int(vtab.clevr_distance(x)['label']) == 3  # 9.2 in [9, 9.5).
+  assert int(vtab_tasks.clevr_count(x)['label']) == 2  # 5 objects -> class 2.
+  assert int(vtab_tasks.clevr_distance(x)['label']) == 3  # 9.2 in [9, 9.5).
 
 
 def test_dsprites_labels_and_image():
@@ -23,7 +23,7 @@ def test_dsprites_labels_and_image():
                                     'label_orientation', 39, 15),
                                    ('dsprites_orientation',
                                     'label_orientation', 5, 2)]:
-    out = vtab.TASKS[task]({'image': png, attr: tf.constant(value, tf.int64)})
+    out = vtab_tasks.TASKS[task]({'image': png, attr: tf.constant(value, tf.int64)})
     assert int(out['label']) == label
     image = out['image'].numpy()
     assert image.shape == (64, 64, 1) and set(np.unique(image)) == {0, 255}
@@ -34,7 +34,7 @@ def test_kitti_closest_vehicle():
     x = {'image': tf.constant(b''), 'objects': {
         'type': tf.constant(types, tf.int64),
         'location': tf.constant([[0., 0., v] for v in z], tf.float32)}}
-    return int(vtab.kitti_distance(x)['label'])
+    return int(vtab_tasks.kitti_distance(x)['label'])
   assert label([0, 4], [5.0, 1.0]) == 0     # Car at 5 m (pedestrian ignored).
   assert label([2], [15.0]) == 1
   assert label([1, 0], [30.0, 40.0]) == 2

@@ -58,7 +58,7 @@ def _argv(command):
 
 
 def _config(argv):
-  from launch import tpu
+  from vit_jax.launch import tpu
   spec = next(a.split('=', 1)[1] for a in argv if a.startswith('--config='))
   overrides = [a for a in argv if a.startswith('--config.')]
   path, _, args = spec.partition(':')
@@ -83,14 +83,14 @@ def check_accounting(argv):
 
 
 def check_topology(argv):
-  from launch import topology
+  from vit_jax.launch import topology
   topology.parse(argv[1] if argv[0] == 'launch.topology' else argv[0])
   if any(a.startswith('--config=') for a in argv):
     _config(argv)
 
 
 def check_tpu(argv):
-  from launch import tpu
+  from vit_jax.launch import tpu
   args = tpu.parse_args(argv)
   if getattr(args, 'config', None):
     _config([f'--config={args.config}'])
@@ -102,7 +102,7 @@ def check_tables(argv):
 
 
 def check_vtab(argv):
-  from configs import vtab
+  from vit_jax.configs import vtab
   from vit_jax import vtab as driver
   flags = dict(a.lstrip('-').split('=', 1) for a in argv)
   assert set(flags) <= {'config_args', 'workdir', 'tasks'}, flags

@@ -12,11 +12,18 @@ import ml_collections
 import numpy as np
 import pytest
 
-from vit_jax import models
+from vit_jax import evaluators, models
 from vit_jax.evaluators import classification, fewshot
 from vit_jax import sharding as shd
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fewshot(cfg, inp, model, mesh, sh, image_size):
+  """A few-shot evaluator built as `evaluators.build` builds it."""
+  return fewshot.FewShot('fewshot', cfg, evaluators.Context(
+      config=ml_collections.ConfigDict(dict(input=inp)), model=model,
+      mesh=mesh, params_sharding=sh, image_size=image_size))
 
 
 def test_fit_predict_primal_equals_dual_and_ridge_formula(rng):
@@ -112,7 +119,7 @@ def test_fewshot_on_digits_with_random_features(digits_model):
       datasets=('digits',), shots=(1, 5, 10), seeds=2, pool_per_class=20,
       batch_size=100))
   inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
-  ev = fewshot.FewShot(cfg, inp, model, mesh, sh, image_size=16)
+  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
   with jax.set_mesh(mesh):
     out = ev.run(jax.device_put(params, sh))
   assert set(out) == {f'fewshot/digits/{k}shot{s}' for k in (1, 5, 10)
@@ -143,7 +150,7 @@ def test_fewshot_equals_direct_regression_on_pixels():
       batch_size=64, pp='decode(1)|resize({size})|value_range(-1,1)'))
   inp = ml_collections.ConfigDict(dict(eval_batch_size=64, data_dir=None))
   with jax.set_mesh(mesh):
-    out = fewshot.FewShot(cfg, inp, model, mesh, sh, image_size=8).run(
+    out = _fewshot(cfg, inp, model, mesh, sh, image_size=8).run(
         jax.device_put(params, sh))
   data = memory_source.load('digits')
   x, y = data['train']
@@ -167,10 +174,10 @@ def test_fewshot_errors_name_the_fix(digits_model):
   bad_pool = ml_collections.ConfigDict(dict(datasets=('digits',),
                                             shots=(1, 25), pool_per_class=10))
   with pytest.raises(ValueError, match='pool_per_class=10'):
-    fewshot.FewShot(bad_pool, inp, model, mesh, sh, image_size=16)
+    _fewshot(bad_pool, inp, model, mesh, sh, image_size=16)
   with pytest.raises(Exception, match='Did you mean'):
-    fewshot.FewShot(ml_collections.ConfigDict(dict(datasets=('digts',))),
-                    inp, model, mesh, sh, image_size=16)
+    _fewshot(ml_collections.ConfigDict(dict(datasets=('digts',))),
+             inp, model, mesh, sh, image_size=16)
 
 
 def test_mode_eval_evaluates_a_finished_run(tmp_path):
@@ -273,3 +280,61 @@ def test_two_processes_evaluate_like_one(tmp_path):
   for k in (1, 5, 10):
     key = f'fewshot/digits/{k}shot'
     assert single[key] == pytest.approx(multi[key], abs=1e-6), key
+
+
+@evaluators.register('test_mean_confidence')
+class MeanConfidence(evaluators.Evaluator):
+  """An evaluator from outside the package: the mean top softmax score on
+  the first `batches` batches of the run's eval split."""
+
+  def __init__(self, name, cfg, context):
+    super().__init__(name, cfg, context)
+    from vit_jax.data import pipeline
+    self._batches = cfg.get('batches', 1)
+    self._iterator = pipeline.eval_iterator(context.config.input)
+    self._mesh = context.mesh
+    self._apply = jax.jit(lambda p, x: jax.nn.softmax(context.model.apply(
+        {'params': p}, x, train=False)).max(-1).mean())
+
+  def run(self, params):
+    scores = []
+    for i, batch in enumerate(self._iterator):
+      if i == self._batches:
+        break
+      scores.append(float(self._apply(params, batch['image'])))
+    return {f'{self.name}/confidence': float(np.mean(scores))}
+
+
+def _digits_run(digits_model, **evals):
+  """(config, model, params, mesh, params sharding) of a run on digits."""
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  config = ml_collections.ConfigDict(dict(
+      input=dict(data='digits', image_size=16, batch_size=60,
+                 eval_batch_size=60), eval_every=0, evals=evals))
+  return config, model, params, mesh, shd.param_shardings(params, mesh)
+
+
+def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
+  config, model, params, mesh, sh = _digits_run(
+      digits_model, conf=dict(type='test_mean_confidence', batches=2,
+                              every=5))
+  built = evaluators.build(config, model, mesh, sh, 16)
+  assert [type(e).__name__ for e in built] == ['Classification',
+                                               'MeanConfidence']
+  assert built[1].due(5, 100) and not built[1].due(6, 100)
+  with jax.set_mesh(mesh):
+    metrics = evaluators.run_all(built, jax.device_put(params, sh))
+  assert 0.1 - 1e-4 <= metrics['conf/confidence'] <= 1.0  # 10 classes.
+  assert metrics['eval_examples'] == 360  # The built-in top-1 ran too.
+
+
+def test_evaluator_types_say_what_is_known(digits_model):
+  config, model, _, mesh, sh = _digits_run(digits_model,
+                                           x=dict(type='fewshoot'))
+  with pytest.raises(ValueError, match="Did you mean fewshot.*Known types: "
+                     'classification, fewshot'):
+    evaluators.build(config, model, mesh, sh, 16)
+  config.evals.x = dict(kind='fewshot')
+  with pytest.raises(ValueError, match='now called type'):
+    evaluators.build(config, model, mesh, sh, 16)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from launch import topology
+from vit_jax.launch import topology
 
 
 @pytest.mark.parametrize('name,chips,cores,devices,hosts', [
@@ -31,7 +31,7 @@ def test_bad_names():
 
 
 def test_estimate_core_days_do_not_depend_on_the_slice_size():
-  from configs import pretrain
+  from vit_jax.configs import pretrain
   c = pretrain.get_config('model=ViT-B/16,data=i1k')
   small = topology.estimate(c, topology.parse('v3-8'))
   big = topology.estimate(c, topology.parse('v3-32'))

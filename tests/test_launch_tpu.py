@@ -27,8 +27,9 @@ import time
 
 import pytest
 
-from launch import commands, local, topology, tpu
-from launch.runner import Process, Result, Runner
+from vit_jax.launch import commands, local, topology, tpu
+from vit_jax.launch.runner import Process, Result, Runner
+from vit_jax.train.preemption import EXIT_PREEMPTED
 
 ROOT = tpu.ROOT
 DOC = os.path.join(ROOT, 'docs', 'tpu.md')
@@ -370,6 +371,17 @@ def test_preemption_recreates_and_resumes():
   assert 'restart 1/5' in runner.out.getvalue()
 
 
+def test_run_that_saved_on_sigterm_is_relaunched():
+  # The run saw SIGTERM (a preemption notice), saved and exited 75 while the
+  # node still answered READY: recreate and run again, which resumes.
+  runner = FakeRunner(states=['READY', 'READY'],
+                      streams=[[EXIT_PREEMPTED], [0]])
+  assert _up(runner) == 0
+  runs = [c for c in runner.calls if kind(c) == 'run']
+  assert len(runs) == 2 and runs[0] == runs[1]
+  assert 'preemption signal (exit 75)' in runner.out.getvalue()
+
+
 def test_preemption_during_setup_recreates():
   fails = iter([True])
   runner = FakeRunner(
@@ -581,8 +593,8 @@ def test_doc_prepare_flags_exist():
 
 
 def test_batch_that_does_not_split_over_the_slice_fails_before_create():
-  from launch import topology as topology_lib
-  from launch import tpu
+  from vit_jax.launch import topology as topology_lib
+  from vit_jax.launch import tpu
   smoke = os.path.join(ROOT, 'configs/smoke.py:data=digits')
   config = tpu.load_config(smoke, ['--config.input.batch_size=100'])
   with pytest.raises(ValueError, match='multiple of 32'):

@@ -26,6 +26,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax import paper as paper_data
+from vit_jax.data import registry
 
 SECONDS_PER_DAY = 86400.0
 
@@ -168,9 +169,8 @@ def detect_hardware(device_kind: str) -> Optional[Hardware]:
 # The paper's numbers (from vit_jax/paper.py) and the utilisation they imply.
 
 JFT_IMAGES = paper_data.JFT_IMAGES
-I21K_IMAGES = 14_197_122
-I1K_IMAGES = 1_281_167
-PRETRAIN_IMAGES = {'jft': JFT_IMAGES, 'i21k': I21K_IMAGES, 'i1k': I1K_IMAGES}
+PRETRAIN_IMAGES = {data: paper_data.pretrain_images(data)
+                   for data in paper_data.PRETRAIN_DATA}
 
 # Table 1 / public checkpoints: exact counts at 224, 1000 classes, no pre-logits.
 TABLE1_PARAMS = paper_data.TABLE1_PARAMS
@@ -245,6 +245,12 @@ class Estimate:
     return out
 
 
+def flops_core_days(total_flops: float, hw: Hardware,
+                    utilization: float) -> float:
+  """Core-days computing `total_flops` at `utilization` of `hw`'s peak."""
+  return total_flops / (hw.peak_per_core * utilization) / SECONDS_PER_DAY
+
+
 def estimate(name: str, examples_seen: float, *, image_size: int = 224,
              hardware_name: str = 'tpu_v3',
              utilization: Optional[float] = None,
@@ -257,7 +263,7 @@ def estimate(name: str, examples_seen: float, *, image_size: int = 224,
     raise ValueError(f'utilization must be in (0, 1], got {util}')
   fwd = forward_flops(name, image_size, num_classes, **overrides)
   total = training_flops(fwd, examples_seen)
-  core_days = total / (hw.peak_per_core * util) / SECONDS_PER_DAY
+  core_days = flops_core_days(total, hw, util)
   wall = None
   if num_devices:
     wall = core_days * 24 / hw.cores(num_devices)
@@ -286,7 +292,8 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
       utilization=utilization if utilization is not None else acc.get(
           'utilization'),
       num_devices=num_devices or acc.get('num_devices'),
-      num_classes=config.get('num_classes') or 1000,
+      num_classes=(config.get('num_classes')
+                   or registry.get(config.input.data).num_classes or 1000),
       **{k: v for k, v in model_cfg.items() if v is not None})
 
 
@@ -295,38 +302,28 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
 
 
 def table_markdown() -> str:
-  """Tables 1, 6 and 2 side by side with ours and the ratio ours / paper."""
+  """Table 1 (parameters) and the forward FLOPs behind Table 6, ours beside
+  the paper's. Tables 6 and 2 themselves (exaFLOPs, core-days) are rendered
+  by `python -m vit_jax.tables --paper-only --tables=6,2`."""
   out = ['## Table 1: parameters (224 px, 1000 classes, no pre-logits)', '',
          '| model | paper | ours | ratio |', '|---|---:|---:|---:|']
   for name, paper in TABLE1_PARAMS.items():
     ours = param_count(name)
     out.append(f'| {name} | {paper:,} | {ours:,} | {ours / paper:.4f} |')
 
-  out += ['', '## Table 6: pre-training exaFLOPs on JFT-300M '
-          '(3 x forward at 224 x epochs x 303M)', '',
-          '| model | epochs | fwd GFLOPs (XLA) | fwd GFLOPs (analytic) '
-          '| paper EF | ours EF | ratio |', '|---|---:|---:|---:|---:|---:|---:|']
-  for name, epochs, paper in TABLE6:
+  out += ['', '## Forward FLOPs of the Table 6 models (224 px)', '',
+          '| model | fwd GFLOPs (XLA) | fwd GFLOPs (analytic) | ratio |',
+          '|---|---:|---:|---:|']
+  for name in dict.fromkeys(name for name, _, _ in TABLE6):
     fwd, ana = forward_flops(name), analytic_forward_flops(name)
-    ours = table6_exaflops(name, epochs)
-    out.append(f'| {name} | {epochs} | {fwd / 1e9:.2f} | {ana / 1e9:.2f} '
-               f'| {paper:,} | {ours:,.0f} | {ours / paper:.3f} |')
-
-  util = paper_utilization()
+    out.append(f'| {name} | {fwd / 1e9:.2f} | {ana / 1e9:.2f} '
+               f'| {ana / fwd:.3f} |')
   tpu = HARDWARE['tpu_v3']
-  out += ['', '## Table 2: TPUv3-core-days of the ViT rows', '',
-          f'Utilisation {util:.1%} of {tpu.peak_per_core / 1e12:.1f} TFLOP/s '
-          'per core: the geometric mean of what Table 6 exaFLOPs / Table 2 '
-          'core-days imply for the two JFT rows (see paper_utilization).', '',
-          '| row | epochs | images | ours EF | implied util. | paper core-days '
-          '| ours | ratio |', '|---|---:|---:|---:|---:|---:|---:|---:|']
-  for label, name, images, epochs, days in TABLE2:
-    est = estimate(name, epochs * images, hardware_name='tpu_v3',
-                   utilization=util)
-    row_util = implied_utilization(est.exaflops, days, tpu)
-    out.append(f'| {label} | {epochs} | {images / 1e6:.1f}M '
-               f'| {est.exaflops:,.0f} | {row_util:.1%} | {days:,} '
-               f'| {est.core_days:,.0f} | {est.core_days / days:.2f} |')
+  out += ['', f'Utilisation {paper_utilization():.1%} of '
+          f'{tpu.peak_per_core / 1e12:.1f} TFLOP/s per core: the geometric '
+          'mean of what Table 6 exaFLOPs / Table 2 core-days imply for the '
+          'two JFT rows (see paper_utilization). Tables 6 and 2 with our '
+          'estimates: python -m vit_jax.tables --paper-only --tables=6,2']
   return '\n'.join(out)
 
 

@@ -172,7 +172,7 @@ def _bench_input() -> Dict[str, Any]:
   import tempfile
 
   import ml_collections
-  from vit_jax.data import bench as data_bench
+  from vit_jax.data import input_bench as data_bench
   cfg = dict(data=FLAGS.data, data_dir=FLAGS.data_dir,
              batch_size=FLAGS.batch, image_size=FLAGS.image_size)
   if FLAGS.data != 'jpeg_records':

@@ -8,11 +8,16 @@ Run the same command on every worker of a TPU pod (jax.distributed is
 initialised automatically there) or pass --coordinator/--num_processes/
 --process_id for multi-process runs elsewhere. Re-running with the same
 --workdir resumes from its latest checkpoint.
+
+Exit codes: 0 done; 75 stopped by SIGTERM or a preemption notice after
+saving a checkpoint (re-run to resume: `launch.tpu` does); 130 the same for
+Ctrl-C; 1 an error (the message says what to do).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -26,19 +31,29 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Checkpoints, metrics and '
                                'summary.json go here; re-use it to resume.')
 flags.mark_flags_as_required(['config', 'workdir'])
 
+EXIT_ERROR = 1
+
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   runtime.setup()
   import jax
-  from vit_jax.train import eval_run, loop
+  from vit_jax.train import eval_run, lock, loop, orbax_state, preemption
   config = _CONFIG.value
   mode = config.get('mode', 'train')
   if mode not in ('train', 'eval'):
     raise app.UsageError(f'config.mode={mode!r}: expected train or eval')
   run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
-  summary = run(config, _WORKDIR.value)
+  try:
+    summary = run(config, _WORKDIR.value)
+  except preemption.RunInterrupted as e:
+    print(f'vit_jax: {e}', file=sys.stderr)
+    sys.exit(e.exit_code)
+  except (lock.WorkdirBusyError, orbax_state.DamagedCheckpointError,
+          orbax_state.ConfigChangedError, loop.NonFiniteLossError) as e:
+    print(f'vit_jax: {type(e).__name__}: {e}', file=sys.stderr)
+    sys.exit(EXIT_ERROR)
   if jax.process_index() == 0:
     keys = [k for k in summary if ('accuracy' in k or 'loss' in k or
                                    k.endswith('shot'))]

@@ -1,8 +1,10 @@
 """The paper's numbers (docs: /work/shared/PAPER.md), as plain Python data.
 
 Dosovitskiy et al., "An Image is Worth 16x16 Words: Transformers for Image
-Recognition at Scale", ICLR 2021 (arXiv 2010.11929). Nothing here computes:
-`accounting.py` and `tables.py` compare our runs and estimates with these.
+Recognition at Scale", ICLR 2021 (arXiv 2010.11929). Nothing here computes
+beyond looking rows up: `configs/` read the recipes, `accounting.py` and
+`tables.py` compare our runs and estimates with these. Dataset sizes and
+class counts are the data registry's (`vit_jax/data/registry.py`).
 
 Conventions:
   * models are named as our zoo spells them (`vit_jax.models.names()`):
@@ -18,6 +20,11 @@ Conventions:
 
 from __future__ import annotations
 
+import fnmatch
+from typing import Optional, Tuple
+
+from vit_jax.data import registry
+
 # Datasets of the fine-tuning tables, in the paper's row / column order.
 IMAGENET = 'imagenet2012'
 REAL = 'imagenet2012_real'
@@ -28,7 +35,17 @@ OPTIMIZER_DATASETS = ('imagenet2012', 'cifar10', 'cifar100',
                       'oxford_iiit_pet', 'oxford_flowers102')
 
 # Images in JFT-300M as Table 6 counts them ("303M images").
-JFT_IMAGES = 303e6
+JFT_IMAGES = registry.get('jft').num_train_examples
+
+# Pre-training data by the short names of configs/pretrain.py: the registry
+# dataset, and the schedule (epochs) of models without a Table 3 row.
+PRETRAIN_DATA = {'jft': 'jft', 'i21k': 'imagenet21k', 'i1k': 'imagenet2012'}
+PRETRAIN_EPOCHS = {'jft': 7.0, 'i21k': 90.0, 'i1k': 300.0}
+
+
+def pretrain_images(data: str) -> int:
+  """Train images of pre-training data `data` ('jft', 'i21k', 'i1k')."""
+  return registry.get(PRETRAIN_DATA[data]).num_train_examples
 
 # --------------------------------------------------------------------------
 # Table 1: model variants (params in millions, as printed).
@@ -118,6 +135,26 @@ TABLE3 = [
 TABLE3_COMMON = {'batch_size': 4096, 'warmup_steps': 10_000,
                  'image_size': 224, 'adam_b1': 0.9, 'adam_b2': 0.999,
                  'imagenet_grad_clip_norm': 1.0}  # i21k and i1k rows.
+
+
+def table3_row(model: str, data: str) -> Optional[Tuple]:
+  """(epochs options, LR, decay, weight decay, dropout) of the Table 3 row
+  for `model` on `data`, or None when the paper has no such row."""
+  for models_, dataset, epochs, _, lr, decay, wd, dropout in TABLE3:
+    if dataset == data and any(fnmatch.fnmatch(model, m) for m in models_):
+      return epochs, lr, decay, wd, dropout
+  if model == 'BiT-R200x3' and data == 'jft':  # Table 6 only: R152's row.
+    return (14,), 6e-4, 'linear', 0.1, 0.0
+  return None
+
+
+def default_epochs(data: str, model: str = '') -> float:
+  """The longest Table 3 schedule for `model` on `data` (the one Table 2
+  reports), else the data's usual one; 0 for data outside Table 3."""
+  row = table3_row(model, data)
+  if row:
+    return float(max(row[0]))
+  return PRETRAIN_EPOCHS.get(data, 0.0)
 
 # --------------------------------------------------------------------------
 # Table 4: fine-tuning hyperparameters. `dev_percent`: share of the train
@@ -228,21 +265,3 @@ OPTIMIZER_STUDY = {
         'oxford_iiit_pet': 94.79, 'oxford_flowers102': 99.32,
         'average': 93.72},
 }
-
-# --------------------------------------------------------------------------
-# Section 4.6: masked patch prediction, ViT-B/16 (ImageNet top-1, percent).
-
-SELF_SUPERVISION = {
-    'model': 'ViT-B/16', 'steps': 1_000_000, 'epochs': 14,
-    'batch_size': 4096, 'lr': 2e-4, 'warmup_steps': 10_000,
-    'decay': 'cosine', 'corrupt': 0.5, 'mask': 0.8, 'random': 0.1,
-    'keep': 0.1, 'color_bits': 3, 'classes': 512,
-    'imagenet2012': 79.9, 'gain_over_scratch': 2.0,
-    'gap_to_supervised': 4.0,
-}
-ATTENTION_DISTANCE_IMAGES = 128
-
-# --------------------------------------------------------------------------
-# Compute accounting: TPUv3 peak (bf16) and cores.
-
-TPU_V3 = {'peak_bf16_per_chip': 123e12, 'cores_per_chip': 2}

@@ -48,8 +48,8 @@ def setup() -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   init_distributed()
   import jax
-  import tensorflow as tf
-  tf.config.set_visible_devices([], 'GPU')  # tf.data stays on the host.
+  from vit_jax.data import pipeline
+  pipeline.hide_accelerators_from_tf()  # tf.data stays on the host.
   logging.info('process %d/%d, %d devices (%s)', jax.process_index(),
                jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind)

@@ -69,6 +69,22 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
               devices: Optional[Sequence[Any]] = None) -> Mesh:
   """A (data, fsdp, model) mesh over all devices; one axis may be -1 (fill)."""
   devices = list(jax.devices() if devices is None else devices)
+  return jax.make_mesh(mesh_shape(data, fsdp, model, len(devices)), AXES,
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                       devices=devices)
+
+
+def abstract_mesh(num_devices: int, data: int = -1, fsdp: int = 1,
+                  model: int = 1) -> jax.sharding.AbstractMesh:
+  """The mesh `make_mesh` would build on `num_devices` devices, without
+  them (e.g. to check batch sizes before a TPU slice exists)."""
+  return jax.sharding.AbstractMesh(
+      mesh_shape(data, fsdp, model, num_devices), AXES)
+
+
+def mesh_shape(data: int, fsdp: int, model: int,
+               num_devices: int) -> Tuple[int, int, int]:
+  """(data, fsdp, model) sizes over `num_devices`, the -1 axis filled."""
   shape = [data, fsdp, model]
   if shape.count(-1) > 1:
     raise ValueError(f'mesh {dict(zip(AXES, shape))}: at most one axis may '
@@ -78,19 +94,17 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
                      '-1 (fill)')
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
-    if len(devices) % known:
+    if num_devices % known:
       raise ValueError(
-          f'mesh {dict(zip(AXES, shape))}: {len(devices)} devices do not '
+          f'mesh {dict(zip(AXES, shape))}: {num_devices} devices do not '
           f'divide by {known}; choose axis sizes whose product divides '
-          f'{len(devices)}')
-    shape[shape.index(-1)] = len(devices) // known
-  if math.prod(shape) != len(devices):
+          f'{num_devices}')
+    shape[shape.index(-1)] = num_devices // known
+  if math.prod(shape) != num_devices:
     raise ValueError(
         f'mesh {dict(zip(AXES, shape))} needs {math.prod(shape)} devices, '
-        f'{len(devices)} are available; set one axis to -1 to fill')
-  return jax.make_mesh(tuple(shape), AXES,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3,
-                       devices=devices)
+        f'{num_devices} are available; set one axis to -1 to fill')
+  return tuple(shape)
 
 
 def abstract_params(model: nn.Module, image_shape: Sequence[int]):

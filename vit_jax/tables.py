@@ -302,9 +302,8 @@ def estimate(model: str, pretrain: str, epochs: float,
   if images is None or model not in models.names():
     return None
   total = accounting.training_flops(_flops_fn(flops)(model), epochs * images)
-  tpu = accounting.HARDWARE['tpu_v3']
-  core_seconds = total / (tpu.peak_per_core * accounting.paper_utilization())
-  return total / 1e18, core_seconds / accounting.SECONDS_PER_DAY
+  return total / 1e18, accounting.flops_core_days(
+      total, accounting.HARDWARE['tpu_v3'], accounting.paper_utilization())
 
 
 # --------------------------------------------------------------------------

@@ -67,7 +67,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   runtime.setup()
   import jax
-  from configs import vtab as vtab_config
+  from vit_jax.configs import vtab as vtab_config
   from vit_jax import tables
   from vit_jax.train import loop
   names = tasks(_TASKS.value)

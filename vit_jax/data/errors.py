@@ -28,3 +28,7 @@ class BadImageError(DataError):
   def __init__(self, message: str, paths=()):
     super().__init__(message)
     self.paths = tuple(paths)
+
+
+class LabelRangeError(DataError):
+  """Labels of the data outside the model head's classes [0, num_classes)."""

@@ -32,7 +32,7 @@ from vit_jax.data import shuffle
 from vit_jax.data.errors import (BadImageError, DatasetNotPreparedError,
                                  UnknownSplitError)
 from vit_jax.data.registry import DatasetSpec
-from vit_jax.data.sources import Source, host_ranges
+from vit_jax.data.sources import Source, host_ranges, register
 
 EXTENSIONS = ('.jpg', '.jpeg', '.png')
 SPLIT_DIRS = ('train', 'validation', 'val', 'test')
@@ -97,12 +97,14 @@ def unreadable(paths: Sequence[str]) -> List[str]:
   return [p for p in paths if p not in ok]
 
 
+@register('folder')
 class FolderSource(Source):
   """Class sub-folders of images; see the module docstring."""
 
-  def __init__(self, spec: DatasetSpec, root: Optional[str], *,
-               skip_bad_images: bool = False):
+  def __init__(self, spec: DatasetSpec, input_config):
     self.spec = spec
+    root = input_config.get('data_dir')
+    skip_bad_images = bool(input_config.get('skip_bad_images', False))
     if not root or not tf.io.gfile.isdir(root):
       raise DatasetNotPreparedError(
           f'{spec.name}: input.data_dir must be a folder of class '
@@ -134,6 +136,11 @@ class FolderSource(Source):
   @property
   def num_classes(self) -> int:
     return len(self.classes)
+
+  def largest_label(self):
+    return len(self.classes) - 1, (
+        f'{len(self.classes)} class folders in {self.root}, the last '
+        f'{self.classes[-1]!r}')
 
   def split_names(self) -> List[str]:
     return list(self._files)

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from vit_jax.data.errors import UnknownSplitError
 from vit_jax.data.registry import DatasetSpec
-from vit_jax.data.sources import Source, host_ranges
+from vit_jax.data.sources import Source, host_ranges, register
 
 Arrays = Tuple[np.ndarray, np.ndarray]
 
@@ -59,16 +59,23 @@ def load(name: str = 'digits') -> Dict[str, Arrays]:
   return LOADERS[name]()
 
 
+@register('memory')
 class MemorySource(Source):
   """In-memory arrays, split and sharded like any other source."""
 
-  def __init__(self, spec: DatasetSpec):
+  def __init__(self, spec: DatasetSpec, input_config=None):
+    del input_config  # Nothing to configure.
     self.spec = spec
     self._splits = load(spec.name)
 
   @property
   def num_classes(self) -> int:
-    return self.spec.num_classes
+    return self.spec.num_classes or self.largest_label()[0] + 1
+
+  def largest_label(self):
+    largest = max(int(labels.max()) for _, labels in self._splits.values()
+                  if len(labels))
+    return largest, 'in its arrays'
 
   def split_names(self) -> List[str]:
     return list(self._splits)

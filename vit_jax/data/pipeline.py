@@ -42,11 +42,11 @@ _STATE_FORMAT = 2  # 2: stateless block shuffles; more identity fields.
 _hidden = False
 
 
-def _hide_accelerators_from_tf() -> None:
+def hide_accelerators_from_tf() -> None:
   """tf.data runs on the host CPU; keep TensorFlow off GPUs JAX uses.
 
-  Called first by every entry point: it only works before TensorFlow runs
-  an op (a no-op with tensorflow-cpu).
+  Called first by every entry point here and by `runtime.setup`: it only
+  works before TensorFlow runs an op (a no-op with tensorflow-cpu).
   """
   global _hidden
   if not _hidden:
@@ -264,7 +264,7 @@ def train_iterator(input_config, *, seed: int, process_index: int = 0,
     An iterator of {'image': float32 [B/n, H, W, C], 'label': int32 [B/n]}
     (label float32 [B/n, classes] with mixup), with get_state / set_state.
   """
-  _hide_accelerators_from_tf()
+  hide_accelerators_from_tf()
   settings_lib.check_process(process_index, process_count)
   st = settings_lib.read(input_config)
   return TrainIterator(st, seed=seed, process_index=process_index,
@@ -361,11 +361,34 @@ def eval_iterator(input_config, *, split: Optional[str] = None,
     `mask` is False on padding rows. ImageNet ReaL adds `real_label`
     (bool [B, 1000]).
   """
-  _hide_accelerators_from_tf()
+  hide_accelerators_from_tf()
   settings_lib.check_process(process_index, process_count)
   st = settings_lib.read(input_config, eval_split=split)
   return EvalIterable(st, process_index=process_index,
                       process_count=process_count)
+
+
+def check_num_classes(input_config, num_classes) -> None:
+  """Raises a clear error before training if labels can reach the head size.
+
+  Args:
+    input_config: the `input` ConfigDict.
+    num_classes: the model head's class count (`config.num_classes`, or the
+      dataset's when that is None).
+
+  Raises:
+    ValueError: `num_classes` is not a positive integer.
+    LabelRangeError: the dataset's labels (from its metadata: class folders,
+      tfds features, the registry, in-memory arrays, `input.num_classes` of
+      TFRecords) go up to `num_classes` or beyond. TFRecord labels are also
+      checked example by example as they are read, naming the file.
+  """
+  if (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+      or num_classes < 1):
+    raise ValueError(
+        f'num_classes={num_classes!r}: expected a positive integer, or '
+        "--config.num_classes=None for the dataset's class count")
+  settings_lib.read(input_config).source.check_labels(num_classes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -397,7 +420,7 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
 
   `split` replaces `input.eval_split` (as in `eval_iterator`).
   """
-  _hide_accelerators_from_tf()
+  hide_accelerators_from_tf()
   st = settings_lib.read(input_config, eval_split=split)
   source = st.source
   num_train = None

@@ -165,7 +165,8 @@ def ensure_prepared(input_config) -> None:
   import jax
   from jax.experimental import multihost_utils
   name, data_dir = input_config.data, input_config.get('data_dir')
-  if registry.get(name).source != 'tfds':
+  from vit_jax.data import kinds  # Loads TensorFlow: only when preparing.
+  if not kinds.preparable(registry.get(name)):
     return  # Folders, TFRecords and in-memory data need no preparation.
   if jax.process_index() == 0 and not _is_prepared(name, data_dir):
     logging.info('preparing %s in %s', name, data_dir or 'the tfds data dir')

@@ -30,7 +30,8 @@ class DatasetSpec:
 
   Attributes:
     name: the registry name (`input.data`).
-    source: 'tfds', 'folder', 'tfrecord' or 'memory' (digits, mnist5k).
+    source: the source kind: 'tfds', 'folder', 'tfrecord', 'memory'
+      (digits, mnist5k) or one registered with `sources.register`.
     num_classes: classes; None where the data says (folder) or the config
       must (`input.num_classes`, generic TFRecords).
     train_split: default train split (None: evaluation-only dataset).
@@ -45,7 +46,7 @@ class DatasetSpec:
     image_size: default `input.image_size`.
     tfds_name: the tfds builder, `name[/config][:version]`.
     image_key, label_key: features holding the image and the class.
-    task: a VTAB label function (`vit_jax/data/vtab.py`) computing the label.
+    task: a VTAB label function (`vit_jax/data/vtab_tasks.py`) computing the label.
     real_label_key: feature with the ImageNet ReaL multi-label set.
     prepare: how to get the data, for docs and error messages.
     group: a tag for listings ('vtab-natural', ...).
@@ -249,6 +250,19 @@ _ENTRIES: List[DatasetSpec] = [
 DATASETS: Dict[str, DatasetSpec] = {d.name: d for d in _ENTRIES}
 VTAB_TASKS: Tuple[str, ...] = tuple(
     d.name for d in _ENTRIES if d.group.startswith('vtab'))
+
+
+def register(spec: DatasetSpec) -> DatasetSpec:
+  """Adds a dataset (e.g. of a source kind registered outside this package).
+
+  Its `source` must name a registered kind (`sources.register`) by the time
+  it is read; a name already taken by another entry is an error.
+  """
+  if spec.name in DATASETS and DATASETS[spec.name] != spec:
+    raise ValueError(f'dataset {spec.name!r} is already registered: pick '
+                     'another name')
+  DATASETS[spec.name] = spec
+  return spec
 
 
 def names() -> List[str]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from vit_jax.data import registry, sources
+from vit_jax.data import kinds, registry, sources
 
 DEFAULT_SHUFFLE_BUFFER = 10_000
 DEFAULT_PREFETCH = 2
@@ -65,7 +65,7 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
     raise ValueError('input.data is not set; known datasets: '
                      f'{", ".join(registry.names())}')
   spec = registry.get(name)
-  source = sources.open_source(spec, input_config)
+  source = kinds.open_source(spec, input_config)
   train = input_config.get('train_split') or spec.train_split
   evals, error = eval_split or input_config.get('eval_split'), None
   if not evals:

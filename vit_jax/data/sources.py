@@ -12,21 +12,23 @@ parts (`train[:800]+validation[:200]` on 3 processes: 267+67, 267+67,
 266+66 = 334, 334, 332). TFRecord sources give each process every n-th file
 instead (see `tfrecord_source.py`).
 
-`open_source` picks the implementation for a registry entry:
-`tfds_source.py` (prepared tfds datasets), `folder_source.py` (a user's
-folder of class sub-folders), `tfrecord_source.py` (JFT-style TFRecords),
-`memory_source.py` (digits and mnist5k, in memory).
+Each implementation registers the source kind that registry entries name
+(`DatasetSpec.source`) with `@register(kind)`: `tfds_source.py` (prepared
+tfds datasets), `folder_source.py` (a user's folder of class sub-folders),
+`tfrecord_source.py` (JFT-style TFRecords), `memory_source.py` (digits and
+mnist5k, in memory). `kinds.py` imports them and opens sources.
 """
 
 from __future__ import annotations
 
 import abc
 import types
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Tuple, Type
 
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax.data.errors import LabelRangeError
 from vit_jax.data.registry import DatasetSpec
 
 
@@ -34,6 +36,18 @@ class Source(abc.ABC):
   """One dataset's examples, split by split and process by process."""
 
   spec: DatasetSpec
+  # Whether `python -m vit_jax.data.prepare` (and `input.prepare`) can
+  # prepare this kind's data; the others need none or are the user's own.
+  preparable = False
+
+  @abc.abstractmethod
+  def __init__(self, spec: DatasetSpec, input_config):
+    """Every kind is built from its registry entry and the `input` config."""
+
+  @classmethod
+  def open(cls, spec: DatasetSpec, input_config) -> 'Source':
+    """The source to read `spec` with (a kind may hand over to another)."""
+    return cls(spec, input_config)
 
   @property
   @abc.abstractmethod
@@ -107,6 +121,29 @@ class Source(abc.ABC):
       raise ValueError(f'{self.spec.name}: set input.eval_split')
     return split
 
+  def largest_label(self) -> Tuple[int, str]:
+    """(the largest label the data can hold, where that is known from).
+
+    From metadata (class folders, tfds features, the registry, the loaded
+    arrays): cheap, reads no examples.
+    """
+    return self.num_classes - 1, 'its class count'
+
+  def check_labels(self, num_classes: int) -> None:
+    """Raises a LabelRangeError if a label can reach `num_classes` or more.
+
+    A label outside the head would train silently (one-hot of zeros, NaN
+    loss in evaluation); sources whose labels are only known by reading
+    also check each example in `host_dataset`.
+    """
+    largest, known_from = self.largest_label()
+    if largest >= num_classes:
+      raise LabelRangeError(
+          f'dataset {self.spec.name!r} has labels up to {largest} '
+          f'({known_from}) but the model head has num_classes={num_classes}: '
+          f'set --config.num_classes={largest + 1} or leave it None (the '
+          "dataset's class count)")
+
   def explain_error(self, error: Exception, split: str, process_index: int,
                     process_count: int) -> Optional[Exception]:
     """A clearer error for a failure while reading, or None to re-raise."""
@@ -132,39 +169,28 @@ def host_ranges(split: str, sizes: Mapping[str, int], process_index: int,
            else a.to) for a in absolute]
 
 
-_OPENED: Dict[tuple, Source] = {}
+KINDS: Dict[str, Type[Source]] = {}
 
 
-def open_source(spec: DatasetSpec, input_config) -> Source:
-  """The source for a registry entry, configured by `input_config`.
+def register(kind: str) -> Callable[[Type[Source]], Type[Source]]:
+  """Class decorator: registry entries with `source=kind` open the class.
 
-  Sources are kept per configuration: a folder is listed (and a tfds
-  builder loaded) once per process, however many iterators read it.
+  The class is built as `cls.open(spec, input_config)` (by default
+  `cls(spec, input_config)`), once per configuration.
   """
-  fields = ('data_dir', 'skip_bad_images', 'num_classes', 'image_key',
-            'label_key')
-  key = (spec.name,) + tuple(input_config.get(f) for f in fields)
-  if key not in _OPENED:
-    _OPENED[key] = _open(spec, input_config)
-  return _OPENED[key]
+  def add(cls: Type[Source]) -> Type[Source]:
+    if kind in KINDS and KINDS[kind] is not cls:
+      raise ValueError(f'source kind {kind!r} is already registered by '
+                       f'{KINDS[kind].__module__}')
+    KINDS[kind] = cls
+    return cls
+  return add
 
 
-def _open(spec: DatasetSpec, input_config) -> Source:
-  data_dir = input_config.get('data_dir')
-  if spec.source == 'tfds':
-    from vit_jax.data import tfds_source, tfrecord_source
-    if spec.name == 'imagenet21k' and tfrecord_source.has_records(data_dir):
-      return tfrecord_source.TFRecordSource(spec, input_config)
-    return tfds_source.TfdsSource(spec, data_dir)
-  if spec.source == 'folder':
-    from vit_jax.data import folder_source
-    return folder_source.FolderSource(
-        spec, data_dir, skip_bad_images=input_config.get(
-            'skip_bad_images', False))
-  if spec.source == 'tfrecord':
-    from vit_jax.data import tfrecord_source
-    return tfrecord_source.TFRecordSource(spec, input_config)
-  if spec.source == 'memory':
-    from vit_jax.data import memory_source
-    return memory_source.MemorySource(spec)
-  raise ValueError(f'{spec.name}: unknown source kind {spec.source!r}')
+def get_kind(name: str, dataset: str = '') -> Type[Source]:
+  """The class registered as source kind `name`."""
+  if name not in KINDS:
+    raise ValueError(f'{dataset}: unknown source kind {name!r}; registered: '
+                     f'{", ".join(sorted(KINDS))} (register one with '
+                     '@vit_jax.data.sources.register(KIND))')
+  return KINDS[name]

@@ -15,10 +15,11 @@ from typing import List, Optional
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from vit_jax.data import shuffle, vtab
+from vit_jax.data import shuffle, vtab_tasks
 from vit_jax.data.errors import DatasetNotPreparedError, UnknownSplitError
 from vit_jax.data.registry import DatasetSpec
-from vit_jax.data.sources import Source
+from vit_jax.data import tfrecord_source
+from vit_jax.data.sources import Source, register
 
 # Files read concurrently by one process; the order stays deterministic.
 _CYCLE_LENGTH = 16
@@ -47,17 +48,31 @@ def load_builder(spec: DatasetSpec, data_dir: Optional[str]):
   return builder
 
 
+@register('tfds')
 class TfdsSource(Source):
-  """A registry entry backed by a prepared tfds builder."""
+  """A registry entry backed by a prepared tfds builder.
 
-  def __init__(self, spec: DatasetSpec, data_dir: Optional[str]):
+  ImageNet-21k has no public tfds builder: a `data_dir` holding its
+  TFRecord files (`train-*`) is read by `tfrecord_source` instead.
+  """
+
+  preparable = True
+
+  @classmethod
+  def open(cls, spec: DatasetSpec, input_config) -> Source:
+    if spec.name == 'imagenet21k' and tfrecord_source.has_records(
+        input_config.get('data_dir')):
+      return tfrecord_source.TFRecordSource(spec, input_config)
+    return cls(spec, input_config)
+
+  def __init__(self, spec: DatasetSpec, input_config):
     self.spec = spec
-    self.builder = load_builder(spec, data_dir)
+    self.builder = load_builder(spec, input_config.get('data_dir'))
     features = self.builder.info.features
     self._decoders = {k: tfds.decode.SkipDecoding()
                       for k, f in features.items()
                       if isinstance(f, tfds.features.Image)}
-    self._task = vtab.TASKS[spec.task] if spec.task else None
+    self._task = vtab_tasks.TASKS[spec.task] if spec.task else None
 
   @property
   def num_classes(self) -> int:

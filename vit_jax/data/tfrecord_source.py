@@ -44,14 +44,15 @@ from absl import logging
 
 from vit_jax.data import shuffle
 from vit_jax.data.errors import (DataError, DatasetNotPreparedError,
-                                 UnknownSplitError)
+                                 LabelRangeError, UnknownSplitError)
 from vit_jax.data.registry import DatasetSpec
-from vit_jax.data.sources import Source
+from vit_jax.data.sources import Source, register
 
 _CYCLE_LENGTH = 16
 _STAT_THREADS = 32
 IMAGE_KEY, LABEL_KEY = 'image/encoded', 'image/class/label'
 COUNTS_DIR = '.record_counts'
+_LABEL_OUT_OF_RANGE = 'TFRecord label out of range'
 # What may follow SPLIT in a file name: `-` and a digit (shard numbers), or
 # `.tfrecord` / `.tfrecords` alone or followed by `-...` or `@...`.
 _SUFFIX = r'(-\d.*|\.tfrecords?([-@].*)?)?'
@@ -161,6 +162,7 @@ def _records_of_shard(count: int, process_index: int,
   return max(0, -(-(count - process_index) // process_count))
 
 
+@register('tfrecord')
 class TFRecordSource(Source):
   """Examples from TFRecord files; see the module docstring."""
 
@@ -241,17 +243,42 @@ class TFRecordSource(Source):
 
     def read(name):
       records = tf.data.TFRecordDataset(name, buffer_size=8 << 20)
-      return (records.shard(process_count, process_index) if by_record
-              else records)
+      records = (records.shard(process_count, process_index) if by_record
+                 else records)
+      return records.map(lambda r: (name, r))
 
     ds = tf.data.Dataset.from_tensor_slices(names).interleave(
         read, cycle_length=min(_CYCLE_LENGTH, len(files)), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
 
-  def _parse(self, serialized):
+  def largest_label(self):
+    where = ('input.num_classes' if self._num_classes != self.spec.num_classes
+             else f'the registry: {self.spec.num_classes} classes')
+    return self._num_classes - 1, where
+
+  def _parse(self, name, serialized):
     x = tf.io.parse_single_example(serialized, {
         self.image_key: tf.io.FixedLenFeature([], tf.string),
         self.label_key: tf.io.VarLenFeature(tf.int64)})
-    labels = tf.sparse.to_dense(x[self.label_key])
-    return {'image': x[self.image_key], 'label': labels[0]}
+    label = tf.sparse.to_dense(x[self.label_key])[0]
+    # Labels are only known by reading: each is checked on its way through
+    # (`explain_error` names the file).
+    check = tf.debugging.Assert(
+        (label >= 0) & (label < self._num_classes),
+        [_LABEL_OUT_OF_RANGE, name, label], summarize=3)
+    with tf.control_dependencies([check]):
+      label = tf.identity(label)
+    return {'image': x[self.image_key], 'label': label}
+
+  def explain_error(self, error, split, process_index, process_count):
+    match = re.search(_LABEL_OUT_OF_RANGE + r'\]\s*\[(.*?)\]\s*\[(-?\d+)\]',
+                      str(getattr(error, 'message', error)))
+    if match is None:
+      return None
+    return LabelRangeError(
+        f'dataset {self.spec.name!r}: TFRecord file {match.group(1)} has '
+        f'label {match.group(2)}, outside [0, num_classes={self._num_classes})'
+        f' ({self.largest_label()[1]}): set input.num_classes (and '
+        '--config.num_classes, or leave it None) to the class count of the '
+        'files, or fix the labels of that file')

@@ -2,15 +2,17 @@
 
 Every run evaluates top-1 accuracy on `input.eval_split` (every `eval_every`
 steps and at the end). `config.evals` adds more, one section each, keyed by
-a name of your choice and built by its `kind`:
+a name of your choice and built by the evaluator registered as its `type`:
 
-    c.evals.real = dict(kind='classification', data='imagenet2012_real',
+    c.evals.real = dict(type='classification', data='imagenet2012_real',
                         real_only=True)  # ImageNet ReaL: `real_accuracy`
-    c.evals.fewshot = dict(kind='fewshot', datasets=('mnist5k',),
+    c.evals.fewshot = dict(type='fewshot', datasets=('mnist5k',),
                            shots=(1, 5, 10, 25), seeds=3)
 
-VTAB-1k is 19 fine-tuning runs, not an evaluator of one run: see
-`configs/vtab.py` and `python -m vit_jax.vtab`.
+Every evaluator is built as `Cls(name, cfg, context)` (`base.py`); add one
+with `@register('my_type')` (docs/evaluation.md). VTAB-1k is 19 fine-tuning
+runs, not an evaluator of one run: see `configs/vtab.py` and
+`python -m vit_jax.vtab`.
 """
 
 from __future__ import annotations
@@ -19,39 +21,23 @@ from typing import Any, Dict, List
 
 import ml_collections
 
-from vit_jax.evaluators.base import Evaluator
+from vit_jax.evaluators.base import Context, Evaluator, get, register
 from vit_jax.evaluators.classification import Classification
 from vit_jax.evaluators.fewshot import FewShot
-
-KINDS = ('classification', 'fewshot')
 
 
 def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
           image_size: int) -> List[Evaluator]:
   """The run's evaluators: top-1 on input.eval_split, then config.evals."""
-  out: List[Evaluator] = [Classification(
-      config.input, model, mesh, params_sharding,
-      every=config.get('eval_every', 0))]
+  context = Context(config=config, model=model, mesh=mesh,
+                    params_sharding=params_sharding, image_size=image_size)
+  out: List[Evaluator] = [Classification('eval', ml_collections.ConfigDict(
+      dict(every=config.get('eval_every', 0))), context)]
   for name, cfg in sorted(config.get('evals', {}).items()):
-    kind = cfg.get('kind')
-    if kind == 'classification':
-      inp = ml_collections.ConfigDict(config.input.to_dict())
-      if cfg.get('data', inp.data) != inp.data:
-        # Another dataset: its own splits, not the training data's.
-        inp.data = cfg.data
-        inp.train_split = inp.eval_split = None
-      if cfg.get('pp'):
-        inp.pp_eval = cfg.pp
-      out.append(Classification(
-          inp, model, mesh, params_sharding, split=cfg.get('split'),
-          prefix=cfg.get('prefix', f'{name}_'), every=cfg.get('every', 0),
-          name=name, real_only=cfg.get('real_only', False)))
-    elif kind == 'fewshot':
-      out.append(FewShot(cfg, config.input, model, mesh, params_sharding,
-                         image_size=image_size, name=name))
-    else:
-      raise ValueError(f'config.evals.{name}.kind={kind!r}: expected one of '
-                       f'{", ".join(KINDS)}')
+    if 'kind' in cfg:
+      raise ValueError(f'config.evals.{name}.kind is now called type: '
+                       f"config.evals.{name}.type={cfg.kind!r}")
+    out.append(get(cfg.get('type'), name)(name, cfg, context))
   return out
 
 
@@ -62,4 +48,5 @@ def run_all(evaluators: List[Evaluator], params: Any) -> Dict[str, float]:
   return metrics
 
 
-__all__ = ['Evaluator', 'Classification', 'FewShot', 'build', 'run_all']
+__all__ = ['Context', 'Evaluator', 'Classification', 'FewShot', 'build',
+           'get', 'register', 'run_all']

@@ -1,23 +1,63 @@
-"""What every evaluator shares: the interface.
+"""What every evaluator shares: the interface, its context and the registry.
 
-An evaluator is built once per run from its config section and the model,
-then called with the current parameters; it returns flat scalar metrics
-(`{'fewshot/mnist5k/5shot': 0.81, ...}`) for metrics.jsonl and summary.json.
-Each runs every `every` steps (0: at the end of training only) and in
-`--config.mode=eval`.
+An evaluator is built once per run from its config section and the run's
+`Context`, then called with the current parameters; it returns flat scalar
+metrics (`{'fewshot/mnist5k/5shot': 0.81, ...}`) for metrics.jsonl and
+summary.json. Each runs every `every` steps (0: at the end of training only)
+and in `--config.mode=eval`.
+
+Every evaluator has one constructor signature, `Cls(name, cfg, context)`,
+and registers under the `type` its config sections name:
+
+    @base.register('my_metric')
+    class MyMetric(base.Evaluator):
+      def __init__(self, name, cfg, context): ...
+      def run(self, params): ...
+
+    c.evals.mine = dict(type='my_metric', every=1000)
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Dict
+import dataclasses
+import difflib
+from typing import Any, Callable, Dict, Type
+
+import ml_collections
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+  """What a run gives every evaluator besides its own config section.
+
+  Attributes:
+    config: the run's whole config (`input`, `eval_every`, ...).
+    model: the flax model.
+    mesh: the device mesh.
+    params_sharding: the shardings of the parameter tree `run` receives.
+    image_size: the model's input side.
+  """
+  config: ml_collections.ConfigDict
+  model: Any
+  mesh: Any
+  params_sharding: Any
+  image_size: int
 
 
 class Evaluator(abc.ABC):
-  """One evaluation of a set of parameters."""
+  """One evaluation of a set of parameters.
 
-  name: str
-  every: int = 0
+  Subclasses take `(name, cfg, context)`: the section's name in
+  `config.evals`, the section itself and the run's `Context`. Check the
+  settings there, so that a bad one fails before training, not after it.
+  """
+
+  def __init__(self, name: str, cfg: ml_collections.ConfigDict,
+               context: Context):
+    self.name = name
+    self.every = int(cfg.get('every', 0))
+    self.context = context
 
   @abc.abstractmethod
   def run(self, params: Any) -> Dict[str, float]:
@@ -26,3 +66,29 @@ class Evaluator(abc.ABC):
   def due(self, step: int, total_steps: int) -> bool:
     """Whether to run after `step` (the final step is handled by the loop)."""
     return bool(self.every) and step % self.every == 0 and step < total_steps
+
+
+TYPES: Dict[str, Type[Evaluator]] = {}
+
+
+def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:
+  """Class decorator: `config.evals.<name>.type=type_name` builds the class."""
+  def add(cls: Type[Evaluator]) -> Type[Evaluator]:
+    if type_name in TYPES and TYPES[type_name] is not cls:
+      raise ValueError(f'evaluator type {type_name!r} is already registered '
+                       f'by {TYPES[type_name].__module__}')
+    TYPES[type_name] = cls
+    return cls
+  return add
+
+
+def get(type_name: str, name: str) -> Type[Evaluator]:
+  """The class registered as `type_name`; the error lists the known ones."""
+  if type_name not in TYPES:
+    close = difflib.get_close_matches(str(type_name), TYPES, n=2)
+    hint = f' Did you mean {" or ".join(close)}?' if close else ''
+    raise ValueError(
+        f'config.evals.{name}.type={type_name!r} is not a registered '
+        f'evaluator.{hint} Known types: {", ".join(sorted(TYPES))} (register '
+        'one with @vit_jax.evaluators.register(TYPE))')
+  return TYPES[type_name]

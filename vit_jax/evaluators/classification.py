@@ -47,8 +47,15 @@ def batch_sums(params: Any, batch: Dict[str, jax.Array], *,
   return out
 
 
+@base.register('classification')
 class Classification(base.Evaluator):
   """Accuracy and loss of the model's own head on one split.
+
+  Config section (`config.evals.<name>`, all optional): `data` (another
+  registry dataset; its own splits then), `split` (default: the dataset's
+  eval split), `pp` (eval pre-processing), `prefix` (default `<name>_`),
+  `real_only`, `every`. Every run has one named `eval` (prefix `eval_`) on
+  `input.eval_split`, every `eval_every` steps.
 
   Metrics: `{prefix}accuracy`, `{prefix}loss`, `{prefix}examples`, and with
   ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`; with
@@ -57,22 +64,30 @@ class Classification(base.Evaluator):
   setting fails before training, not after it.
   """
 
-  def __init__(self, input_config: ml_collections.ConfigDict, model, mesh,
-               params_sharding, *, split: Optional[str] = None,
-               prefix: str = 'eval_', every: int = 0, name: str = 'eval',
-               real_only: bool = False):
-    self.name, self.every, self.prefix = name, every, prefix
-    self._input, self._split, self._mesh = input_config, split, mesh
-    self._real_only = real_only
-    spec = registry.get(input_config.data)
-    if real_only and not spec.real_label_key:
+  def __init__(self, name: str, cfg: ml_collections.ConfigDict,
+               context: base.Context):
+    super().__init__(name, cfg, context)
+    self.prefix = cfg.get('prefix', f'{name}_')
+    self._split: Optional[str] = cfg.get('split')
+    self._real_only = bool(cfg.get('real_only', False))
+    self._mesh = context.mesh
+    inp = ml_collections.ConfigDict(context.config.input.to_dict())
+    if cfg.get('data', inp.data) != inp.data:
+      # Another dataset: its own splits, not the training data's.
+      inp.data = cfg.data
+      inp.train_split = inp.eval_split = None
+    if cfg.get('pp'):
+      inp.pp_eval = cfg.pp
+    self._input = inp
+    spec = registry.get(inp.data)
+    if self._real_only and not spec.real_label_key:
       raise ValueError(f'evals.{name}: real_only needs a dataset with ReaL '
                        f'labels (imagenet2012_real), not {spec.name}')
-    pipeline.dataset_info(input_config, split=split)  # Fails early.
+    pipeline.dataset_info(inp, split=self._split)  # Fails early.
     self._sums = jax.jit(
-        functools.partial(batch_sums, model=model),
-        in_shardings=(params_sharding, None), out_shardings=shd.replicated(
-            mesh))
+        functools.partial(batch_sums, model=context.model),
+        in_shardings=(context.params_sharding, None),
+        out_shardings=shd.replicated(context.mesh))
 
   def run(self, params: Any) -> Dict[str, float]:
     sums = None

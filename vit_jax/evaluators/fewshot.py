@@ -69,20 +69,24 @@ def draw(labels: np.ndarray, num_classes: int, shots: Sequence[int],
           for k in shots}
 
 
+@base.register('fewshot')
 class FewShot(base.Evaluator):
   """k-shot linear accuracy of the frozen representation on some datasets.
 
   Config section (`config.evals.<name>`): `datasets` (registry names, or
   `name:train_split:test_split`), `shots`, `seeds`, `l2_reg`,
   `pool_per_class`, `pp` (pre-processing; `{size}` is replaced with the
-  model's input size), `batch_size`, `every`.
+  model's input size), `batch_size` (default `input.eval_batch_size`),
+  `every`. Images are read from `input.data_dir`.
   Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`.
   """
 
-  def __init__(self, cfg: ml_collections.ConfigDict,
-               input_config: ml_collections.ConfigDict, model, mesh,
-               params_sharding, *, image_size: int, name: str = 'fewshot'):
-    self.name, self.every = name, cfg.get('every', 0)
+  def __init__(self, name: str, cfg: ml_collections.ConfigDict,
+               context: base.Context):
+    super().__init__(name, cfg, context)
+    input_config, image_size = context.config.input, context.image_size
+    model, mesh = context.model, context.mesh
+    params_sharding = context.params_sharding
     self.shots = tuple(sorted(int(k) for k in cfg.get('shots',
                                                       (1, 5, 10, 25))))
     self.seeds = int(cfg.get('seeds', 3))

@@ -16,8 +16,6 @@ resolution differs.
 from __future__ import annotations
 
 import functools
-import json
-import os
 from typing import Any, Dict, Tuple
 
 import jax
@@ -30,7 +28,7 @@ from vit_jax import evaluators, models
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
-from vit_jax.train import orbax_state, reporting
+from vit_jax.train import config_check, lock, orbax_state, reporting
 
 
 def _source(config, workdir: str) -> Tuple[str, bool]:
@@ -75,24 +73,28 @@ def _load(config, source: str, model, image_shape, mesh):
   return params, params_sh
 
 
-def _read_summary(workdir: str) -> Dict[str, Any]:
-  import tensorflow as tf
-  path = os.path.join(workdir, 'summary.json')
-  if not tf.io.gfile.exists(path):
-    return {}
-  with tf.io.gfile.GFile(path) as f:
-    return json.load(f)
-
-
 def evaluate_run(config: ml_collections.ConfigDict,
                  workdir: str) -> Dict[str, Any]:
-  """Evaluates a checkpoint; returns what it wrote to eval_summary.json."""
+  """Evaluates a checkpoint; returns what it wrote to eval_summary.json.
+
+  Holds the workdir's lock (it writes there): evaluating the workdir of a
+  run that is still training is refused; evaluate a copy, or pass that
+  workdir as --config.init with a new --workdir.
+  """
+  config_check.check(config)
+  with lock.hold(workdir):
+    return _evaluate(config, workdir)
+
+
+def _evaluate(config: ml_collections.ConfigDict,
+              workdir: str) -> Dict[str, Any]:
   prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   shd.check_batch_size(config.input.eval_batch_size, mesh,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
+  pipeline.check_num_classes(config.input, num_classes)
   model = models.from_config(config.model, num_classes)
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)
@@ -106,7 +108,7 @@ def evaluate_run(config: ml_collections.ConfigDict,
   result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],
             'eval_split': info.eval_split, **metrics}
   reporting.write_json(workdir, 'eval_summary.json', result)
-  run = _read_summary(workdir)
+  run = reporting.read_summary(workdir)
   if own and run.get('image_size', image_shape[0]) == image_shape[0]:
     reporting.write_summary(workdir, metrics)
     writer = reporting.make_writer(workdir)

@@ -1,14 +1,22 @@
 """The training loop: owns I/O, checkpoints, evaluation and reporting.
 
 config -> data -> model -> jitted step -> checkpoint / metrics. Everything
-numeric happens in `step.py`; this file only moves things around it.
+numeric happens in `step.py`; this file only moves things around it, in
+three parts: `setup` (what a run needs, resumed from its workdir),
+`train` (the steps, evaluations and saves) and `summarise`
+(summary.json). `train_and_evaluate` holds the workdir's lock around them.
+
+A run never saves a state whose loss, gradient norm or parameters are not
+finite, stops at the next step boundary on SIGTERM / SIGINT / a preemption
+notice after saving (see `preemption.py`), and resumes from the newest
+checkpoint that restores completely (see `orbax_state.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import time
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import jax
 import ml_collections
@@ -17,13 +25,16 @@ from absl import logging
 from vit_jax import accounting, evaluators, models
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
-from vit_jax.train import optim, orbax_state, reporting
 from vit_jax import sharding as shd
+from vit_jax.train import config_check, lock, optim, orbax_state
+from vit_jax.train import preemption
+from vit_jax.train import reporting
 from vit_jax.train import step as step_lib
 
 
 class NonFiniteLossError(FloatingPointError):
-  """The loss became NaN or Inf; the last good checkpoint is kept."""
+  """The loss, gradients or parameters became NaN or Inf; the checkpoints
+  kept are all finite."""
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
@@ -52,6 +63,45 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> Dict[str, Any]:
   """Trains (resuming from `workdir` when it holds a checkpoint); returns
   the summary written to `workdir/summary.json`."""
+  config_check.check(config)
+  with lock.hold(workdir):
+    run = setup(config, workdir)
+    try:
+      outcome = train(run)
+    finally:
+      run.ckpt.close()
+    return summarise(run, *outcome)
+
+
+@dataclasses.dataclass
+class Run:
+  """Everything a run needs, as `setup` built it."""
+  config: ml_collections.ConfigDict
+  workdir: str
+  mesh: Any
+  num_classes: int
+  steps: int
+  image_shape: Tuple[int, ...]
+  state: Any
+  state_sh: Any
+  ckpt: orbax_state.Checkpointer
+  train_it: Any
+  train_fn: Any
+  evals: list
+  forward_flops: float
+  start: int
+  saved: Dict[str, Any]  # The JSON saved with the restored checkpoint.
+
+  @property
+  def specs(self) -> Dict[str, Any]:
+    """What a checkpoint records about its configuration."""
+    return {'model': self.config.model.to_dict(),
+            'optim': self.config.optim.to_dict(), 'total_steps': self.steps}
+
+
+def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
+  """Data, model, sharded state and step; resumed from `workdir`'s newest
+  good checkpoint, else initialised (from `config.init` if set)."""
   prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   accum = config.get('accum_steps', 1)
@@ -61,13 +111,14 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
+  pipeline.check_num_classes(config.input, num_classes)
   steps = total_steps(config, info.num_train_examples)
   model = models.from_config(config.model, num_classes)
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
-  fsdp_min = config.get('fsdp_min_size', 2**18)
   state, state_sh = step_lib.create_state(
-      model, tx, config.seed, image_shape, mesh, fsdp_min,
+      model, tx, config.seed, image_shape, mesh,
+      config.get('fsdp_min_size', 2**18),
       rules=config.get('sharding_rules', ()),
       overrides=config.get('sharding_overrides', ()))
   ckpt = orbax_state.Checkpointer(
@@ -77,107 +128,177 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   train_it = pipeline.train_iterator(
       config.input, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
-
-  model_spec = config.model.to_dict()
-  start, restored, run_state = ckpt.restore(
+  start, restored, saved = ckpt.restore(
       step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh,
-      expect={'model': model_spec})
-  prior_wall = 0.0
+      expect={'model': config.model.to_dict()})
   if start is not None:
     state = restored
-    train_it.set_state(run_state['input'])
-    prior_wall = run_state.get('wall_s', 0.0)
+    train_it.set_state(saved['input'])
     logging.info('resumed from step %d in %s', start, workdir)
+    _log_changes(saved, config, steps, start)
   else:
-    start = 0
+    start, saved = 0, {}
     if config.get('init'):
       state = _init_params(config, state, state_sh)
-
   label_ndim = 2 if config.input.get('mixup') else 1
   train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
                                         config, label_ndim)
   evals = evaluators.build(config, model, mesh, state_sh.params,
                            image_shape[0])
   fwd = accounting.forward_flops(
-      config.model.name, image_shape[:2], num_classes, **{
-          k: v for k, v in dict(config.model).items()
-          if k not in ('name', 'dtype', 'param_dtype') and v is not None})
-  writer = reporting.make_writer(workdir)
-  progress = reporting.Progress(total_steps=steps,
-                                batch_size=config.input.batch_size,
-                                start_step=start, forward_flops=fwd)
-  log_every = config.get('log_every', 50)
+      config.model.name, image_shape[:2], num_classes, **_overrides(config))
+  return Run(config=config, workdir=workdir, mesh=mesh,
+             num_classes=num_classes, steps=steps, image_shape=image_shape,
+             state=state, state_sh=state_sh, ckpt=ckpt, train_it=train_it,
+             train_fn=train_fn, evals=evals, forward_flops=fwd, start=start,
+             saved=saved)
 
-  def run_state_now():
-    return {'input': train_it.get_state(), 'model': model_spec,
-            'wall_s': prior_wall + progress.elapsed()}
+
+def _overrides(config) -> Dict[str, Any]:
+  """The model options the config sets beyond the zoo variant's."""
+  return {k: v for k, v in dict(config.model).items()
+          if k not in ('name', 'dtype', 'param_dtype') and v is not None}
+
+
+def _log_changes(saved: Dict[str, Any], config, steps: int,
+                 start: int) -> None:
+  """Logs, loudly, an optimiser or schedule that differs from the one the
+  checkpoint was trained with (legitimate: e.g. a lower LR after a
+  divergence, or a longer run)."""
+  now = {'optim': config.optim.to_dict(), 'total_steps': steps}
+  for key, value in now.items():
+    if key in saved and saved[key] != value:
+      before = saved[key]
+      if isinstance(value, dict) and isinstance(before, dict):
+        diff = {k: (before.get(k), value.get(k))
+                for k in sorted(set(before) | set(value))
+                if before.get(k) != value.get(k)}
+      else:
+        diff = (before, value)
+      logging.warning(
+          '*** DELIBERATE CHANGE on resume from step %d: %s was %s in the '
+          'checkpoint and is now %s (was -> now: %s). Training continues '
+          'with the new setting. ***', start, key, before, value, diff)
+
+
+def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
+  """Runs the steps from `run.start`; returns (step reached, final train
+  metrics, final eval metrics, wall seconds of this and earlier runs)."""
+  config, ckpt, state = run.config, run.ckpt, run.state
+  log_every = config.get('log_every', 50)
+  writer = reporting.make_writer(run.workdir, resume_step=run.start)
+  progress = reporting.Progress(
+      total_steps=run.steps, batch_size=config.input.batch_size,
+      start_step=run.start, forward_flops=run.forward_flops,
+      every_steps=log_every)
+  prior_wall = run.saved.get('wall_s', 0.0)
+  # The train metrics of the restored step: a run resumed at its last step
+  # (killed before its summary) reports them again.
+  last_metrics = dict(run.saved.get('train_metrics', {}))
+
+  def run_state(step_metrics):
+    return {'input': run.train_it.get_state(), **run.specs,
+            'wall_s': prior_wall + progress.elapsed(),
+            'train_metrics': step_metrics}
 
   pending = None  # (step, metrics) of the previous step, checked one late.
-  eval_metrics: Dict[str, float] = {}
-  step = start
+  step = run.start
+  stops = preemption.StopRequests(ckpt.manager.reached_preemption)
   try:
-    with jax.set_mesh(mesh):
-      while step < steps:
-        t0 = time.perf_counter()
-        batch = shd.global_batch(next(train_it), mesh)
-        progress.input_wait(time.perf_counter() - t0)
-        state, metrics = train_fn(state, batch)
+    with stops, jax.set_mesh(run.mesh):
+      while step < run.steps:
+        with progress.timed('input_wait', wait_jax_async_dispatch=False):
+          batch = shd.global_batch(next(run.train_it), run.mesh)
+        state, metrics = run.train_fn(state, batch)
         step += 1
+        progress(step)
         if pending is not None:
           _check_finite(*pending, ckpt)
         pending = (step, metrics)
-        if step % log_every == 0 or step == steps:
-          _check_finite(*pending, ckpt)
-          scalars = {k: float(v) for k, v in jax.device_get(metrics).items()}
-          scalars.update(progress.report(step))
-          writer.write_scalars(step, scalars)
+        if step % log_every == 0 or step == run.steps:
+          last_metrics = _check_finite(*pending, ckpt)
+          writer.write_scalars(step, {**last_metrics, **progress.scalars})
           writer.flush()
-        due = [e for e in evals if e.due(step, steps)]
+        due = [e for e in run.evals if e.due(step, run.steps)]
         if due:
-          eval_metrics = evaluators.run_all(due, state.params)
-          writer.write_scalars(step, eval_metrics)
-        if ckpt.due(step):
-          _check_finite(*pending, ckpt)  # Never save a diverged state.
-          ckpt.maybe_save(step, state, run_state_now())
+          with progress.timed('eval', wait_jax_async_dispatch=False):
+            writer.write_scalars(step, evaluators.run_all(due, state.params))
+        stop = stops.requested(step)
+        if ckpt.due(step) or stop:
+          last_metrics = _check_finite(*pending, ckpt)  # Never save NaNs.
+          with progress.timed('checkpoint', wait_jax_async_dispatch=False):
+            ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
+        if stop:
+          ckpt.wait()
+          writer.flush()
+          raise stop
       if pending:
-        _check_finite(*pending, ckpt)
-      final_metrics = jax.device_get(pending[1]) if pending else {}
-      ckpt.maybe_save(step, state, run_state_now(), force=True)
-      eval_metrics = evaluators.run_all(evals, state.params)
+        last_metrics = _check_finite(*pending, ckpt)
+      ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
+      eval_metrics = evaluators.run_all(run.evals, state.params)
       writer.write_scalars(step, eval_metrics)
   finally:
-    ckpt.close()
     writer.close()
+  return step, last_metrics, eval_metrics, prior_wall + progress.elapsed()
 
-  wall = prior_wall + progress.elapsed()
+
+def summarise(run: Run, step: int, train_metrics: Dict[str, float],
+              eval_metrics: Dict[str, float], wall: float) -> Dict[str, Any]:
+  """Writes `summary.json`: what was trained, its cost and final metrics."""
+  config = run.config
   examples = step * config.input.batch_size
+  hw = accounting.detect_hardware(jax.devices()[0].device_kind)
+  overrides = _overrides(config)
   summary = {
-      'model': config.model.name, 'dataset': config.input.data,
+      'model': config.model.name,
+      # The architecture actually trained: the variant and what the config
+      # changed (e.g. a smoke run's shrunk ViT-B/16).
+      'model_overrides': overrides,
+      'architecture': config.model.name + (
+          ' (' + ', '.join(f'{k}={v}' for k, v in sorted(overrides.items()))
+          + ')' if overrides else ''),
+      'dataset': config.input.data,
       'steps': step, 'batch_size': config.input.batch_size,
       'examples_seen': examples, 'wall_s': wall,
-      'num_devices': jax.device_count(), 'hardware': progress.hardware,
+      'num_devices': jax.device_count(),
+      'hardware': hw.name if hw else jax.devices()[0].device_kind,
       'device_hours': jax.device_count() * wall / 3600,
-      'core_days': jax.device_count() * progress.cores_per_device * wall
+      'core_days': jax.device_count() * (hw.cores(1) if hw else 1.0) * wall
                    / 86400,
-      'image_size': image_shape[0], 'init': config.get('init'),
-      'forward_gflops': fwd / 1e9,
-      'exaflops': examples * 3 * fwd / 1e18,
+      'image_size': run.image_shape[0], 'init': config.get('init'),
+      'forward_gflops': run.forward_flops / 1e9,
+      'exaflops': examples * 3 * run.forward_flops / 1e18,
       'report': config.report.to_dict() if 'report' in config else {},
-      **{f'train_{k}': float(v) for k, v in final_metrics.items()},
+      **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
-  path = reporting.write_summary(workdir, summary)
+  path = reporting.write_summary(run.workdir, summary)
   logging.info('summary written to %s: %s', path, summary)
   return summary
 
 
 def _check_finite(step: int, metrics: Dict[str, Any],
-                  ckpt: orbax_state.Checkpointer) -> None:
-  loss = float(metrics['loss'])
-  if not math.isfinite(loss):
+                  ckpt: orbax_state.Checkpointer) -> Dict[str, float]:
+  """The step's metrics as floats; NonFiniteLossError if the loss, the
+  gradient norm or the new parameters (their norm) are not finite."""
+  values = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  bad = [k for k in ('loss', 'grad_norm', 'param_norm')
+         if k in values and not math.isfinite(values[k])]
+  if bad:
     ckpt.wait()
     last = ckpt.latest_step()
+    kept = (f'The last good checkpoint (step {last}) is kept in '
+            f'{ckpt.manager.directory}; every saved state is finite'
+            if last is not None else 'No checkpoint was saved yet')
+    what = ', '.join(f'{k}={values[k]}' for k in bad)
     raise NonFiniteLossError(
-        f'loss is {loss} at step {step}; stopping. The last good checkpoint '
-        f'(step {last}) is kept in {ckpt.manager.directory}. Lower optim.lr, '
-        'raise optim.warmup_steps or set optim.grad_clip_norm, then resume.')
+        f'{what} at step {step} (loss is {values.get("loss")}); stopping. '
+        f'{kept}. Lower optim.lr, raise optim.warmup_steps or set '
+        'optim.grad_clip_norm, then re-run the same command with e.g. '
+        '--config.optim.lr=<lower>: it resumes from that checkpoint and logs '
+        'the changed optimiser. If it diverges again right after it, that '
+        'state was already poor: move checkpoints/<step> into '
+        'damaged_checkpoints/ to resume from an earlier one. (Adding '
+        'grad_clip_norm changes the optimiser state, so it needs a new '
+        '--workdir with --config.init=<this workdir>.)')
+  return values

@@ -9,10 +9,31 @@ killed mid-save keeps its previous checkpoint.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Optional, Tuple
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+from jax.experimental import multihost_utils
+
+
+class DamagedCheckpointError(RuntimeError):
+  """A checkpoint step that cannot be read completely."""
+
+  def __init__(self, message: str, *, reason: str):
+    # Orbax / TensorStore errors can span pages: keep their first line.
+    lines = str(reason).strip().splitlines() or ['']
+    self.reason = lines[0][:240] + ('...' if len(lines[0]) > 240 else '')
+    super().__init__(f'{message} ({self.reason})'
+                     if self.reason not in message else message)
+
+
+class ConfigChangedError(ValueError):
+  """An intact checkpoint of another model or optimiser configuration."""
 
 
 class Checkpointer:
@@ -53,23 +74,53 @@ class Checkpointer:
   def restore(self, abstract_state: Any, shardings: Any,
               expect: Optional[dict] = None
               ) -> Tuple[Optional[int], Any, Optional[dict]]:
-    """(step, state, data_state) of the latest checkpoint, or (None, ...).
+    """(step, state, data_state) of the newest good checkpoint, or Nones.
 
-    `expect`: entries the saved JSON item must hold with equal values (e.g.
-    the model config); a difference is an error naming both values.
+    Walks back from the newest step: a step that cannot be read completely
+    (missing or garbled metadata, truncated array files, a missing item, or
+    non-finite parameters) is damaged; once an older step restores, the
+    damaged ones are moved aside to `<workdir>/damaged_checkpoints/` (never
+    deleted) and reported. A checkpoint that is intact but holds another
+    layout (another model or optimiser) is `ConfigChangedError`, and
+    `expect` entries (e.g. the model config) must equal the saved JSON.
     """
-    step = self.manager.latest_step()
-    if step is None:
-      return None, None, None
-    saved = self.manager.restore(step, args=ocp.args.Composite(
-        data=ocp.args.JsonRestore()))['data']
+    damaged = []  # (step, reason)
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      try:
+        result = self._restore_step(step, abstract_state, shardings, expect)
+      except DamagedCheckpointError as e:
+        logging.warning('checkpoint step %d is damaged: %s', step, e.reason)
+        damaged.append((step, e.reason))
+        continue
+      self._move_aside(damaged)
+      return result
+    if damaged:
+      listing = '; '.join(f'step {s}: {r}' for s, r in damaged)
+      raise DamagedCheckpointError(
+          f'every checkpoint in {self.manager.directory} is damaged '
+          f'({listing}). Nothing was moved or deleted. To start this run '
+          'over, move the checkpoints/ folder aside (or use a new --workdir)',
+          reason='every step damaged')
+    return None, None, None
+
+  def _restore_step(self, step, abstract_state, shardings, expect):
+    step_dir = f'{self.manager.directory}/{step}'
+    try:
+      saved = self.manager.restore(step, args=ocp.args.Composite(
+          data=ocp.args.JsonRestore()))['data']
+      if not isinstance(saved, dict):
+        raise ValueError(f'not a JSON object: {saved!r:.80}')
+    except Exception as e:  # Missing or garbled JSON item.
+      raise DamagedCheckpointError(
+          f'{step_dir}/data is unreadable', reason=f'data item: {e}') from e
     for key, value in (expect or {}).items():
       if key in saved and saved[key] != value:
-        raise ValueError(
+        raise ConfigChangedError(
             f'{self.manager.directory} holds a checkpoint (step {step}) of a '
             f'different {key}: {saved[key]} there, {value} in this config. '
             'Use a new --workdir, or start from those weights with '
             '--config.init=<that workdir>')
+    _check_layout(step_dir, abstract_state)
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         abstract_state, shardings)
@@ -77,13 +128,36 @@ class Checkpointer:
       restored = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(target),
           data=ocp.args.JsonRestore()))
-    except Exception as e:  # Orbax raises many types; name the directory.
-      raise RuntimeError(
-          f'cannot restore checkpoint step {step} from '
-          f'{self.manager.directory}: {e}. If the model or optimiser config '
-          'changed, use a new --workdir (or start from these weights with '
-          '--config.init)') from e
+    except Exception as e:  # Orbax raises many types for damaged files.
+      raise DamagedCheckpointError(
+          f'cannot read {step_dir}/state', reason=f'state item: {e}') from e
+    if not _all_finite(restored['state'].params):
+      raise DamagedCheckpointError(
+          f'{step_dir} holds non-finite parameters',
+          reason='non-finite parameters (saved before finite checks)')
     return step, restored['state'], restored['data']
+
+  def _move_aside(self, damaged) -> None:
+    """Moves damaged steps to <workdir>/damaged_checkpoints/ (process 0)."""
+    if not damaged:
+      return
+    root = str(self.manager.directory).rstrip('/')
+    aside = root.rsplit('/', 1)[0] + '/damaged_checkpoints'
+    if jax.process_index() == 0:
+      for step, reason in damaged:
+        src = epath.Path(f'{root}/{step}')
+        dst = epath.Path(f'{aside}/{step}-{int(time.time())}')
+        try:
+          dst.parent.mkdir(parents=True, exist_ok=True)
+          src.rename(dst)
+          logging.warning('moved damaged checkpoint step %d (%s) to %s',
+                          step, reason, dst)
+        except Exception as e:  # pylint: disable=broad-except
+          logging.warning('could not move damaged checkpoint %s aside (%s); '
+                          'it is skipped and left in place', src, e)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices('damaged checkpoints moved')
+    self.manager.reload()
 
   def wait(self) -> None:
     self.manager.wait_until_finished()
@@ -96,37 +170,70 @@ class Checkpointer:
 def resolve(path: str) -> str:
   """The checkpoint step directory `path` names.
 
-  `path` may be DIR (a workdir: its latest checkpoint), DIR/checkpoints, or
-  DIR/checkpoints/<step>.
+  `path` may be DIR (a workdir: its latest finished checkpoint),
+  DIR/checkpoints, or DIR/checkpoints/<step>. Steps are listed by orbax
+  (finished saves only: temporary directories and, on object stores, steps
+  without their commit marker are skipped).
   """
-  import tensorflow as tf
   path = path.rstrip('/')
   for directory in (path + '/checkpoints', path):
-    if tf.io.gfile.isdir(directory):
-      # Only finished saves: on object stores (gs://) orbax writes into the
-      # step directory and marks it complete with commit_success.txt last.
-      steps = [int(d.rstrip('/')) for d in tf.io.gfile.listdir(directory)
-               if d.rstrip('/').isdigit() and tf.io.gfile.exists(
-                   f'{directory}/{d.rstrip("/")}/commit_success.txt')]
-      if steps:
-        path = f'{directory}/{max(steps)}'
-        break
-  if not tf.io.gfile.isdir(path + '/state'):
+    steps = ocp.step.checkpoint_steps(directory)
+    if steps:
+      path = f'{directory}/{max(steps)}'
+      break
+  if not epath.Path(path + '/state').is_dir():
     raise FileNotFoundError(
         f'no orbax train state under {path}: expected a workdir, its '
         'checkpoints/ folder or checkpoints/<step> (or pass an .npz file)')
   return path
 
 
+def _check_layout(step_dir: str, abstract_state: Any) -> None:
+  """ConfigChangedError if the saved arrays do not fit `abstract_state`;
+  DamagedCheckpointError if the saved metadata cannot be read."""
+  try:
+    meta = ocp.StandardCheckpointer().metadata(
+        f'{step_dir}/state').item_metadata.tree
+  except Exception as e:  # Missing / garbled metadata or missing state/.
+    raise DamagedCheckpointError(
+        f'cannot read the metadata of {step_dir}/state',
+        reason=f'state metadata: {e}') from e
+  def shapes(tree):
+    return {'/'.join(map(str, k)): tuple(v.shape)
+            for k, v in ocp.tree.to_flat_dict(tree).items()}
+  saved, ours = shapes(meta), shapes(abstract_state)
+  diff = sorted(set(saved) ^ set(ours)) or sorted(
+      k for k in saved if saved[k] != ours[k])
+  if diff:
+    key = diff[0]
+    raise ConfigChangedError(
+        f'{step_dir} is intact but holds another model or optimiser layout '
+        f'({len(diff)} arrays differ, e.g. {key}: {saved.get(key, "absent")} '
+        f'there, {ours.get(key, "absent")} in this config). If the model or '
+        'optimiser config changed, use a new --workdir (or start from these '
+        'weights with --config.init)')
+
+
+def _all_finite(tree: Any) -> bool:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return bool(np.all(jax.device_get(leaves))) if leaves else True
+
+
 def _restore_on_host(state_dir: str) -> Any:
   """A saved state tree as host numpy arrays, whatever mesh or process
   count saved it (each process reads whole arrays onto one local device)."""
-  import numpy as np
-  meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  target = jax.tree.map(
-      lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), meta)
-  state = ocp.StandardCheckpointer().restore(state_dir, target)
+  try:
+    meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+        meta)
+    state = ocp.StandardCheckpointer().restore(state_dir, target)
+  except Exception as e:  # Orbax raises many types for damaged files.
+    raise DamagedCheckpointError(
+        f'cannot read the checkpoint {state_dir}; it is damaged: pass '
+        'an earlier step, checkpoints/<step>, instead', reason=str(e)) from e
   return jax.tree.map(np.asarray, state)
 
 
@@ -139,7 +246,10 @@ def load_params(path: str) -> Any:
 def load_run_state(path: str) -> dict:
   """The JSON saved next to a checkpoint (model spec, input position)."""
   import json
-
-  import tensorflow as tf
-  with tf.io.gfile.GFile(resolve(path) + '/data/metadata') as f:
-    return json.load(f)
+  meta = epath.Path(resolve(path)) / 'data' / 'metadata'
+  try:
+    return json.loads(meta.read_text())
+  except (OSError, ValueError) as e:
+    raise DamagedCheckpointError(
+        f'cannot read {meta}; the checkpoint is damaged: pass an '
+        'earlier step, checkpoints/<step>, instead', reason=str(e)) from e

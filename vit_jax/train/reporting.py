@@ -15,8 +15,9 @@ from typing import Any, Dict, Mapping, Optional
 
 import jax
 import numpy as np
+from absl import logging
 import tensorflow as tf
-from clu import metric_writers
+from clu import metric_writers, periodic_actions
 
 from vit_jax import accounting
 
@@ -24,12 +25,17 @@ from vit_jax import accounting
 class JsonlWriter(metric_writers.LoggingWriter):
   """One JSON object per `write_scalars` call, in a file (local or gs://).
 
-  Rows of an earlier run in the same workdir are kept (resume appends).
-  The file is rewritten whole at each flush: object stores cannot append,
-  and a run's metrics are small.
+  Rows of an earlier run in the same workdir are kept up to `resume_step`
+  (the checkpoint this run resumes from); later rows were written after
+  that checkpoint by an interrupted run and are written again as this run
+  re-computes those steps. A row with the step and keys of an existing row
+  (e.g. the final evaluation, repeated when a run resumes at its last step)
+  replaces it. So no step appears twice with the same metrics. The file is
+  rewritten whole at each flush: object stores cannot append, and a run's
+  metrics are small.
   """
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, resume_step: Optional[int] = None):
     super().__init__()
     self._path = path
     tf.io.gfile.makedirs(os.path.dirname(path))
@@ -37,12 +43,26 @@ class JsonlWriter(metric_writers.LoggingWriter):
     if tf.io.gfile.exists(path):
       with tf.io.gfile.GFile(path, 'r') as f:
         self._lines = [l for l in f.read().splitlines() if l.strip()]
+      if resume_step is not None:
+        self._lines = [l for l in self._lines
+                       if _row_step(l) is None or _row_step(l) <= resume_step]
     self._dirty = False
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]):
     row = {'step': int(step)}
     row.update({k: float(np.asarray(v)) for k, v in scalars.items()})
-    self._lines.append(json.dumps(row))
+    line = json.dumps(row)
+    for i in range(len(self._lines) - 1, -1, -1):  # Rows are in step order.
+      earlier = _row_step(self._lines[i])
+      if earlier is not None and earlier < row['step']:
+        self._lines.append(line)
+        break
+      if earlier == row['step'] and set(json.loads(self._lines[i])) == set(
+          row):
+        self._lines[i] = line
+        break
+    else:
+      self._lines.append(line)
     self._dirty = True
 
   def write_hparams(self, hparams: Mapping[str, Any]):
@@ -57,21 +77,40 @@ class JsonlWriter(metric_writers.LoggingWriter):
     self.flush()
 
 
-def make_writer(workdir: str) -> metric_writers.MetricWriter:
-  """TensorBoard + metrics.jsonl on process 0; logging only elsewhere."""
+def _row_step(line: str) -> Optional[int]:
+  try:
+    return int(json.loads(line)['step'])
+  except (ValueError, KeyError, TypeError):
+    return None  # A torn last line of a killed write: kept as is.
+
+
+def make_writer(workdir: str, resume_step: Optional[int] = None
+                ) -> metric_writers.MetricWriter:
+  """TensorBoard + metrics.jsonl on process 0; logging only elsewhere.
+
+  `resume_step`: the step a training run starts from (see JsonlWriter).
+  """
   if jax.process_index() != 0:
     return metric_writers.create_default_writer(None, just_logging=True)
   return metric_writers.MultiWriter([
       metric_writers.create_default_writer(workdir, asynchronous=True),
-      JsonlWriter(os.path.join(workdir, 'metrics.jsonl')),
+      JsonlWriter(os.path.join(workdir, 'metrics.jsonl'), resume_step),
   ])
 
 
-class Progress:
-  """Throughput, ETA and compute consumed, from wall-clock and examples."""
+class Progress(periodic_actions.ReportProgress):
+  """clu's progress report (steps/s, ETA, time per timed part) plus what the
+  run costs: img/s (total and per device), device-hours, TPU-core-days and
+  exaFLOPs so far. Call it after every step; after a step where it
+  triggered (every `every_steps` and at the last step), `scalars` holds the
+  values since the previous report, e.g. `input_wait_share` (time in
+  `timed('input_wait')` over wall time)."""
 
   def __init__(self, *, total_steps: int, batch_size: int, start_step: int,
-               forward_flops: float, num_devices: Optional[int] = None):
+               forward_flops: float, every_steps: int,
+               num_devices: Optional[int] = None):
+    super().__init__(num_train_steps=total_steps, every_steps=every_steps,
+                     every_secs=None)
     self.total_steps = total_steps
     self.batch_size = batch_size
     self.flops_per_example = 3.0 * forward_flops
@@ -80,29 +119,27 @@ class Progress:
     self.cores_per_device = hw.cores(1) if hw else 1.0
     self.hardware = hw.name if hw else jax.devices()[0].device_kind
     self.start_step = start_step
-    self._t0 = time.perf_counter()
-    self._last = (self._t0, start_step)
-    self._waited = 0.0  # Seconds spent waiting for input since last report.
-
-  def input_wait(self, seconds: float) -> None:
-    self._waited += seconds
+    self.scalars: Dict[str, float] = {}
+    self._parts_before: Dict[str, float] = {}
+    self(start_step)  # Starts the clock (the first call never reports).
 
   def elapsed(self) -> float:
-    return time.perf_counter() - self._t0
+    return time.monotonic() - self._t0
 
-  def report(self, step: int) -> Dict[str, float]:
-    """Rates since the last report and totals since this run started."""
-    now = time.perf_counter()
-    t, s = self._last
-    self._last = (now, step)
-    steps_per_s = (step - s) / max(now - t, 1e-9)
-    wall = now - self._t0
-    examples = (step - self.start_step) * self.batch_size
+  def _apply(self, step: int, t: float):
+    super()._apply(step, t)
+    interval = max(t - self._previous_time, 1e-9)
+    steps_per_s = (step - self._previous_step) / interval
+    wall = t - self._t0
     device_hours = self.num_devices * wall / 3600
+    examples = (step - self.start_step) * self.batch_size
+    parts = dict(self._time_per_part)
+    shares = {f'{name}_share': (parts[name] - self._parts_before.get(name, 0.0))
+              / interval for name in parts}
+    self._parts_before = parts
     remaining = self.total_steps - step
-    waited, self._waited = self._waited, 0.0
-    return {
-        'input_wait_share': waited / max(now - t, 1e-9),
+    self.scalars = {
+        'input_wait_share': 0.0, **shares,
         'steps_per_s': steps_per_s,
         'img_per_s': steps_per_s * self.batch_size,
         'img_per_s_per_device': steps_per_s * self.batch_size / self.num_devices,
@@ -131,11 +168,31 @@ def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
   """
   path = os.path.join(workdir, 'summary.json')
   if jax.process_index() == 0:
-    if tf.io.gfile.exists(path):
-      with tf.io.gfile.GFile(path, 'r') as f:
-        summary = {**json.load(f), **summary}
+    summary = {**read_summary(workdir), **summary}
     _write_text(path, json.dumps(summary, indent=2, sort_keys=True) + '\n')
   return path
+
+
+def read_summary(workdir: str) -> Dict[str, Any]:
+  """`workdir/summary.json` as a dict ({} if absent). An unreadable one
+  (edited by hand, a foreign file) is renamed aside with a warning, never
+  silently dropped."""
+  path = os.path.join(workdir, 'summary.json')
+  if not tf.io.gfile.exists(path):
+    return {}
+  try:
+    with tf.io.gfile.GFile(path, 'r') as f:
+      content = json.load(f)
+    if not isinstance(content, dict):
+      raise ValueError('not a JSON object')
+    return content
+  except ValueError as e:
+    aside = f'{path}.unreadable-{int(time.time())}'
+    logging.warning('%s is unreadable (%s); renamed to %s and written anew',
+                    path, e, aside)
+    if jax.process_index() == 0:
+      tf.io.gfile.rename(path, aside, overwrite=True)
+    return {}
 
 
 def _write_text(path: str, text: str) -> None:

@@ -134,7 +134,11 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
 
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
+  # param_norm is finite only if every parameter is: with loss and
+  # grad_norm it tells, on device and for one reduction, whether the new
+  # state may be checkpointed (the loop checks it before every save).
   metrics = {'loss': value, 'grad_norm': optax.tree.norm(grads),
+             'param_norm': optax.tree.norm(params),
              'lr': jnp.asarray(lr_fn(state.step), jnp.float32)}
   return state.replace(step=state.step + 1, params=params,
                        opt_state=opt_state), metrics

@@ -1,14 +1,14 @@
 """Input throughput: how many images per second the host pipeline delivers.
 
-    from vit_jax.data import bench
-    bench.measure_input(config.input, steps=50)   # {'img_per_s': ..., ...}
+    from vit_jax.data import input_bench
+    input_bench.measure_input(config.input, steps=50)   # {'img_per_s': ..., ...}
 
 `synthetic_jpeg_records` writes ImageNet-like JPEG TFRecords (crops of
 scikit-image's sample photos, up to 500x375, quality 90) for measuring
 where no real dataset is at hand:
 
     d = bench.synthetic_jpeg_records('/tmp/jpegs', num_images=2048)
-    bench.measure_input(ml_collections.ConfigDict(dict(
+    input_bench.measure_input(ml_collections.ConfigDict(dict(
         data='tfrecord', data_dir=d, num_classes=1000, batch_size=256,
         image_size=224, pp_train='inception')), steps=40)
 """

@@ -1,0 +1,296 @@
+"""A run's state is never corrupted, overwritten or stuck (issue 10).
+
+Each case runs `python -m vit_jax.main` in subprocesses on real data
+(scikit-learn's `digits`) with real orbax directories, the way users hit
+them: NaN states, two runs on one workdir, damaged checkpoints, a kill
+between the last checkpoint and the summary, SIGTERM / Ctrl-C.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from vit_jax.train import config_check, lock, loop
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = ['--config=configs/smoke.py:data=digits,steps=40,batch=32',
+        '--config.log_every=10', '--config.checkpoint_every=10',
+        '--config.async_checkpoints=false']
+ENV = dict(os.environ, JAX_PLATFORMS='cpu')
+
+
+def _cmd(workdir, *flags, base=BASE):
+  return [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+          *base, *flags]
+
+
+def _main(workdir, *flags, base=BASE):
+  return subprocess.run(_cmd(workdir, *flags, base=base), cwd=ROOT,
+                        capture_output=True, text=True, env=ENV)
+
+
+def _steps(workdir):
+  d = os.path.join(workdir, 'checkpoints')
+  return sorted(int(s) for s in os.listdir(d) if s.isdigit())
+
+
+def _params(workdir, step):
+  state = ocp.StandardCheckpointer().restore(
+      os.path.join(workdir, 'checkpoints', str(step), 'state'))
+  return jax_leaves(state['params'])
+
+
+def jax_leaves(tree):
+  if isinstance(tree, dict):
+    return [x for k in sorted(tree) for x in jax_leaves(tree[k])]
+  return [np.asarray(tree)]
+
+
+def _summary(workdir):
+  with open(os.path.join(workdir, 'summary.json')) as f:
+    return json.load(f)
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [json.loads(l) for l in f if l.strip()]
+
+
+@pytest.fixture(scope='module')
+def reference(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp('ref') / 'run')
+  out = _main(workdir)
+  assert out.returncode == 0, out.stderr[-4000:]
+  assert _steps(workdir) == [20, 30, 40]
+  assert not os.path.exists(os.path.join(workdir, 'lock'))  # Released.
+  return workdir
+
+
+def _copy(reference, tmp_path):
+  workdir = str(tmp_path / 'run')
+  shutil.copytree(reference, workdir)
+  return workdir
+
+
+# 1. A NaN state is never saved, and a lower LR resumes.
+
+def test_non_finite_gradient_or_params_stop_before_saving(tmp_path):
+  class Ckpt:  # What _check_finite needs of a Checkpointer.
+    manager = type('M', (), {'directory': '/w/checkpoints'})()
+    wait = lambda self: None
+    latest_step = lambda self: 3
+  ok = {'loss': 1.0, 'grad_norm': 2.0, 'param_norm': 3.0, 'lr': 0.1}
+  assert loop._check_finite(4, ok, Ckpt())['grad_norm'] == 2.0
+  for key in ('loss', 'grad_norm', 'param_norm'):
+    with pytest.raises(loop.NonFiniteLossError, match=f'{key}=nan at step 4.*'
+                       r'last good checkpoint \(step 3\)'):
+      loop._check_finite(4, {**ok, key: float('nan')}, Ckpt())
+
+
+def test_diverged_run_keeps_only_finite_checkpoints_and_resumes(tmp_path):
+  # Adam moves every parameter by ~lr: the first step past warm-up start
+  # makes parameters that overflow while the loss it logs is still finite.
+  workdir = str(tmp_path / 'nan')
+  out = _main(workdir, '--config.optim.lr=1e30', '--config.checkpoint_every=1',
+              '--config.log_every=1')
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert 'NonFiniteLossError' in out.stderr
+  assert 'last good checkpoint' in out.stderr or 'No checkpoint' in out.stderr
+  for step in _steps(workdir):
+    assert all(np.isfinite(x).all() for x in _params(workdir, step)), step
+  out = _main(workdir, '--config.optim.lr=1e-3')
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'DELIBERATE CHANGE' in out.stderr and "'lr'" in out.stderr
+  assert _summary(workdir)['steps'] == 40
+
+
+# 2. One writer per workdir; SIGTERM / Ctrl-C save and exit.
+
+def _start(workdir, *flags):
+  return subprocess.Popen(_cmd(workdir, *flags), cwd=ROOT, env=ENV,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def _wait_for_row(workdir, proc, timeout=240):
+  path = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + timeout
+  while time.time() < deadline and proc.poll() is None:
+    if os.path.exists(path) and os.path.getsize(path):
+      return
+    time.sleep(0.1)
+  raise AssertionError(f'no metrics row: {proc.poll()}')
+
+
+@pytest.mark.parametrize('sig,code', [(signal.SIGTERM, 75),
+                                      (signal.SIGINT, 130)])
+def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
+  workdir = str(tmp_path / 'run')
+  long = ['--config.total_steps=100000', '--config.checkpoint_every=0']
+  first = _start(workdir, *long)
+  try:
+    _wait_for_row(workdir, first)
+    second = _main(workdir, *long, '--config.optim.lr=0.01')
+    assert second.returncode == 1
+    assert 'is in use by another run' in second.stderr
+    assert f'process {first.pid}' in second.stderr
+    first.send_signal(sig)
+    _, err = first.communicate(timeout=120)
+  finally:
+    first.kill()
+  assert first.returncode == code, err[-3000:]
+  name = signal.Signals(sig).name
+  assert f'received {name}: saved a checkpoint at step' in err
+  saved = _steps(workdir)
+  assert len(saved) == 1 and saved[0] >= 10  # checkpoint_every=0: the stop.
+  assert not os.path.exists(os.path.join(workdir, 'lock'))
+  # The first run's rows are intact: nothing of the second was written.
+  assert all(r.get('lr', 0) != 0.01 for r in _rows(workdir))
+  out = _main(workdir, '--config.total_steps=%d' % (saved[0] + 10),
+              '--config.checkpoint_every=0')
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert f'resumed from step {saved[0]}' in out.stderr
+
+
+def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path):
+  done = subprocess.run(['true'])
+  dead = subprocess.Popen(['true'])
+  dead.wait()
+  path = tmp_path / 'lock'
+  me = socket.gethostname()
+  path.write_text(json.dumps({'host': me, 'pid': dead.pid, 'start': 'x',
+                              'heartbeat': time.time()}))
+  held = lock.WorkdirLock(str(tmp_path))
+  assert 'no longer runs' in held.acquire()
+  with pytest.raises(lock.WorkdirBusyError, match='in use by another run'):
+    lock.WorkdirLock(str(tmp_path)).acquire()
+  held.release()
+  assert not path.exists() and done.returncode == 0
+  # Another host: judged by its heartbeat.
+  path.write_text(json.dumps({'host': 'elsewhere', 'pid': 1,
+                              'heartbeat': time.time()}))
+  with pytest.raises(lock.WorkdirBusyError, match='elsewhere'):
+    lock.WorkdirLock(str(tmp_path)).acquire()
+  path.write_text(json.dumps({'host': 'elsewhere', 'pid': 1,
+                              'heartbeat': time.time() - lock.STALE_S - 1}))
+  held = lock.WorkdirLock(str(tmp_path))
+  assert 'no heartbeat' in held.acquire()
+  held.release()
+
+
+# 3. A damaged newest checkpoint: restore the previous good one.
+
+def _truncate_arrays(step_dir):
+  for root, _, files in os.walk(os.path.join(step_dir, 'state')):
+    if os.path.basename(root) == 'd':
+      for f in files:
+        with open(os.path.join(root, f), 'r+b') as fh:
+          fh.truncate(10)
+
+
+DAMAGE = {
+    'truncated arrays': _truncate_arrays,
+    'metadata deleted': lambda d: os.remove(os.path.join(d, 'state',
+                                                         '_METADATA')),
+    'metadata garbled': lambda d: open(os.path.join(
+        d, 'state', '_METADATA'), 'w').write('{"tree": [garbage'),
+    'state deleted': lambda d: shutil.rmtree(os.path.join(d, 'state')),
+    'data garbled': lambda d: open(os.path.join(
+        d, 'data', 'metadata'), 'w').write('not json'),
+}
+
+
+# Three kinds by default; all five with -m slow.
+FAST = ('data garbled', 'metadata deleted', 'truncated arrays')
+
+
+@pytest.mark.parametrize('damage', [
+    d if d in FAST else pytest.param(d, marks=pytest.mark.slow)
+    for d in sorted(DAMAGE)])
+def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
+  workdir = _copy(reference, tmp_path)
+  os.remove(os.path.join(workdir, 'summary.json'))
+  DAMAGE[damage](os.path.join(workdir, 'checkpoints', '40'))
+  out = _main(workdir)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'checkpoint step 40 is damaged' in out.stderr
+  assert 'resumed from step 30' in out.stderr
+  aside = os.listdir(os.path.join(workdir, 'damaged_checkpoints'))
+  assert len(aside) == 1 and aside[0].startswith('40-')  # Kept, not deleted.
+  assert _steps(workdir) == [20, 30, 40]
+  for a, b in zip(_params(workdir, 40), _params(reference, 40)):
+    np.testing.assert_array_equal(a, b)  # Steps 31-40 again, bitwise.
+  assert _summary(workdir)['train_loss'] == _summary(reference)['train_loss']
+  steps = [r['step'] for r in _rows(workdir) if 'loss' in r]
+  assert steps == [10, 20, 30, 40]  # No step twice.
+
+
+def test_changed_optimiser_is_not_called_damage(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  out = _main(workdir, '--config.optim.name=sgd')
+  assert out.returncode == 1
+  assert 'intact but holds another model or optimiser layout' in out.stderr
+  assert 'damaged' not in out.stderr.split('ConfigChangedError')[-1]
+  assert not os.path.exists(os.path.join(workdir, 'damaged_checkpoints'))
+  assert _steps(workdir) == [20, 30, 40]
+
+
+def test_every_checkpoint_damaged_is_an_error_that_moves_nothing(
+    reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  for step in (20, 30, 40):
+    os.remove(os.path.join(workdir, 'checkpoints', str(step), 'state',
+                           '_METADATA'))
+  out = _main(workdir)
+  assert out.returncode == 1
+  assert 'every checkpoint in' in out.stderr and 'is damaged' in out.stderr
+  assert _steps(workdir) == [20, 30, 40]
+
+
+# 4. Killed between the last checkpoint and the summary.
+
+def test_summary_complete_after_kill_before_it(reference, tmp_path):
+  workdir = _copy(reference, tmp_path)
+  os.remove(os.path.join(workdir, 'summary.json'))  # Killed in final eval.
+  out = _main(workdir)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert 'resumed from step 40' in out.stderr
+  ref, got = _summary(reference), _summary(workdir)
+  for key in ('train_loss', 'train_grad_norm', 'train_lr', 'eval_accuracy',
+              'steps', 'exaflops'):
+    assert got[key] == ref[key], key
+  rows = _rows(workdir)
+  assert len(rows) == len(_rows(reference))  # The final eval replaced.
+  assert len({(r['step'], tuple(sorted(r))) for r in rows}) == len(rows)
+
+
+# 7. Values that cannot work are refused before compiling.
+
+def test_config_values_that_cannot_work_are_refused(tmp_path):
+  from vit_jax.configs import smoke
+  config = smoke.get_config('data=digits')
+  config_check.check(config)
+  for key, value in [('total_steps', 0), ('input.batch_size', -8),
+                     ('optim.lr', 0.0), ('keep_checkpoints', 0),
+                     ('label_smoothing', 1.5), ('mesh.fsdp', 0)]:
+    bad = config.copy_and_resolve_references()
+    node = bad
+    *path, last = key.split('.')
+    for part in path:
+      node = node[part]
+    node[last] = value
+    with pytest.raises(ValueError, match=f'--config.{key}={value}'):
+      config_check.check(bad)
+  out = _main(str(tmp_path / 'bad'), '--config.total_steps=-5')
+  assert out.returncode != 0
+  assert '--config.total_steps=-5 cannot work' in out.stderr
+  assert not os.path.exists(tmp_path / 'bad' / 'checkpoints')

@@ -1,0 +1,77 @@
+"""Stop cleanly on SIGTERM / SIGINT / TPU preemption: save, then exit.
+
+A preempted TPU VM or spot GPU gets SIGTERM seconds to a minute before it
+dies; a user presses Ctrl-C. Either way the loop finishes the step it is in,
+saves a checkpoint, waits for the save, and exits with `EXIT_PREEMPTED` (75)
+or `EXIT_INTERRUPTED` (130), which launchers read as "re-run the same
+command to resume". A second Ctrl-C stops at once, without saving.
+
+Single-process runs catch the signals here. Multi-process runs ask JAX's
+preemption service (`multihost_utils.reached_preemption_sync_point`, via
+orbax): every process reaches the same step before saving, which a signal
+that reaches hosts at different moments could not guarantee.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Callable, Optional
+
+# No JAX import at module level: launchers read the exit codes without it.
+
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: try again (the launcher relaunches).
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's convention.
+
+
+class RunInterrupted(Exception):
+  """The run saved a checkpoint at `step` and stopped on request."""
+
+  def __init__(self, step: int, reason: str, exit_code: int):
+    super().__init__(
+        f'{reason}: saved a checkpoint at step {step} and stopped. Re-run the '
+        'same command (same --workdir) to resume from it.')
+    self.step = step
+    self.exit_code = exit_code
+
+
+class StopRequests:
+  """Signal handlers installed for the duration of a `with` block."""
+
+  def __init__(self, reached_preemption: Callable[[int], bool]):
+    self._reached_preemption = reached_preemption
+    self._reason: Optional[str] = None
+    self._code = 0
+    self._previous = {}
+    self._multi = False
+
+  def _handle(self, signum, frame):  # pylint: disable=unused-argument
+    if signum == signal.SIGINT and self._reason is not None:
+      raise KeyboardInterrupt  # Second Ctrl-C: stop now, no save.
+    name = signal.Signals(signum).name
+    self._reason = f'received {name}'
+    self._code = (EXIT_INTERRUPTED if signum == signal.SIGINT
+                  else EXIT_PREEMPTED)
+
+  def __enter__(self) -> 'StopRequests':
+    import jax
+    self._multi = jax.process_count() > 1
+    single = not self._multi
+    if single and threading.current_thread() is threading.main_thread():
+      for sig in (signal.SIGTERM, signal.SIGINT):
+        self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
+
+  def requested(self, step: int) -> Optional[RunInterrupted]:
+    """A RunInterrupted to raise once step `step` is saved, or None."""
+    if self._reason is None and self._multi:
+      if self._reached_preemption(step):
+        self._reason, self._code = 'preemption notice', EXIT_PREEMPTED
+    if self._reason is None:
+      return None
+    return RunInterrupted(step, self._reason, self._code)
