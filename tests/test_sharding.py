@@ -135,9 +135,9 @@ def test_unknown_mesh_axis_in_rules_is_a_clear_error():
                    rules=(('mlp', 'modle'),))
 
 
-@pytest.mark.parametrize('mesh', [{'data': 2, 'model': 4},
-                                  {'data': 1, 'fsdp': 4, 'model': 2}],
-                         ids=['dp2-tp4', 'fsdp4-tp2'])
+@pytest.mark.parametrize('mesh', [
+    pytest.param({'data': 2, 'model': 4}, marks=pytest.mark.slow),
+    {'data': 1, 'fsdp': 4, 'model': 2}], ids=['dp2-tp4', 'fsdp4-tp2'])
 def test_bit_sharded_gradients_match_one_device(mesh):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
              XLA_FLAGS='--xla_force_host_platform_device_count=8')
