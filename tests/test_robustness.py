@@ -292,6 +292,14 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
     node[last] = value
     with pytest.raises(ValueError, match=f'--config.{key}={value}'):
       config_check.check(bad)
+  # A size the explicit pre-processing would ignore (it resizes to 16).
+  from vit_jax.data import pipeline
+  ignored = config.copy_and_resolve_references()
+  ignored.input.image_size = 32
+  ignored.input.pp_train = 'decode|resize(16)|value_range(-1,1)'
+  with pytest.raises(ValueError, match=r"input.image_size=32 is ignored: "
+                     r"input.pp_train=.* makes 16x16 images"):
+    pipeline.dataset_info(ignored.input)
   out = _main(str(tmp_path / 'bad'), '--config.total_steps=-5')
   assert out.returncode != 0
   assert '--config.total_steps=-5 cannot work' in out.stderr

@@ -415,6 +415,18 @@ def _output_shape(st: settings_lib.Settings, split: str, pp_spec):
   return tuple(shape.as_list())
 
 
+def _check_size_used(input_config, field: str, shape) -> None:
+  """A config that sets both `input.image_size` and an op string making
+  images of another size: the size would be silently ignored."""
+  size, spec = input_config.get('image_size'), input_config.get(field)
+  if size and spec and tuple(shape[:2]) != (int(size), int(size)):
+    raise DataError(
+        f'input.image_size={size} is ignored: input.{field}={spec!r} makes '
+        f'{shape[0]}x{shape[1]} images. Set --config.input.image_size='
+        f'{shape[0]}, or change the size in the op string (presets such as '
+        "'resize' or 'inception' use input.image_size)")
+
+
 def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   """Classes, split sizes and the model's input shape for `input_config`.
 
@@ -433,6 +445,9 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   eval_shape = _output_shape(st, eval_split, st.pp_eval)
   train_shape = (_output_shape(st, st.train_split, st.pp_train)
                  if st.train_split else eval_shape)
+  _check_size_used(input_config, 'pp_eval', eval_shape)
+  if st.train_split:
+    _check_size_used(input_config, 'pp_train', train_shape)
   return DatasetInfo(
       name=st.spec.name, num_classes=source.num_classes,
       num_train_examples=num_train, num_eval_examples=num_eval,
