@@ -23,6 +23,7 @@ setup(
         'clu>=0.0.12',
         'flax>=0.12',
         'jax>=0.10',
+        'matplotlib>=3.8',  # vit_jax.inspect's figures.
         'ml-collections>=1.0',
         'numpy>=1.26',
         'optax>=0.2.5',

@@ -74,6 +74,12 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
                        devices=devices)
 
 
+def platform(mesh: Mesh) -> str:
+  """The platform of the mesh's devices ("cpu", "gpu", "tpu"): where its
+  programs run, whatever host traces them."""
+  return mesh.devices.flat[0].platform
+
+
 def abstract_mesh(num_devices: int, data: int = -1, fsdp: int = 1,
                   model: int = 1) -> jax.sharding.AbstractMesh:
   """The mesh `make_mesh` would build on `num_devices` devices, without

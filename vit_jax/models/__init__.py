@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 # Registration order is the zoo's order: ViT, hybrids, BiT.
 from vit_jax.models import vit, hybrid, bit  # noqa: F401 (registration)
+from vit_jax.models import attention
 from vit_jax.models.bit import BiT
 from vit_jax.models.partitioning import Module, with_axes
 from vit_jax.models.registry import (VARIANTS, Family, family, names,
@@ -51,13 +52,24 @@ def create(name: str, num_classes: int | None = 1000, **overrides) -> nn.Module:
   return cls(num_classes=num_classes, **kwargs)
 
 
-def from_config(model_config, num_classes: int) -> nn.Module:
+def from_config(model_config, num_classes: int,
+                platform: str | None = None) -> nn.Module:
   """The model a config's `model` field describes: `name` plus options
-  (None = the variant's default; `dtype` / `param_dtype` by name)."""
+  (None = the variant's default; `dtype` / `param_dtype` by name).
+
+  `platform` is where the model will run ("cpu", "gpu", "tpu": the mesh's
+  devices, or an export target); it turns `attention_impl="auto"` (the
+  default) into cuDNN flash attention for half-precision GPU models and XLA's
+  attention elsewhere. None: XLA's.
+  """
   kw = dict(model_config)
   name = kw.pop('name')
   for key in ('dtype', 'param_dtype'):
     if kw.get(key):
       kw[key] = jnp.dtype(kw[key])
+  if 'attention_impl' in spec(name)['cls'].__dataclass_fields__:
+    kw['attention_impl'] = attention.resolve(
+        kw.get('attention_impl'), platform or 'cpu',
+        kw.get('dtype') or jnp.float32)
   return create(name, num_classes=num_classes,
                 **{k: v for k, v in kw.items() if v is not None})

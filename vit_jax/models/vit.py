@@ -18,13 +18,13 @@ Placement of the paper's pieces:
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models import matmul, registry, resnet
+from vit_jax.models import attention, matmul, registry, remat as remat_lib
+from vit_jax.models import resnet
 from vit_jax.models.partitioning import Module, with_axes
 from vit_jax.models.inputs import check_image_shape
 
@@ -74,12 +74,19 @@ class MlpBlock(nn.Module):
 
 
 class Encoder1DBlock(nn.Module):
-  """One pre-LayerNorm transformer block."""
+  """One pre-LayerNorm transformer block.
+
+  `attention_impl`: see `vit_jax.models.attention`; `capture_attention` sows
+  the softmax weights into the `intermediates` collection (inspection only:
+  the train and eval steps never ask for them).
+  """
   mlp_dim: int
   num_heads: int
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   gelu_approximate: bool = True
+  attention_impl: str = 'xla'
+  capture_attention: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -102,10 +109,9 @@ class Encoder1DBlock(nn.Module):
         out_bias_init=with_axes(nn.initializers.zeros, ('embed',)),
         qkv_dot_general=matmul.dot_general,
         out_dot_general=matmul.dot_general,
-        attention_fn=functools.partial(nn.dot_product_attention,
-                                       einsum_dot_general=matmul.dot_general),
+        attention_fn=attention.attention_fn(self.attention_impl),
         broadcast_dropout=False, dropout_rate=self.attention_dropout_rate,
-        deterministic=deterministic)(y, y)
+        deterministic=deterministic)(y, y, sow_weights=self.capture_attention)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + y
     y = norm()(x)
@@ -128,7 +134,8 @@ class Encoder(nn.Module):
   `scan_layers` runs the blocks with nn.scan (one compiled block, parameters
   stacked under `encoderblock` with a leading layer axis; convert with
   `vit_jax.checkpoint.stack_blocks` / `unstack_blocks`); `remat` recomputes
-  each block's activations in the backward pass to save memory.
+  each block's activations in the backward pass to save memory (True or a
+  policy name from `vit_jax.models.remat.POLICIES`).
   """
   num_layers: int
   mlp_dim: int
@@ -136,8 +143,10 @@ class Encoder(nn.Module):
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   gelu_approximate: bool = True
+  attention_impl: str = 'xla'
+  capture_attention: bool = False
   scan_layers: bool = False
-  remat: bool = False
+  remat: bool | str = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -149,12 +158,16 @@ class Encoder(nn.Module):
               dropout_rate=self.dropout_rate,
               attention_dropout_rate=self.attention_dropout_rate,
               gelu_approximate=self.gelu_approximate,
+              attention_impl=self.attention_impl,
+              capture_attention=self.capture_attention,
               dtype=self.dtype, param_dtype=self.param_dtype)
+    policy = remat_lib.policy(self.remat)
     if self.scan_layers:
       block = _ScannedBlock
       if self.remat:
-        block = nn.remat(block, prevent_cse=False, static_argnums=(2,))
-      x, _ = nn.scan(block, variable_axes={'params': 0},
+        block = nn.remat(block, prevent_cse=False, static_argnums=(2,),
+                         policy=policy)
+      x, _ = nn.scan(block, variable_axes={'params': 0, 'intermediates': 0},
                      split_rngs={'params': True, 'dropout': True},
                      in_axes=nn.broadcast, length=self.num_layers,
                      metadata_params={nn.PARTITION_NAME: 'layers'})(
@@ -162,7 +175,7 @@ class Encoder(nn.Module):
     else:
       block = Encoder1DBlock
       if self.remat:
-        block = nn.remat(block, static_argnums=(2,))
+        block = nn.remat(block, static_argnums=(2,), policy=policy)
       for i in range(self.num_layers):
         x = block(name=f'encoderblock_{i}', **kw)(x, not train)
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
@@ -184,6 +197,9 @@ class VisionTransformer(Module):
     head_bias_init: constant for the head bias (e.g. -10 for i21k pre-training).
     gelu_approximate: tanh GELU (the public JAX checkpoints) or exact erf GELU
       (False: Hugging Face ViTs with `hidden_act="gelu"`).
+    attention_impl: "xla", "cudnn" or "explicit" (`vit_jax.models.attention`;
+      `models.from_config` resolves "auto" from the platform).
+    capture_attention: sow every block's softmax weights (`vit_jax.inspect`).
     scan_layers / remat: see `Encoder` (same numbers, less compile time and
       memory for deep models).
     dtype: compute dtype of every layer; param_dtype: storage dtype of params.
@@ -202,8 +218,10 @@ class VisionTransformer(Module):
   resnet_width: float = 1.0
   head_bias_init: float = 0.0
   gelu_approximate: bool = True
+  attention_impl: str = 'xla'
+  capture_attention: bool = False
   scan_layers: bool = False
-  remat: bool = False
+  remat: bool | str = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -242,6 +260,8 @@ class VisionTransformer(Module):
                 num_heads=self.num_heads, dropout_rate=self.dropout_rate,
                 attention_dropout_rate=self.attention_dropout_rate,
                 gelu_approximate=self.gelu_approximate,
+                attention_impl=self.attention_impl,
+                capture_attention=self.capture_attention,
                 scan_layers=self.scan_layers, remat=self.remat,
                 dtype=self.dtype, param_dtype=self.param_dtype,
                 name='Transformer')(x, train=train)

@@ -95,7 +95,8 @@ def _evaluate(config: ml_collections.ConfigDict,
   info = pipeline.dataset_info(config.input)
   num_classes = config.get('num_classes') or info.num_classes
   pipeline.check_num_classes(config.input, num_classes)
-  model = models.from_config(config.model, num_classes)
+  model = models.from_config(config.model, num_classes,
+                             shd.platform(mesh))
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)
   params, params_sh = _load(config, source, model, image_shape, mesh)

@@ -113,7 +113,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   num_classes = config.get('num_classes') or info.num_classes
   pipeline.check_num_classes(config.input, num_classes)
   steps = total_steps(config, info.num_train_examples)
-  model = models.from_config(config.model, num_classes)
+  model = models.from_config(config.model, num_classes,
+                             shd.platform(mesh))
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
   state, state_sh = step_lib.create_state(

@@ -1,0 +1,239 @@
+"""`vit_jax.inspect`: attention, rollout, distances, similarities, filters and
+the CLI that draws the paper's analysis figures from a checkpoint."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import perturb
+from vit_jax import checkpoint, inspect as vi, models
+from vit_jax.checkpoint import stack_blocks
+from vit_jax.inspect import report
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _images(n=2, size=28, c=3, seed=0):
+  return np.random.RandomState(seed).uniform(-1, 1, (n, size, size, c)).astype(
+      np.float32)
+
+
+def _model_and_params(name='ViT-Ti/16', size=32, **overrides):
+  model = models.create(name, num_classes=5, **overrides)
+  x = _images(2, size)
+  params = perturb(model.init(jax.random.key(0), jnp.asarray(x))['params'],
+                   scale=0.2)
+  return model, params, x
+
+
+def test_attention_weights_equal_hugging_face_eager_attention():
+  torch = pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  over = dict(num_layers=3)
+  model, params, x = _model_and_params('ViT-Ti/16', 48, **over)
+  ours = vi.attention_weights(model, params, x)
+  assert ours.shape == (3, 2, 3, 10, 10) and ours.dtype == np.float32
+  cfg = checkpoint.hf_config('ViT-Ti/16', num_classes=5, image_size=48, **over)
+  cfg._attn_implementation = 'eager'
+  hf = transformers.ViTForImageClassification(cfg).eval()
+  hf.load_state_dict(checkpoint.to_hf(params, 'ViT-Ti/16', **over))
+  with torch.no_grad():
+    out = hf(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2)),
+             output_attentions=True)
+  theirs = np.stack([a.numpy() for a in out.attentions])
+  assert theirs.shape == ours.shape
+  assert ours.std() > 0.01  # Not uniform: the comparison means something.
+  np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_attention_weights_of_scanned_model_equal_unrolled():
+  model, params, x = _model_and_params('ViT-test', 28)
+  scanned = model.clone(scan_layers=True)
+  a = vi.attention_weights(model, params, x)
+  b = vi.attention_weights(scanned, stack_blocks(params), x)
+  np.testing.assert_allclose(a, b, atol=1e-6)
+  np.testing.assert_allclose(a.sum(-1), 1, atol=1e-5)
+
+
+def test_explicit_attention_equals_the_fused_default():
+  """The train/eval path (jax.nn.dot_product_attention) computes what the
+  explicit softmax path does, fp32 and bf16."""
+  model, params, x = _model_and_params('ViT-test', 28)
+  for dtype, tol in ((jnp.float32, 1e-5), (jnp.bfloat16, 0.05)):
+    fused = model.clone(dtype=dtype)
+    explicit = fused.clone(attention_impl='explicit')
+    assert fused.attention_impl == 'xla'
+    a = fused.apply({'params': params}, x)
+    b = explicit.apply({'params': params}, x)
+    np.testing.assert_allclose(a, b, atol=tol * float(np.abs(b).max()))
+
+
+def test_models_resolve_auto_attention_from_the_platform_not_the_host():
+  cfg = dict(name='ViT-test', dtype='bfloat16')
+  assert models.from_config(cfg, 10, 'gpu').attention_impl == 'cudnn'
+  assert models.from_config(cfg, 10, 'tpu').attention_impl == 'xla'
+  assert models.from_config(dict(name='ViT-test'), 10,
+                            'gpu').attention_impl == 'xla'  # fp32.
+  with pytest.raises(ValueError, match='attention_impl'):
+    models.from_config(dict(cfg, attention_impl='flash'), 10, 'cpu')
+
+
+def test_rollout_and_distance_of_identity_attention():
+  t, grid = 1 + 9, (3, 3)
+  w = np.broadcast_to(np.eye(t), (4, 2, 3, t, t))
+  np.testing.assert_allclose(vi.attention_rollout(w)[0], np.eye(t), atol=1e-6)
+  np.testing.assert_allclose(vi.mean_attention_distance(w, grid, 16), 0,
+                             atol=1e-9)
+
+
+def test_distance_of_uniform_attention_is_the_mean_pairwise_distance():
+  # 2x2 grid, 16 px patches: from any patch, keys at 0, 16, 16, 16*sqrt(2).
+  t = 1 + 4
+  w = np.full((2, 3, 4, t, t), 1.0 / t)
+  w[..., 0] = 0.7  # Class-token keys are dropped and rows renormalised.
+  d = vi.mean_attention_distance(w, (2, 2), 16)
+  assert d.shape == (2, 4)
+  np.testing.assert_allclose(d, (16 + 16 + 16 * np.sqrt(2)) / 4, rtol=1e-6)
+  # Larger grids against a direct double loop over patch centres.
+  centres = [((i + .5) * 8, (j + .5) * 8) for i in range(3) for j in range(5)]
+  direct = np.mean([np.hypot(a[0] - b[0], a[1] - b[1])
+                    for a in centres for b in centres])
+  w = np.full((1, 1, 1, 15, 15), 1 / 15)
+  np.testing.assert_allclose(vi.mean_attention_distance(w, (3, 5), 8), direct,
+                             rtol=1e-6)
+
+
+def test_rollout_multiplies_layers_last_on_the_left():
+  rng = np.random.RandomState(0)
+  w = rng.dirichlet(np.ones(5), size=(3, 1, 2, 5))  # (L, B, H, T, T)
+  a = [(w[l, 0].mean(0) + np.eye(5)) / (w[l, 0].mean(0) + np.eye(5)).sum(
+      -1, keepdims=True) for l in range(3)]
+  expected = a[2] @ a[1] @ a[0]
+  np.testing.assert_allclose(vi.attention_rollout(w)[0], expected, rtol=1e-5)
+  per_layer = vi.attention_rollout(w, per_layer=True)
+  np.testing.assert_allclose(per_layer[1, 0], a[1] @ a[0], rtol=1e-5)
+  np.testing.assert_allclose(per_layer[-1], vi.attention_rollout(w))
+
+
+def test_position_similarity_excludes_the_class_token_and_is_cosine():
+  rng = np.random.RandomState(0)
+  pe = rng.normal(size=(1, 1 + 12, 8))
+  params = {'cls': np.zeros((1, 1, 8)),
+            'Transformer': {'posembed_input': {'pos_embedding': pe}}}
+  sim = vi.position_similarity(params, (3, 4))
+  assert sim.shape == (3, 4, 3, 4)
+  p = pe[0, 1:] / np.linalg.norm(pe[0, 1:], axis=1, keepdims=True)
+  np.testing.assert_allclose(sim.reshape(12, 12), p @ p.T, rtol=1e-5)
+  with pytest.raises(ValueError, match='needs 16'):
+    vi.position_similarity(params, (4, 4))
+
+
+def test_filter_components_are_the_principal_axes_largest_first():
+  model, params, _ = _model_and_params('ViT-test', 28)
+  comps = vi.embedding_filter_components(params, k=5)
+  assert comps.shape == (5, 4, 4, 3)
+  flat = comps.reshape(5, -1)
+  np.testing.assert_allclose(flat @ flat.T, np.eye(5), atol=1e-5)
+  x = np.asarray(params['embedding']['kernel']).reshape(48, -1).T
+  x = x - x.mean(0)
+  var = ((x @ flat.T) ** 2).sum(0)
+  assert np.all(np.diff(var) <= 1e-9)  # Largest variance first.
+  top = np.linalg.eigh(x.T @ x)[1][:, -1]  # The top principal axis.
+  assert abs(abs(top @ flat[0]) - 1) < 1e-5
+
+
+def _inspect(*flags):
+  cmd = [sys.executable, '-m', 'vit_jax.inspect', *flags]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu',
+                                 PYTHONPATH=ROOT))
+
+
+def test_cli_writes_every_figure_from_a_smoke_trained_workdir(
+    smoke_workdir, tmp_path):
+  out = tmp_path / 'figs'
+  res = _inspect(f'--init={smoke_workdir}', '--data=digits', '--images=6',
+                 '--rollout_images=2', '--layer_images=2', f'--out={out}')
+  assert res.returncode == 0, res.stderr[-3000:]
+  for name in report.FILES:
+    assert (out / name).stat().st_size > 1000, name
+  info = json.loads((out / 'inspect.json').read_text())
+  assert info['model'] == 'ViT-test' and info['images'] == 6
+  assert np.shape(info['attention_distance']['per_layer_per_head']) == (2, 2)
+  assert info['image_size'] == info['checkpoint_image_size']
+  assert np.shape(info['rollout']['maps']) == (2, *info['grid'])
+  assert 'mean attention distance per layer' in res.stdout
+
+
+@pytest.mark.parametrize('case', ['empty_folder', 'other_model', 'bad_grid'])
+def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
+                                                     tmp_path):
+  kw = dict(init=smoke_workdir, data='digits', out=str(tmp_path / 'o'),
+            images=2)
+  if case == 'empty_folder':
+    (tmp_path / 'imgs').mkdir()
+    (tmp_path / 'imgs' / 'notes.txt').write_text('no images here')
+    kw['data'], error, match = str(tmp_path / 'imgs'), FileNotFoundError, (
+        'no images')
+  elif case == 'other_model':
+    kw['model'], error, match = 'ViT-B/16', ValueError, (
+        'is a checkpoint of ViT-test')
+  else:
+    kw['image_size'], error, match = 30, ValueError, (
+        'not divisible by the patch size 4')
+  with pytest.raises(error, match=match):
+    report.run(**kw)
+  assert not (tmp_path / 'o').exists()
+
+
+def test_npz_of_another_model_names_the_mismatch(tmp_path):
+  from vit_jax import trained
+  from vit_jax.checkpoint import CheckpointError
+  _, params, _ = _model_and_params('ViT-test', 28)
+  path = str(tmp_path / 'test.npz')
+  checkpoint.save_npz(params, path)
+  with pytest.raises(CheckpointError, match='pos_embedding|kernel'):
+    trained.load(path, 'ViT-Ti/16')
+  with pytest.raises(ValueError, match='--model'):
+    trained.load(path)
+
+
+@pytest.mark.slow
+def test_cli_on_a_public_layout_vit_b16_npz_at_another_resolution(tmp_path):
+  """ViT-B/16 in the public checkpoints' layout (random weights: nothing can
+  be downloaded here), inspected at 160 px: position embeddings are
+  interpolated from the 14x14 grid to 10x10."""
+  model = models.create('ViT-B/16', num_classes=1000, representation_size=768)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, 224, 224, 3))))['params']
+  rng = np.random.RandomState(0)
+  params = jax.tree.map(
+      lambda s: (0.02 * rng.standard_normal(s.shape)).astype(np.float32),
+      shapes)
+  path = str(tmp_path / 'ViT-B_16.npz')
+  checkpoint.save_npz(params, path)
+  from skimage import data as photos  # scikit-image's real photos.
+  from PIL import Image
+  folder = tmp_path / 'photos'
+  folder.mkdir()
+  for name in ('astronaut', 'coffee', 'chelsea'):
+    Image.fromarray(getattr(photos, name)()).save(folder / f'{name}.png')
+  (folder / 'broken.jpg').write_bytes(b'not a jpeg')
+  out = tmp_path / 'figs'
+  res = _inspect(f'--init={path}', '--model=ViT-B/16', f'--data={folder}',
+                 '--image_size=160', f'--out={out}')
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert 'broken.jpg' in res.stderr  # Reported and skipped.
+  info = json.loads((out / 'inspect.json').read_text())
+  assert info['images'] == 3 and info['grid'] == [10, 10]
+  assert info['checkpoint_image_size'] == 224
+  assert info['position_embeddings_interpolated']
+  assert np.shape(info['attention_distance']['per_layer_per_head']) == (12, 12)
+  for name in report.FILES:
+    assert (out / name).exists(), name

@@ -1,0 +1,199 @@
+"""One inspection: a trained model + images -> the figures and inspect.json.
+
+`inspect_model(trained, images, out)` computes every analysis that applies
+to the model and writes its figure; what does not apply (pixel filters of a
+hybrid's 1x1 projection) is skipped with a one-line reason, recorded in
+inspect.json. Attention is computed in batches, so `--images=128` at 224 px
+(the paper's protocol) does not hold all weights in memory at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Sequence
+
+import numpy as np
+from absl import logging
+
+from vit_jax.inspect import analysis, figures
+
+FILES = ('filters.png', 'position_similarity.png', 'attention_distance.png',
+         'rollout.png', 'rollout_layers.png', 'inspect.json')
+
+
+def similarity_summary(sim: np.ndarray) -> Dict[str, float]:
+  """How much 2-D structure the position embeddings learned: mean cosine
+  similarity of distinct positions in the same row, the same column and
+  neither; its correlation with the spatial distance; and the similarity of
+  each position's nearest neighbours (4-neighbourhood) vs all others."""
+  gh, gw = sim.shape[:2]
+  r, c = np.meshgrid(np.arange(gh), np.arange(gw), indexing='ij')
+  r, c = r.ravel(), c.ravel()
+  s = sim.reshape(gh * gw, gh * gw)
+  off = ~np.eye(gh * gw, dtype=bool)
+  same_row = (r[:, None] == r[None]) & off
+  same_col = (c[:, None] == c[None]) & off
+  neither = off & ~same_row & ~same_col
+  dist = np.sqrt((r[:, None] - r[None]) ** 2 + (c[:, None] - c[None]) ** 2)
+  neighbour = (dist == 1)
+  mean = lambda m: float(s[m].mean()) if m.any() else float('nan')
+  corr = (float(np.corrcoef(s[off], dist[off])[0, 1])
+          if off.sum() > 1 else float('nan'))
+  return dict(same_row=mean(same_row), same_column=mean(same_col),
+              neither=mean(neither), neighbours=mean(neighbour),
+              non_neighbours=mean(off & ~neighbour),
+              correlation_with_distance=corr)
+
+
+def _title(trained, what: str) -> str:
+  where = '/'.join(trained.source.rstrip('/').split('/')[-3:])
+  return f'{what}\n{trained.name} ({where})'
+
+
+def inspect_model(trained, images: np.ndarray, names: Sequence[str],
+                  out: str, *, batch: int = 32, rollout_images: int = 8,
+                  layer_images: int = 4) -> Dict[str, Any]:
+  """Writes the figures and inspect.json into `out`; returns the JSON."""
+  os.makedirs(out, exist_ok=True)
+  model, params = trained.model, trained.params
+  size = images.shape[1]
+  ppt = trained.stride
+  grid = (size // ppt, size // ppt)
+  result: Dict[str, Any] = dict(
+      model=trained.name, model_spec=_jsonable(trained.model_spec),
+      checkpoint=trained.source, checkpoint_kind=trained.kind,
+      image_size=size, checkpoint_image_size=trained.native_image_size,
+      position_embeddings_interpolated=(trained.native_image_size not in
+                                        (None, size)),
+      grid=list(grid), pixels_per_token=ppt, images=len(images),
+      image_names=list(names), skipped={})
+  classifier = getattr(model, 'classifier', 'token')
+
+  # Fig 7 (left): embedding filters.
+  try:
+    comps = analysis.embedding_filter_components(params)
+    figures.filters(comps, os.path.join(out, 'filters.png'), _title(
+        trained, f'Top-{len(comps)} principal components of the '
+        'patch-embedding filters'))
+    kernel = np.asarray(params['embedding']['kernel'], np.float64)
+    x = kernel.reshape(-1, kernel.shape[-1]).T
+    sv = np.linalg.svd(x - x.mean(0), compute_uv=False) ** 2
+    result['filters'] = dict(
+        components=len(comps), shape=list(comps.shape[1:]),
+        explained_variance=[float(v) for v in sv[:len(comps)] / sv.sum()])
+  except ValueError as e:
+    _skip(result, 'filters.png', str(e))
+
+  # Fig 7 (centre) / Fig 10: position-embedding similarity.
+  sim = analysis.position_similarity(params, grid)
+  figures.position_similarity(
+      sim, os.path.join(out, 'position_similarity.png'),
+      _title(trained, 'Position embedding similarity (cosine)'))
+  result['position_similarity'] = similarity_summary(sim)
+
+  # Attention, batch by batch: distances over all images, rollout for some.
+  layers = model.num_layers
+  total = np.zeros((layers, model.num_heads))
+  roll, roll_layers = [], []
+  for start in range(0, len(images), batch):
+    x = images[start:start + batch]
+    w = analysis.attention_weights(model, params, x)
+    total += analysis.mean_attention_distance(w, grid, ppt) * len(x)
+    if start < max(rollout_images, layer_images):
+      roll.append(analysis.attention_rollout(w, per_layer=True))
+  distance = total / len(images)
+  figures.attention_distance(
+      distance, os.path.join(out, 'attention_distance.png'),
+      _title(trained, f'Mean attention distance ({len(images)} images)'),
+      image_size=size)
+  result['attention_distance'] = dict(
+      per_layer_per_head=distance.round(3).tolist(),
+      mean_per_layer=distance.mean(1).round(3).tolist(),
+      min_per_layer=distance.min(1).round(3).tolist(),
+      max_per_layer=distance.max(1).round(3).tolist(),
+      uniform_attention=float(analysis.pairwise_distances(grid, ppt).mean()))
+
+  per_layer = np.concatenate(roll, axis=1)  # (layers, n, T, T)
+  lead = per_layer.shape[-1] - grid[0] * grid[1]
+  maps = _rollout_maps(per_layer, lead, grid, classifier)
+  how = ('class-token row' if classifier == 'token' and lead else
+         'mean over all tokens\' rows (no class token)')
+  n = min(rollout_images, len(images))
+  figures.rollout(images[:n], maps[-1, :n],
+                  os.path.join(out, 'rollout.png'),
+                  _title(trained, f'Attention rollout: {how}'))
+  k = min(layer_images, len(images))
+  figures.rollout_layers(
+      images[:k], maps[:, :k], os.path.join(out, 'rollout_layers.png'),
+      _title(trained, f'Attention rollout after each layer: {how}'),
+      [f'Layer {l + 1}' for l in range(layers)])
+  result['rollout'] = dict(
+      method=how, images=list(names[:n]),
+      maps=maps[-1, :n].round(5).tolist(),
+      per_layer_images=list(names[:k]))
+
+  with open(os.path.join(out, 'inspect.json'), 'w') as f:
+    json.dump(result, f, indent=1)
+  logging.info('wrote %s', ', '.join(
+      name for name in FILES if os.path.exists(os.path.join(out, name))))
+  return result
+
+
+def _rollout_maps(per_layer: np.ndarray, lead: int, grid, classifier: str
+                  ) -> np.ndarray:
+  """(layers, n, grid_h, grid_w) maps: the class token's row over the patch
+  tokens, or (no class token) the mean of all rows."""
+  if classifier == 'token' and lead:
+    rows = per_layer[:, :, 0, lead:]
+  else:
+    rows = per_layer[:, :, lead:, lead:].mean(axis=2)
+  return rows.reshape(*rows.shape[:2], *grid)
+
+
+def _skip(result: Dict[str, Any], name: str, reason: str) -> None:
+  reason = reason.splitlines()[0]
+  logging.warning('skipping %s: %s', name, reason)
+  result['skipped'][name] = reason
+
+
+def _jsonable(spec: Dict[str, Any]) -> Dict[str, Any]:
+  return {k: (v if isinstance(v, (int, float, str, bool, type(None), list))
+              else str(v)) for k, v in spec.items()}
+
+
+def run(init: str, data: str, out: str, *, model: str = None,
+        image_size: int = None, images: int = 128, split: str = None,
+        batch: int = 32, rollout_images: int = 8,
+        layer_images: int = 4) -> Dict[str, Any]:
+  """`python -m vit_jax.inspect`: open the checkpoint, read the images,
+  check them against the model, then `inspect_model`."""
+  from vit_jax import trained as trained_lib
+  from vit_jax.inspect import images as images_lib
+  trained = trained_lib.load(init, model, image_size)
+  x, names = images_lib.load(data, images, trained.image_size,
+                             trained.channels, split)
+  check_inputs(trained, x)
+  result = inspect_model(trained, x, names, out, batch=batch,
+                         rollout_images=rollout_images,
+                         layer_images=layer_images)
+  d = result['attention_distance']['mean_per_layer']
+  print(f'{trained.name} from {trained.source}: {len(x)} images at '
+        f'{trained.image_size}px; mean attention distance per layer (px): '
+        f'{", ".join(f"{v:.1f}" for v in d)}; wrote {out}')
+  return result
+
+
+def check_inputs(trained, images: np.ndarray) -> None:
+  """Clear errors before any compile: a model without attention, or images
+  whose size does not cut into the model's patches."""
+  if not hasattr(trained.model, 'capture_attention'):
+    raise ValueError(f'{trained.name} has no self-attention to inspect (a '
+                     'ResNet); pass a ViT or hybrid (R50+ViT)')
+  size, ppt = images.shape[1], trained.stride
+  if size % ppt:
+    raise ValueError(f'--image_size={size} does not cut into the model\'s '
+                     f'{ppt}x{ppt}-pixel patches: use a multiple of {ppt}, '
+                     f'e.g. {size // ppt * ppt or ppt}')
+
+

@@ -1,0 +1,78 @@
+"""How multi-head self-attention turns q, k and v into its output.
+
+The encoder blocks' `attention_impl` picks one of:
+
+  * "xla": `jax.nn.dot_product_attention` (XLA's fused attention on every
+    platform; the softmax weights are never handed back to the caller);
+  * "cudnn": the same call with cuDNN flash attention (NVIDIA GPUs, bf16 or
+    fp16 compute; cuDNN must be present when the step is traced). Where cuDNN
+    refuses the shapes, the block falls back to "xla" with a warning;
+  * "explicit": softmax weights as an array (flax's `dot_product_attention`
+    with the project's mixed-precision matmul). Used whenever a caller needs
+    the weights (`vit_jax.inspect`) or attention dropout is active in training.
+
+`resolve(impl, platform, dtype)` turns "auto" into one of these from the
+platform the program will run on, which callers know from their mesh: no
+decision is taken from the tracing host's `jax.default_backend()`, so a step
+exported on a CPU host for a TPU is the TPU program.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax.models import matmul
+
+IMPLEMENTATIONS = ('xla', 'cudnn', 'explicit')
+CHOICES = ('auto',) + IMPLEMENTATIONS
+
+
+def check(impl: str) -> str:
+  if impl not in CHOICES:
+    raise ValueError(f'attention_impl={impl!r}: expected one of '
+                     f'{", ".join(CHOICES)}')
+  return impl
+
+
+def resolve(impl: str | None, platform: str, dtype) -> str:
+  """'auto' (or None): cuDNN flash attention for bf16/fp16 on NVIDIA GPUs,
+  XLA otherwise; any other choice is kept."""
+  impl = check(impl or 'auto')
+  if impl != 'auto':
+    return impl
+  half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  return 'cudnn' if platform in ('gpu', 'cuda') and half else 'xla'
+
+
+def attention_fn(impl: str):
+  """An `attention_fn` for `flax.linen.MultiHeadDotProductAttention`."""
+  if impl not in IMPLEMENTATIONS:
+    raise ValueError(f'attention_impl={impl!r} must be resolved to one of '
+                     f'{", ".join(IMPLEMENTATIONS)} (see attention.resolve)')
+
+  # Flax passes only the keyword arguments this signature names.
+  def fn(query, key, value, mask=None, dropout_rng=None, dropout_rate=0.0,
+         broadcast_dropout=True, deterministic=False, dtype=None,
+         precision=None, module=None):
+    dropout = dropout_rate > 0.0 and not deterministic
+    if impl == 'explicit' or dropout or module is not None:
+      return nn.dot_product_attention(
+          query, key, value, mask=mask, dropout_rng=dropout_rng,
+          dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
+          deterministic=deterministic, dtype=dtype, precision=precision,
+          module=module, einsum_dot_general=matmul.dot_general)
+    if impl == 'cudnn':
+      try:
+        return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                            implementation='cudnn')
+      except (RuntimeError, ValueError, NotImplementedError) as e:
+        logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
+                        "attention_impl='xla'", query.shape, query.dtype, e)
+    return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                        implementation='xla')
+
+  return fn

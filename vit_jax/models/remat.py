@@ -1,0 +1,40 @@
+"""Rematerialisation (gradient checkpointing) policies, by name.
+
+`remat` on a model is False / None (keep every activation for the backward
+pass), True (= "nothing_saveable": recompute each block's forward in the
+backward pass) or one of POLICIES, a `jax.checkpoint_policies` member that
+says which intermediate values of a block are kept instead of recomputed.
+docs/performance.md has their measured memory and speed.
+"""
+
+from __future__ import annotations
+
+import jax
+
+POLICIES = (
+    'nothing_saveable',  # Keep only each block's input: least memory.
+    'dots_with_no_batch_dims_saveable',  # Keep the dense layers' outputs.
+    'dots_saveable',  # Keep every matmul output (also attention logits).
+    'everything_saveable',  # Keep everything: remat's structure, no saving.
+)
+
+
+def check(remat) -> None:
+  if remat in (None, False, True) or remat in POLICIES:
+    return
+  raise ValueError(f'remat={remat!r}: expected False, True (= '
+                   f'"nothing_saveable") or a policy name: '
+                   f'{", ".join(POLICIES)}')
+
+
+def policy(remat):
+  """The `jax.checkpoint` policy for a model's `remat` value (None: no remat
+  when `remat` is falsy; see `enabled`)."""
+  check(remat)
+  name = 'nothing_saveable' if remat is True else remat
+  return getattr(jax.checkpoint_policies, name) if name else None
+
+
+def enabled(remat) -> bool:
+  check(remat)
+  return bool(remat)
