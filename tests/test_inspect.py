@@ -32,22 +32,29 @@ def _model_and_params(name='ViT-Ti/16', size=32, **overrides):
   return model, params, x
 
 
-def test_attention_weights_equal_hugging_face_eager_attention():
+def test_attention_weights_equal_hugging_face_eager_attention(tmp_path):
+  """A Hugging Face ViT saved with save_pretrained, opened as `hf:DIR` (the
+  zoo model found from its config): our weights equal transformers' eager
+  attention probabilities."""
   torch = pytest.importorskip('torch')
   transformers = pytest.importorskip('transformers')
-  over = dict(num_layers=3)
-  model, params, x = _model_and_params('ViT-Ti/16', 48, **over)
-  ours = vi.attention_weights(model, params, x)
-  assert ours.shape == (3, 2, 3, 10, 10) and ours.dtype == np.float32
-  cfg = checkpoint.hf_config('ViT-Ti/16', num_classes=5, image_size=48, **over)
+  from vit_jax import trained
+  torch.manual_seed(0)
+  cfg = checkpoint.hf_config('ViT-test', num_classes=5, image_size=28)
+  cfg.initializer_range = 0.3  # Far from uniform attention.
   cfg._attn_implementation = 'eager'
   hf = transformers.ViTForImageClassification(cfg).eval()
-  hf.load_state_dict(checkpoint.to_hf(params, 'ViT-Ti/16', **over))
+  hf.save_pretrained(tmp_path / 'hf')
+  t = trained.load(f'hf:{tmp_path / "hf"}')
+  assert (t.name, t.kind, t.image_size, t.num_classes) == ('ViT-test', 'hf',
+                                                           28, 5)
+  x = _images(3, 28)
+  ours = vi.attention_weights(t.model, t.params, x)
+  assert ours.shape == (2, 3, 2, 50, 50) and ours.dtype == np.float32
   with torch.no_grad():
     out = hf(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2)),
              output_attentions=True)
   theirs = np.stack([a.numpy() for a in out.attentions])
-  assert theirs.shape == ours.shape
   assert ours.std() > 0.01  # Not uniform: the comparison means something.
   np.testing.assert_allclose(ours, theirs, atol=1e-4, rtol=0)
 

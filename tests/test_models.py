@@ -211,6 +211,26 @@ def test_scan_and_remat_compute_the_same(rng):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize('policy', ['dots_saveable',
+                                    'dots_with_no_batch_dims_saveable'])
+def test_named_remat_policies_give_the_same_gradients(rng, policy):
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 28, 28, 3)), jnp.float32)
+  plain = models.create('ViT-test', num_classes=5)
+  p = jax.tree.map(lambda a: a + 0.05 * rng.normal(size=a.shape),
+                   _init(plain, x.shape))
+  loss = lambda m: jax.grad(
+      lambda q: m.apply({'params': q}, x, train=True).sum())(p)
+  for a, b in zip(jax.tree.leaves(loss(plain)),
+                  jax.tree.leaves(loss(plain.clone(remat=policy)))):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_unknown_remat_policy_names_the_choices():
+  with pytest.raises(ValueError, match='nothing_saveable.*dots_saveable'):
+    _init(models.create('ViT-test', num_classes=5, remat='dots'),
+          (1, 28, 28, 3))
+
+
 @pytest.mark.parametrize('bit', [False, True])
 def test_weight_standardisation_matches_reference_formula(bit):
   # A kernel of small variance, where (std + eps) and sqrt(var + eps) differ:

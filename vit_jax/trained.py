@@ -182,3 +182,13 @@ def load(init: str, model: Optional[str] = None,
                  native_image_size=native, channels=channels,
                  num_classes=num_classes)
 
+
+
+def reinitialised(trained: Trained, seed: int = 0) -> Trained:
+  """`trained`'s model with freshly initialised parameters (the model's own
+  initialisers, `seed`): what training started from."""
+  x = jnp.zeros((1, trained.image_size, trained.image_size, trained.channels))
+  params = trained.model.init(jax.random.key(seed), x, train=False)['params']
+  return dataclasses.replace(
+      trained, params=jax.tree.map(np.asarray, params),
+      source=f'{trained.source} (random init, seed {seed})')

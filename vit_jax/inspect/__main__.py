@@ -37,6 +37,10 @@ _BATCH = flags.DEFINE_integer('batch', 32, 'Images per forward pass.')
 _ROLLOUT = flags.DEFINE_integer('rollout_images', 8, 'Images in rollout.png.')
 _LAYERS = flags.DEFINE_integer('layer_images', 4, 'Images in '
                                'rollout_layers.png.')
+_RANDOM = flags.DEFINE_bool(
+    'random_init', False, 'Inspect a fresh random initialisation of the '
+    'checkpoint\'s model instead of its weights (the untrained baseline).')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed of --random_init.')
 
 
 def main(argv):
@@ -46,7 +50,8 @@ def main(argv):
   report.run(_INIT.value, _DATA.value, _OUT.value, model=_MODEL.value,
              image_size=_SIZE.value, images=_IMAGES.value, split=_SPLIT.value,
              batch=_BATCH.value, rollout_images=_ROLLOUT.value,
-             layer_images=_LAYERS.value)
+             layer_images=_LAYERS.value, random_init=_RANDOM.value,
+             seed=_SEED.value)
 
 
 if __name__ == '__main__':

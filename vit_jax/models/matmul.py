@@ -27,9 +27,12 @@ import math
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 F32 = jnp.float32
 BF16 = jnp.bfloat16
+# `checkpoint_name`s of the bf16 products (see `vit_jax.models.remat`).
+NAME, BATCHED_NAME = 'bf16_matmul', 'bf16_batched_matmul'
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None,
@@ -48,11 +51,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
   batch = [lhs.shape[i] for i in lb]
   a = jnp.transpose(lhs, list(lb) + lfree + list(lc))
   b = jnp.transpose(rhs, list(rb) + list(rc) + rfree)
+  # Named so that remat policies can keep them: the custom VJP hides the
+  # dot_general primitive that `jax.checkpoint_policies.dots_*` look for.
   if batch:
-    out = _matmul(a.reshape(math.prod(batch), -1, k),
-                  b.reshape(math.prod(batch), k, -1))
+    out = checkpoint_name(_matmul(a.reshape(math.prod(batch), -1, k),
+                                  b.reshape(math.prod(batch), k, -1)),
+                          BATCHED_NAME)
   else:
-    out = _matmul(a.reshape(-1, k), b.reshape(k, -1))
+    out = checkpoint_name(_matmul(a.reshape(-1, k), b.reshape(k, -1)),
+                          NAME)
   return out.reshape(batch + [lhs.shape[i] for i in lfree] +
                      [rhs.shape[i] for i in rfree])
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import jax
 
+from vit_jax.models import matmul
+
 POLICIES = (
     'nothing_saveable',  # Keep only each block's input: least memory.
     'dots_with_no_batch_dims_saveable',  # Keep the dense layers' outputs.
@@ -29,10 +31,22 @@ def check(remat) -> None:
 
 def policy(remat):
   """The `jax.checkpoint` policy for a model's `remat` value (None: no remat
-  when `remat` is falsy; see `enabled`)."""
+  when `remat` is falsy; see `enabled`).
+
+  The dots policies also keep the bf16 products of `matmul.dot_general`,
+  which jax's own policies cannot see inside its custom VJP.
+  """
   check(remat)
   name = 'nothing_saveable' if remat is True else remat
-  return getattr(jax.checkpoint_policies, name) if name else None
+  if not name:
+    return None
+  cp = jax.checkpoint_policies
+  named = {'dots_saveable': (matmul.NAME, matmul.BATCHED_NAME),
+           'dots_with_no_batch_dims_saveable': (matmul.NAME,)}.get(name)
+  base = getattr(cp, name)
+  if named:
+    return cp.save_from_both_policies(base, cp.save_only_these_names(*named))
+  return base
 
 
 def enabled(remat) -> bool:
