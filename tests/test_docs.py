@@ -127,12 +127,26 @@ def check_bench(argv):
   assert out.returncode == 0, out.stderr[-2000:]
 
 
+def check_inspect(argv):
+  """Every flag is one `vit_jax/inspect/__main__.py` defines (read from its
+  source: importing it here would clash with other modules' absl flags)."""
+  src = open(os.path.join(ROOT, 'vit_jax', 'inspect', '__main__.py')).read()
+  defined = set(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", src))
+  assert {'init', 'data', 'out'} <= defined
+  for a in argv:
+    name = a.lstrip('-').split('=')[0]
+    assert a.startswith('--') and (name in defined or (
+        name.startswith('no') and name[2:] in defined)), f'unknown flag {a}'
+  assert {'init', 'data', 'out'} <= {a.lstrip('-').split('=')[0]
+                                      for a in argv}, 'required flags'
+
+
 CHECKS = {
     'vit_jax.main': check_main, 'vit_jax.accounting': check_accounting,
     'launch.topology': check_topology, 'launch.tpu': check_tpu,
     'vit_jax.tables': check_tables, 'vit_jax.vtab': check_vtab,
     'vit_jax.data.prepare': check_prepare, 'vit_jax.bench': check_bench,
-    'vit_jax.models': lambda argv: None,
+    'vit_jax.models': lambda argv: None, 'vit_jax.inspect': check_inspect,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
 }
