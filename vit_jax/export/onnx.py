@@ -1,0 +1,80 @@
+"""`--format=onnx`: an ONNX graph, converted with `jax2onnx`, run with
+onnxruntime.
+
+`jax2onnx` converts the model's jaxpr primitive by primitive (a maintained
+path that works on the pinned JAX; the SavedModel route through tf2onnx
+cannot convert jax2tf's `XlaCallModule` op). Writes `model.onnx`: input
+`images` float32 [B, S, S, C] in [-1, 1] (NHWC, as vit_jax; B dynamic unless
+--batch=N), output the logits. Weights over 2 GiB go to `model.onnx.data`
+(ONNX external data).
+
+    session = onnxruntime.InferenceSession('model.onnx')
+    logits = session.run(None, {'images': images})[0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import numpy as np
+
+from vit_jax.export.registry import Format, register
+
+FILE = 'model.onnx'
+OPSET = 21  # Runs on onnxruntime >= 1.20.
+
+
+def export(trained, out: str, options):
+  if options.with_preprocessing:
+    raise ValueError(
+        '--format=onnx cannot embed the pre-processing (ONNX has no JPEG '
+        'decoder): drop --with-preprocessing and apply the ops in '
+        'export.json (docs/deploy.md shows them with PIL), or use '
+        '--format=savedmodel --with-preprocessing')
+  import onnx
+  from jax2onnx import to_onnx
+  fn = trained.apply_fn(options.dtype)
+  params = trained.params
+  batch = 'B' if options.batch is None else options.batch
+  # jax2onnx prints debugging lines of its plugins to stdout: keep them out
+  # of the command's output.
+  with contextlib.redirect_stdout(io.StringIO()):
+    model = to_onnx(lambda images: fn(params, images),
+                    [(batch, *trained.image_shape)], model_name='vit_jax',
+                    opset=OPSET)
+  graph = model.graph
+  _rename(graph.input[0], graph, 'images')
+  _rename(graph.output[0], graph, 'logits')
+  path = os.path.join(out, FILE)
+  large = model.ByteSize() > 2**31 - 2**26
+  onnx.save_model(model, path, save_as_external_data=large,
+                  location=FILE + '.data' if large else None)
+  onnx.checker.check_model(path)
+  return {'files': [FILE] + ([FILE + '.data'] if large else []),
+          'opset': OPSET, 'input': 'images', 'output': 'logits'}
+
+
+def _rename(value, graph, name: str) -> None:
+  """Renames a graph input / output and every reference to it."""
+  old = value.name
+  if old == name:
+    return
+  for node in graph.node:
+    node.input[:] = [name if x == old else x for x in node.input]
+    node.output[:] = [name if x == old else x for x in node.output]
+  value.name = name
+
+
+def run(out: str, images: np.ndarray) -> np.ndarray:
+  import onnxruntime as ort
+  session = ort.InferenceSession(os.path.join(out, FILE),
+                                 providers=['CPUExecutionProvider'])
+  return session.run(None, {session.get_inputs()[0].name: images})[0]
+
+
+register(Format(
+    name='onnx', export=export, run=run,
+    requires=('onnx', 'onnxruntime', 'jax2onnx'),
+    description='ONNX graph (jax2onnx), checked with onnxruntime'))

@@ -1,0 +1,66 @@
+"""`--format=stablehlo`: a `jax.export` serialisation, for JAX serving.
+
+Writes `model.jax_exported` (`jax.export.Exported.serialize()`: StableHLO
+with the weights as constants, lowered for cpu, cuda and tpu) and
+`model.mlir` (the same module as text, to read). Any JAX (of a compatible
+serialisation version) runs it without vit_jax:
+
+    exp = jax.export.deserialize(bytearray(open('model.jax_exported', 'rb').read()))
+    logits = exp.call(images)        # float32 [B, S, S, C] in [-1, 1]
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.export.registry import Format, register
+
+FILE = 'model.jax_exported'
+PLATFORMS = ('cpu', 'cuda', 'tpu')
+# The serialisation is one flatbuffer: it cannot exceed 2 GiB.
+MAX_BYTES = 2**31 - 2**26
+
+
+def export(trained, out: str, options):
+  if options.with_preprocessing:
+    raise ValueError(
+        '--format=stablehlo cannot embed the pre-processing (JPEG decoding '
+        'is not a StableHLO op): drop --with-preprocessing and apply the ops '
+        'in export.json, or use --format=savedmodel --with-preprocessing')
+  size = sum(np.asarray(x).nbytes for x in jax.tree.leaves(trained.params))
+  if size > MAX_BYTES:
+    raise ValueError(
+        f'{trained.architecture} has {size / 2**30:.1f} GiB of weights: a '
+        'jax.export serialisation holds at most 2 GiB. Use '
+        '--format=savedmodel (weights as variables) or --dtype=bfloat16')
+  fn = trained.apply_fn(options.dtype)
+  params = trained.params
+  batch = (jax.export.symbolic_shape('batch')[0] if options.batch is None
+           else options.batch)
+  spec = jax.ShapeDtypeStruct((batch, *trained.image_shape), jnp.float32)
+  exported = jax.export.export(jax.jit(lambda images: fn(params, images)),
+                               platforms=PLATFORMS)(spec)
+  data = exported.serialize()
+  with open(os.path.join(out, FILE), 'wb') as f:
+    f.write(data)
+  with open(os.path.join(out, 'model.mlir'), 'w') as f:
+    f.write(exported.mlir_module())
+  return {'files': [FILE, 'model.mlir'], 'platforms': list(PLATFORMS),
+          'calling_convention_version':
+              exported.calling_convention_version}
+
+
+def run(out: str, images: np.ndarray) -> np.ndarray:
+  with open(os.path.join(out, FILE), 'rb') as f:
+    exported = jax.export.deserialize(bytearray(f.read()))
+  return np.asarray(exported.call(images))
+
+
+register(Format(
+    name='stablehlo', export=export, run=run, requires=(),
+    description='jax.export serialisation (StableHLO, weights inside); '
+    'jax.export.deserialize(...).call(images)'))
