@@ -8,7 +8,8 @@
 directory (see `vit_jax/trained.py`). Images are pre-processed exactly as
 the run evaluated them (its `input.pp_eval` at its `input.image_size`:
 decode, resize / crop, value range; a 1-channel model gets grey images).
-Folders are searched recursively for .jpg/.jpeg/.png/.gif/.bmp files.
+Folders are searched recursively for .jpg/.jpeg/.png/.gif/.bmp/.webp
+files.
 A file that cannot be read or decoded is reported by name and skipped; the
 others are classified. Batches are split over the local devices (CPU, GPU or
 TPU cores); the last one is padded, so one program is compiled.
@@ -24,12 +25,13 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import sys
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp')
+EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
 
 
 def list_images(paths: Sequence[str]) -> List[str]:
@@ -126,12 +128,13 @@ def _loader(trained):
 
 
 def _reason(error: Exception) -> str:
-  """The error's informative line (TensorFlow's follows a generic one)."""
-  text = (getattr(error, 'message', None) or str(error)).strip()
-  lines = [l.strip() for l in text.splitlines() if l.strip()
-           and not l.strip().startswith(('[[', 'Graph execution error',
-                                         'Detected at node'))]
-  return f'{type(error).__name__}: {(lines or [""])[0][:200]}'
+  """The error's message without TensorFlow's graph traceback."""
+  text = getattr(error, 'message', None) or str(error)
+  lines = [re.sub(r'^\{\{function_node [^}]*\}\}\s*', '', l).strip()
+           for l in text.splitlines()
+           if l.strip() and not l[0].isspace() and not l.startswith(
+               ('Graph execution error', 'Detected at node'))]
+  return f'{type(error).__name__}: {(lines or [""])[-1][:200]}'
 
 
 def top_k(probs: np.ndarray, labels: Sequence[str], k: int) -> List[Dict]:

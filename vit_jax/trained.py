@@ -138,6 +138,8 @@ def _from_workdir(path: str, model: Optional[str]) -> Trained:
   try:
     source = orbax_state.resolve(path)
   except FileNotFoundError:
+    if not os.path.exists(path) and '://' not in path:
+      raise TrainedModelError(f'--init={path} does not exist') from None
     raise TrainedModelError(
         f'--init={path}: no trained model there. Pass a training workdir '
         'with a finished checkpoint (its checkpoints/ folder is empty or '

@@ -16,7 +16,8 @@ from vit_jax import accounting
 
 
 def _row(key: str, value: Any) -> str:
-  return f'| {key} | {value} |'
+  cell = str(value).replace('|', '\\|')  # A | would end the cell.
+  return f'| {key} | {cell} |'
 
 
 def _fmt(value: Any) -> str:
@@ -65,11 +66,14 @@ def render(trained, manifest: Dict[str, Any]) -> str:
               'here.', '']
   else:
     inp = config.get('input', {})
+    splits = ''
+    if trained.data:
+      from vit_jax.data import registry
+      entry = registry.get(trained.data)
+      splits = (f' (train split {inp.get("train_split") or entry.train_split}'
+                f', eval split {inp.get("eval_split") or entry.eval_split})')
     lines += ['| | |', '|---|---|',
-              _row('data', f'{trained.data}' + (
-                  f' (train split {inp.get("train_split") or "default"}, '
-                  f'eval split {run.get("eval_split") or inp.get("eval_split") or "default"})'
-                  if inp else '')),
+              _row('data', f'{trained.data}{splits}'),
               _row('steps', run.get('steps', 'unknown (no summary.json)')),
               _row('batch size', run.get('batch_size', '?')),
               _row('examples seen', _fmt(run.get('examples_seen', '?'))),
@@ -112,9 +116,10 @@ def render(trained, manifest: Dict[str, Any]) -> str:
             '- Accuracy holds for images like the training data, '
             'pre-processed as above; it was measured only on the data named '
             'here.',
-            '- The exported graph computes in '
-            f'{manifest["dtype"]}; results differ from bfloat16 training '
-            'evaluation at the last digits.', '']
+            f'- The exported graph computes in {manifest["dtype"]}'
+            + ('.' if manifest['dtype'] == trained.dtype else
+               f'; the run evaluated in {trained.dtype}, so logits differ '
+               'from its evaluation in the last digits.'), '']
   if config:
     lines += ['<details><summary>Full training config</summary>', '',
               '```json', json.dumps(config, indent=1, sort_keys=True), '```',

@@ -64,7 +64,7 @@ def export(trained, out: str, options):
       return outputs(images)
 
     bytes_fn = tf.function(
-        from_bytes, input_signature=[
+        from_bytes, autograph=False, input_signature=[
             tf.TensorSpec([options.batch], tf.string, name='encoded_images')])
     signatures = {'serving_default': bytes_fn, 'serving_images': images_fn}
   module.serving_images = images_fn
