@@ -65,6 +65,8 @@ class Trained:
   config: Dict[str, Any] = dataclasses.field(default_factory=dict)
   command: Optional[str] = None
   workdir: Optional[str] = None
+  _jitted: Dict[str, Any] = dataclasses.field(
+      default_factory=dict, repr=False, compare=False)
 
   @property
   def image_shape(self):
@@ -84,6 +86,14 @@ class Trained:
     return models.create(self.name, num_classes=self.num_classes,
                          dtype=jnp.dtype(dtype or self.dtype),
                          **self.options)
+
+  def logits(self, images: np.ndarray, dtype: Optional[str] = None
+             ) -> np.ndarray:
+    """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype."""
+    key = jnp.dtype(dtype or self.dtype).name
+    if key not in self._jitted:
+      self._jitted[key] = jax.jit(self.apply_fn(key))
+    return np.asarray(self._jitted[key](self.params, images), np.float32)
 
   def apply_fn(self, dtype: Optional[str] = None
                ) -> Callable[[Any, jax.Array], jax.Array]:

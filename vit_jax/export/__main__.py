@@ -68,15 +68,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   pipeline.hide_accelerators_from_tf()
   try:
     fmt = export.get(args.format)
+    options = export.Options(batch=args.batch,
+                             with_preprocessing=args.with_preprocessing,
+                             dtype=args.dtype)
     export.registry.check_installed(fmt)
+    export.registry.check_options(fmt, options)
     trained = trained_lib.load(args.init, model=args.model,
                                labels=args.labels,
                                image_size=args.image_size)
     manifest = export.export_model(
-        trained, fmt.name, args.out,
-        export.Options(batch=args.batch,
-                       with_preprocessing=args.with_preprocessing,
-                       dtype=args.dtype), overwrite=args.overwrite)
+        trained, fmt.name, args.out, options, overwrite=args.overwrite)
   except (export.ExportError, trained_lib.TrainedModelError, ImportError,
           ValueError, FileNotFoundError) as e:
     print(f'vit_jax.export: {e}', file=sys.stderr)

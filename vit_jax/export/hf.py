@@ -98,5 +98,8 @@ def run(out: str, images: np.ndarray) -> np.ndarray:
 register(Format(
     name='hf', export=export, run=run,
     requires=('torch', 'transformers', 'safetensors'),
+    no_preprocessing='transformers models take pixel tensors; the '
+    'preprocessor_config.json written with every hf export resizes and '
+    'normalises for ViTImageProcessor',
     description='Hugging Face transformers ViTForImageClassification '
     '(save_pretrained: config.json + model.safetensors, with label names)'))

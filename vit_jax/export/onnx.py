@@ -27,12 +27,6 @@ OPSET = 21  # Runs on onnxruntime >= 1.20.
 
 
 def export(trained, out: str, options):
-  if options.with_preprocessing:
-    raise ValueError(
-        '--format=onnx cannot embed the pre-processing (ONNX has no JPEG '
-        'decoder): drop --with-preprocessing and apply the ops in '
-        'export.json (docs/deploy.md shows them with PIL), or use '
-        '--format=savedmodel --with-preprocessing')
   import onnx
   from jax2onnx import to_onnx
   fn = trained.apply_fn(options.dtype)
@@ -77,4 +71,5 @@ def run(out: str, images: np.ndarray) -> np.ndarray:
 register(Format(
     name='onnx', export=export, run=run,
     requires=('onnx', 'onnxruntime', 'jax2onnx'),
+    no_preprocessing='ONNX has no JPEG / PNG decoder',
     description='ONNX graph (jax2onnx), checked with onnxruntime'))

@@ -42,6 +42,8 @@ class Format:
   description: str = ''
   run_bytes: Optional[Callable[[str, Sequence[bytes]], np.ndarray]] = None
   embeds_preprocessing: bool = False  # Supports --with-preprocessing.
+  # Otherwise: why not, and what to do instead.
+  no_preprocessing: str = 'it takes pre-processed float images only'
 
 
 FORMATS: Dict[str, Format] = {}
@@ -65,6 +67,16 @@ def get(name: str) -> Format:
     raise ValueError(f'unknown export format {name!r}.{hint} Formats: '
                      f'{", ".join(names())}')
   return FORMATS[name]
+
+
+def check_options(fmt: Format, options: Options) -> None:
+  """ValueError for options the format cannot honour, saying why."""
+  if options.with_preprocessing and not fmt.embeds_preprocessing:
+    raise ValueError(
+        f'--format={fmt.name} cannot embed the pre-processing: '
+        f'{fmt.no_preprocessing}. Drop --with-preprocessing and apply the '
+        'ops listed in export.json (docs/deploy.md), or use '
+        '--format=savedmodel --with-preprocessing')
 
 
 def missing(fmt: Format) -> List[str]:

@@ -60,8 +60,7 @@ def sample_jpegs(trained, n: int, seed: int = 0) -> List[bytes]:
 
 
 def _reference(trained, images: np.ndarray, dtype: str) -> np.ndarray:
-  fn = jax.jit(trained.apply_fn(dtype))
-  return np.asarray(fn(trained.params, images), np.float32)
+  return trained.logits(images, dtype)
 
 
 def _reference_bytes(trained, encoded: List[bytes], dtype: str) -> np.ndarray:
@@ -134,8 +133,7 @@ def export_model(trained, fmt_name: str, out: str,
   options = options or registry.Options()
   fmt = registry.get(fmt_name)
   registry.check_installed(fmt)
-  if options.with_preprocessing and not fmt.embeds_preprocessing:
-    fmt.export(trained, out, options)  # Raises, saying what to do instead.
+  registry.check_options(fmt, options)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
   _prepare_dir(out, overwrite)
   start = time.time()

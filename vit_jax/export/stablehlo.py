@@ -26,11 +26,6 @@ MAX_BYTES = 2**31 - 2**26
 
 
 def export(trained, out: str, options):
-  if options.with_preprocessing:
-    raise ValueError(
-        '--format=stablehlo cannot embed the pre-processing (JPEG decoding '
-        'is not a StableHLO op): drop --with-preprocessing and apply the ops '
-        'in export.json, or use --format=savedmodel --with-preprocessing')
   size = sum(np.asarray(x).nbytes for x in jax.tree.leaves(trained.params))
   if size > MAX_BYTES:
     raise ValueError(
@@ -62,5 +57,6 @@ def run(out: str, images: np.ndarray) -> np.ndarray:
 
 register(Format(
     name='stablehlo', export=export, run=run, requires=(),
+    no_preprocessing='image decoding is no StableHLO op',
     description='jax.export serialisation (StableHLO, weights inside); '
     'jax.export.deserialize(...).call(images)'))
