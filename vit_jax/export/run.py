@@ -10,6 +10,7 @@ versions) and `MODEL_CARD.md`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -136,10 +137,15 @@ def export_model(trained, fmt_name: str, out: str,
   registry.check_options(fmt, options)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
   _prepare_dir(out, overwrite)
-  start = time.time()
-  info = fmt.export(trained, out, options)
-  seconds = time.time() - start
-  verification = verify(fmt, trained, out, options, tolerance)
+  # float32 means float32: no TF32 / bf16-pass matmuls on GPUs and TPUs,
+  # neither in the exported graph nor in the reference it is checked with.
+  precision = (jax.default_matmul_precision('highest')
+               if options.dtype == 'float32' else contextlib.nullcontext())
+  with precision:
+    start = time.time()
+    info = fmt.export(trained, out, options)
+    seconds = time.time() - start
+    verification = verify(fmt, trained, out, options, tolerance)
   with open(os.path.join(out, 'labels.txt'), 'w') as f:
     f.write('\n'.join(trained.labels) + '\n')
   shape = (options.batch or 'B', *trained.image_shape)
