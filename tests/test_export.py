@@ -230,3 +230,15 @@ def test_command_line(trained, tmp_path, capsys):
     except SystemExit as e:  # argparse's own errors.
       assert e.code == 2, bad
     assert message in capsys.readouterr().err, bad
+
+
+@pytest.mark.slow
+def test_fixed_batch_savedmodel_converts_to_tflite(trained, tmp_path):
+  import tensorflow as tf
+  out = str(tmp_path / 'sm1')
+  export.export_model(trained, 'savedmodel', out, export.Options(batch=1))
+  tflite = tf.lite.TFLiteConverter.from_saved_model(out).convert()
+  runner = tf.lite.Interpreter(model_content=tflite).get_signature_runner()
+  x = _images(trained, 1)
+  np.testing.assert_allclose(runner(images=x)['logits'], _ours(trained, x),
+                             atol=TOL)

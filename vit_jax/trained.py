@@ -172,6 +172,10 @@ def _from_workdir(path: str, model: Optional[str]) -> Trained:
   name = spec.pop('name')
   dtype = spec.pop('dtype', None) or 'float32'
   spec.pop('param_dtype', None)
+  # How the run executed, not what it computes: exported and predicting
+  # models use the plain layout (load_pretrained unstacks scanned blocks).
+  for key in ('scan_layers', 'remat'):
+    spec.pop(key, None)
   options = {k: v for k, v in spec.items() if v is not None}
   params = orbax_state.load_params(source)
   num_classes = _head_classes(params, source)

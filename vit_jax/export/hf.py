@@ -50,6 +50,8 @@ def export(trained, out: str, options):
         '--format=onnx, savedmodel or stablehlo instead')
   import torch
   from transformers import ViTForImageClassification, ViTImageProcessor
+  from transformers.utils import logging as hf_logging
+  hf_logging.disable_progress_bar()
   from vit_jax.checkpoint import hf_config, to_hf
   config = hf_config(trained.name, num_classes=trained.num_classes,
                      image_size=trained.image_size,
@@ -88,6 +90,8 @@ def _processor_note(trained) -> str:
 def run(out: str, images: np.ndarray) -> np.ndarray:
   import torch
   from transformers import ViTForImageClassification
+  from transformers.utils import logging as hf_logging
+  hf_logging.disable_progress_bar()
   model = ViTForImageClassification.from_pretrained(out).eval()
   with torch.no_grad():
     pixels = torch.from_numpy(np.ascontiguousarray(

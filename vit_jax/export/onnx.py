@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 
 import numpy as np
@@ -32,12 +33,19 @@ def export(trained, out: str, options):
   fn = trained.apply_fn(options.dtype)
   params = trained.params
   batch = 'B' if options.batch is None else options.batch
-  # jax2onnx prints debugging lines of its plugins to stdout: keep them out
-  # of the command's output.
-  with contextlib.redirect_stdout(io.StringIO()):
-    model = to_onnx(lambda images: fn(params, images),
-                    [(batch, *trained.image_shape)], model_name='vit_jax',
-                    opset=OPSET)
+  # jax2onnx imports all its plugins (some fail on this JAX, e.g. dm_pix's,
+  # and are logged with tracebacks) and prints debugging lines to stdout:
+  # keep both out of the command's output.
+  quiet = logging.getLogger('jax2onnx')
+  level = quiet.level
+  quiet.setLevel(logging.ERROR)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      model = to_onnx(lambda images: fn(params, images),
+                      [(batch, *trained.image_shape)], model_name='vit_jax',
+                      opset=OPSET)
+  finally:
+    quiet.setLevel(level)
   graph = model.graph
   _rename(graph.input[0], graph, 'images')
   _rename(graph.output[0], graph, 'logits')

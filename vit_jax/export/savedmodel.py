@@ -13,9 +13,9 @@ variables, so the graph stays small at any model size. Signatures:
 
 TF Serving serves the directory as it is (`tensorflow_model_server
 --model_base_path=DIR/..` with the directory named by a version number, see
-docs/deploy.md). TFLite: the converter has no kernel for `XlaCallModule`,
-so this SavedModel does not convert to TFLite; use the ONNX export for
-runtimes other than TF and JAX.
+docs/deploy.md). TFLite: `tf.lite.TFLiteConverter.from_saved_model` lowers
+the StableHLO inside a fixed-batch export (`--batch=N`); it cannot convert
+a dynamic batch (no dynamic gather).
 """
 
 from __future__ import annotations
