@@ -2,7 +2,7 @@
 
 Writes `model.jax_exported` (`jax.export.Exported.serialize()`: StableHLO
 with the weights as constants, lowered for cpu, cuda and tpu) and
-`model.mlir` (the same module as text, to read). Any JAX (of a compatible
+`model.mlir` (the program as text, weights as arguments, to read). Any JAX (of a compatible
 serialisation version) runs it without vit_jax:
 
     exp = jax.export.deserialize(bytearray(open('model.jax_exported', 'rb').read()))
@@ -42,8 +42,15 @@ def export(trained, out: str, options):
   data = exported.serialize()
   with open(os.path.join(out, FILE), 'wb') as f:
     f.write(data)
+  # To read: the same program with the weights as arguments (the module
+  # above prints them as megabytes of hex).
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype),
+      params)
+  readable = jax.export.export(jax.jit(fn), platforms=PLATFORMS)(abstract,
+                                                                 spec)
   with open(os.path.join(out, 'model.mlir'), 'w') as f:
-    f.write(exported.mlir_module())
+    f.write(readable.mlir_module())
   return {'files': [FILE, 'model.mlir'], 'platforms': list(PLATFORMS),
           'calling_convention_version':
               exported.calling_convention_version}
