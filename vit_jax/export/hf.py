@@ -15,6 +15,9 @@ classifiers and pre-logits layers are refused with the reason.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
 from vit_jax import models
@@ -87,12 +90,19 @@ def _processor_note(trained) -> str:
           f'and maps to [-1, 1]; the model was evaluated with {ops}')
 
 
-def run(out: str, images: np.ndarray) -> np.ndarray:
-  import torch
+@functools.lru_cache(maxsize=2)
+def _model(out: str, stamp: float):
+  del stamp  # Part of the cache key: a new export is loaded anew.
   from transformers import ViTForImageClassification
   from transformers.utils import logging as hf_logging
   hf_logging.disable_progress_bar()
-  model = ViTForImageClassification.from_pretrained(out).eval()
+  return ViTForImageClassification.from_pretrained(out).eval()
+
+
+def run(out: str, images: np.ndarray) -> np.ndarray:
+  import torch
+  model = _model(out, os.path.getmtime(os.path.join(out,
+                                                    'model.safetensors')))
   with torch.no_grad():
     pixels = torch.from_numpy(np.ascontiguousarray(
         images.transpose(0, 3, 1, 2)))

@@ -15,6 +15,7 @@ cannot convert jax2tf's `XlaCallModule` op). Writes `model.onnx`: input
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -69,10 +70,16 @@ def _rename(value, graph, name: str) -> None:
   value.name = name
 
 
-def run(out: str, images: np.ndarray) -> np.ndarray:
+@functools.lru_cache(maxsize=2)
+def _session(path: str, stamp: float):
+  del stamp  # Part of the cache key: a new export is loaded anew.
   import onnxruntime as ort
-  session = ort.InferenceSession(os.path.join(out, FILE),
-                                 providers=['CPUExecutionProvider'])
+  return ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+
+
+def run(out: str, images: np.ndarray) -> np.ndarray:
+  path = os.path.join(out, FILE)
+  session = _session(path, os.path.getmtime(path))
   return session.run(None, {session.get_inputs()[0].name: images})[0]
 
 

@@ -20,6 +20,7 @@ a dynamic batch (no dynamic gather).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Sequence
 
@@ -79,6 +80,14 @@ def _describe(fn) -> str:
 
 
 def _load(out: str):
+  return _load_cached(out, os.path.getmtime(os.path.join(out,
+                                                        'saved_model.pb')))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_cached(out: str, stamp: float):
+  """Loaded once per export (verification runs it several times)."""
+  del stamp  # Part of the cache key: a new export in `out` is reloaded.
   import tensorflow as tf
   return tf.saved_model.load(out)
 

@@ -11,6 +11,7 @@ serialisation version) runs it without vit_jax:
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -56,10 +57,16 @@ def export(trained, out: str, options):
               exported.calling_convention_version}
 
 
+@functools.lru_cache(maxsize=2)
+def _load(path: str, stamp: float):
+  del stamp  # Part of the cache key: a new export is read anew.
+  with open(path, 'rb') as f:
+    return jax.export.deserialize(bytearray(f.read()))
+
+
 def run(out: str, images: np.ndarray) -> np.ndarray:
-  with open(os.path.join(out, FILE), 'rb') as f:
-    exported = jax.export.deserialize(bytearray(f.read()))
-  return np.asarray(exported.call(images))
+  path = os.path.join(out, FILE)
+  return np.asarray(_load(path, os.path.getmtime(path)).call(images))
 
 
 register(Format(
