@@ -166,7 +166,7 @@ def export_model(trained, fmt_name: str, out: str,
   }
   with open(os.path.join(out, 'MODEL_CARD.md'), 'w') as f:
     f.write(card.render(trained, manifest))
-  manifest['bytes'] = _size(out) + 1024  # With the manifest itself (about).
+  manifest['bytes'] = _size(out)  # Every file but export.json itself.
   with open(os.path.join(out, MANIFEST), 'w') as f:
     json.dump(manifest, f, indent=2, default=str)
   return manifest
