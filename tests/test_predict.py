@@ -51,8 +51,7 @@ def test_workdir_loads_as_it_was_evaluated(trained, workdir):
   assert trained.pp == ['decode', 'resize(16)', 'value_range(-1,1)']
   assert trained.image_shape == (16, 16, 3) and trained.num_classes == 10
   assert trained.labels == [str(i) for i in range(10)]  # digits' names.
-  assert trained.command.startswith('python -m ') or 'pytest' in (
-      trained.command)
+  assert trained.command.startswith('python')  # This process's argv.
   assert trained.run['steps'] == trained.config['total_steps']
 
 
