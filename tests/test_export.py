@@ -177,15 +177,37 @@ def test_hf_export_loads_back_with_labels(trained, tmp_path, capsys):
   np.testing.assert_allclose(_ours(back, x), _ours(trained, x), atol=TOL)
 
 
-def test_hf_refuses_models_it_cannot_express(trained, tmp_path):
+def test_formats_refuse_models_they_cannot_express(trained, tmp_path):
   for name, reason in (('BiT-R50x1', 'ResNet'), ('R50+ViT-B/16', 'hybrid')):
     other = dataclasses.replace(trained, name=name, options={})
     assert reason in hf_format.not_expressible(other)
     with pytest.raises(ValueError, match=f'cannot express.*{reason}.*'
                        'onnx, savedmodel or stablehlo'):
       hf_format.export(other, str(tmp_path), registry.Options())
+    out = tmp_path / 'onnx'
+    with pytest.raises(ValueError, match='onnx cannot export this model: .*'
+                       'weight-standardised.*savedmodel or stablehlo'):
+      export.export_model(other, 'onnx', str(out))
+    assert not out.exists()  # Refused before anything is written.
   gap = dataclasses.replace(trained, options={'classifier': 'gap'})
   assert 'class token' in hf_format.not_expressible(gap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['BiT-R50x1', 'R50+ViT-B/16'])
+def test_resnet_families_export_to_savedmodel_and_stablehlo(name, tmp_path):
+  from conftest import perturb
+  from vit_jax import models
+  over, size = models.family(name).shrink(models.options(name))
+  model = models.create(name, num_classes=5, **over)
+  params = perturb(jax.device_get(model.init(
+      jax.random.key(0), np.zeros((1, size, size, 3), np.float32))['params']))
+  small = trained_lib._build(name, over, 5, size, 'resize', params, 'test',
+                             'npz')
+  small.labels = [f'c{i}' for i in range(5)]
+  for fmt in ('savedmodel', 'stablehlo'):
+    manifest = export.export_model(small, fmt, str(tmp_path / fmt))
+    assert manifest['verification']['max_abs_diff'] <= TOL
 
 
 def test_a_format_registered_from_outside(trained, tmp_path):

@@ -112,6 +112,7 @@ def run(out: str, images: np.ndarray) -> np.ndarray:
 register(Format(
     name='hf', export=export, run=run,
     requires=('torch', 'transformers', 'safetensors'),
+    unsupported=not_expressible,
     no_preprocessing='transformers models take pixel tensors; the '
     'preprocessor_config.json written with every hf export resizes and '
     'normalises for ViTImageProcessor',

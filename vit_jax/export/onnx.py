@@ -22,13 +22,30 @@ import os
 
 import numpy as np
 
+from vit_jax import models
 from vit_jax.export.registry import Format, register
 
 FILE = 'model.onnx'
 OPSET = 21  # Runs on onnxruntime >= 1.20.
 
 
+def not_convertible(trained) -> str:
+  """Why jax2onnx cannot convert `trained` correctly ('' if it can)."""
+  kw = models.options(trained.name, **trained.options)
+  if (models.spec(trained.name)['cls'] is not models.VisionTransformer
+      or kw.get('resnet_layers')):
+    return (f'{trained.architecture} has weight-standardised ResNet '
+            'convolutions, and jax2onnx 0.13 converts flax Conv layers from '
+            'their raw kernel, dropping the standardisation (its logits were '
+            'off by ~0.5 when tried; running flax\'s own Conv under it fails)')
+  return ''
+
+
 def export(trained, out: str, options):
+  why = not_convertible(trained)
+  if why:
+    raise ValueError(f'--format=onnx cannot convert this model: {why}. '
+                     'Export it with --format=savedmodel or stablehlo')
   import onnx
   from jax2onnx import to_onnx
   fn = trained.apply_fn(options.dtype)
@@ -85,6 +102,6 @@ def run(out: str, images: np.ndarray) -> np.ndarray:
 
 register(Format(
     name='onnx', export=export, run=run,
-    requires=('onnx', 'onnxruntime', 'jax2onnx'),
+    requires=('onnx', 'onnxruntime', 'jax2onnx'), unsupported=not_convertible,
     no_preprocessing='ONNX has no JPEG / PNG decoder',
     description='ONNX graph (jax2onnx), checked with onnxruntime'))

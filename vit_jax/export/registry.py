@@ -44,6 +44,8 @@ class Format:
   embeds_preprocessing: bool = False  # Supports --with-preprocessing.
   # Otherwise: why not, and what to do instead.
   no_preprocessing: str = 'it takes pre-processed float images only'
+  # trained -> why this format cannot hold that model ('' if it can).
+  unsupported: Optional[Callable[[Any], str]] = None
 
 
 FORMATS: Dict[str, Format] = {}
@@ -77,6 +79,16 @@ def check_options(fmt: Format, options: Options) -> None:
         f'{fmt.no_preprocessing}. Drop --with-preprocessing and apply the '
         'ops listed in export.json (docs/deploy.md), or use '
         '--format=savedmodel --with-preprocessing')
+
+
+def check_model(fmt: Format, trained) -> None:
+  """ValueError for a model the format cannot express, saying why."""
+  why = fmt.unsupported(trained) if fmt.unsupported else ''
+  if why:
+    others = [n for n in names() if n != fmt.name and not (
+        FORMATS[n].unsupported and FORMATS[n].unsupported(trained))]
+    raise ValueError(f'--format={fmt.name} cannot export this model: {why}. '
+                     f'Export it with --format={" or ".join(others)}')
 
 
 def missing(fmt: Format) -> List[str]:

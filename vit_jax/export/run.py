@@ -135,6 +135,7 @@ def export_model(trained, fmt_name: str, out: str,
   fmt = registry.get(fmt_name)
   registry.check_installed(fmt)
   registry.check_options(fmt, options)
+  registry.check_model(fmt, trained)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
   _prepare_dir(out, overwrite)
   # float32 means float32: no TF32 / bf16-pass matmuls on GPUs and TPUs,
