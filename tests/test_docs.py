@@ -110,6 +110,18 @@ def check_vtab(argv):
   driver.tasks(flags.get('tasks', 'all').split(','))
 
 
+def check_predict(argv):
+  from vit_jax import predict
+  predict._parser().parse_args(argv)
+
+
+def check_export(argv):
+  from vit_jax import export
+  from vit_jax.export import __main__ as cli
+  args = cli._parser().parse_args(argv)
+  export.get(args.format)
+
+
 def check_prepare(argv):
   from vit_jax.data import registry
   registry.get(argv[0])
@@ -133,6 +145,7 @@ CHECKS = {
     'vit_jax.tables': check_tables, 'vit_jax.vtab': check_vtab,
     'vit_jax.data.prepare': check_prepare, 'vit_jax.bench': check_bench,
     'vit_jax.models': lambda argv: None,
+    'vit_jax.predict': check_predict, 'vit_jax.export': check_export,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
 }

@@ -1,0 +1,415 @@
+"""A trained model, as `predict` and `export` use it: `load(init)`.
+
+    trained = load('/tmp/vit_smoke')              # a training workdir
+    trained = load('ViT-B_16.npz', model='ViT-B/16', labels='imagenet2012')
+    trained = load('exported/hf')                 # a save_pretrained directory
+    logits = trained.apply_fn()(trained.params, images)   # [-1, 1] NHWC
+
+`init` is a training workdir (its latest checkpoint; or `checkpoints/<step>`),
+an `.npz` checkpoint or a Hugging Face `save_pretrained` directory. What
+comes back is everything needed to classify an encoded image the way the
+model was evaluated:
+
+  * the model: zoo name, the options the run set (e.g. a smoke run's shrunk
+    ViT), the class count and the run's compute dtype;
+  * the pre-processing: the run's `input.pp_eval` at its `input.image_size`
+    (recorded in `workdir/config.json`; runs without one fall back to the
+    dataset's registry default); `.npz` and Hugging Face models use
+    `decode|resize(S)|value_range(-1,1)` as their training code did;
+  * class names: `labels=` (a dataset name or a text file, one name per
+    line), else the run's dataset (tfds info, class folders), the Hugging
+    Face `id2label`, else `class_0`, `class_1`, ...;
+  * the run's record (summary.json, config.json) for the model card.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import traverse_util
+
+from vit_jax import models
+from vit_jax.checkpoint import load_npz, load_pretrained
+
+NPZ_PP = 'resize'  # decode|resize(S)|value_range(-1,1): the public checkpoints'.
+_HF_WEIGHTS = ('model.safetensors', 'pytorch_model.bin')
+
+
+class TrainedModelError(ValueError):
+  """An `init` that is not a usable trained model; the message says why."""
+
+
+@dataclasses.dataclass
+class Trained:
+  """A classifier with its pre-processing, labels and provenance."""
+  name: str                  # Zoo name, e.g. 'ViT-B/16'.
+  options: Dict[str, Any]    # Module options beyond the variant's (no dtype).
+  num_classes: int
+  image_size: int
+  channels: int
+  pp: List[str]              # Eval ops: encoded image -> model input.
+  labels: List[str]
+  params: Any                # Host numpy arrays, float32.
+  source: str                # The checkpoint read (step dir, file, folder).
+  kind: str                  # 'workdir', 'npz' or 'hf'.
+  dtype: str = 'float32'     # The run's compute dtype.
+  data: Optional[str] = None  # The dataset it was trained / evaluated on.
+  run: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  config: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  command: Optional[str] = None
+  workdir: Optional[str] = None
+  _jitted: Dict[str, Any] = dataclasses.field(
+      default_factory=dict, repr=False, compare=False)
+
+  @property
+  def image_shape(self):
+    return (self.image_size, self.image_size, self.channels)
+
+  @property
+  def architecture(self) -> str:
+    extra = ', '.join(f'{k}={v}' for k, v in sorted(self.options.items()))
+    return self.name + (f' ({extra})' if extra else '')
+
+  @property
+  def family(self) -> str:
+    return models.family(self.name).name
+
+  def model(self, dtype: Optional[str] = None):
+    """The flax module computing in `dtype` (default: the run's)."""
+    return models.create(self.name, num_classes=self.num_classes,
+                         dtype=jnp.dtype(dtype or self.dtype),
+                         **self.options)
+
+  def logits(self, images: np.ndarray, dtype: Optional[str] = None
+             ) -> np.ndarray:
+    """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype."""
+    key = jnp.dtype(dtype or self.dtype).name
+    if key not in self._jitted:
+      self._jitted[key] = jax.jit(self.apply_fn(key))
+    return np.asarray(self._jitted[key](self.params, images), np.float32)
+
+  def apply_fn(self, dtype: Optional[str] = None
+               ) -> Callable[[Any, jax.Array], jax.Array]:
+    """`fn(params, images) -> float32 logits` (images NHWC in [-1, 1])."""
+    model = self.model(dtype)
+
+    def fn(params, images):
+      logits = model.apply({'params': params}, images, train=False)
+      return logits.astype(jnp.float32)
+    return fn
+
+  def preprocess(self):
+    """`pp({'image': encoded bytes or uint8 HxWxC}) -> {'image': ...}`."""
+    from vit_jax.data import preprocess
+    return preprocess.build(self.pp, self.image_size)
+
+  def num_params(self) -> int:
+    return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
+
+
+def load(init: str, *, model: Optional[str] = None,
+         labels: Optional[str] = None,
+         image_size: Optional[int] = None) -> Trained:
+  """The trained model at `init` (workdir, .npz or Hugging Face directory).
+
+  Args:
+    init: what to load.
+    model: the zoo name; required for .npz files, checked against the
+      checkpoint's record for workdirs.
+    labels: a dataset name or a text file of class names (one per line).
+    image_size: resolution for models without a recorded one (.npz
+      BiT models; position embeddings are resized for ViTs).
+  """
+  if not init:
+    raise TrainedModelError('--init is required: a training workdir, an .npz '
+                            'checkpoint or a Hugging Face directory')
+  if init.endswith('.npz'):
+    trained = _from_npz(init, model, image_size)
+  elif _is_hf_dir(init):
+    trained = _from_hf(init, model)
+  else:
+    trained = _from_workdir(init, model)
+  trained.labels = _labels(labels, trained)
+  return trained
+
+
+# --- workdirs ----------------------------------------------------------------
+
+
+def _from_workdir(path: str, model: Optional[str]) -> Trained:
+  from vit_jax.train import orbax_state, reporting
+  try:
+    source = orbax_state.resolve(path)
+  except FileNotFoundError:
+    if not os.path.exists(path) and '://' not in path:
+      raise TrainedModelError(f'--init={path} does not exist') from None
+    raise TrainedModelError(
+        f'--init={path}: no trained model there. Pass a training workdir '
+        'with a finished checkpoint (its checkpoints/ folder is empty or '
+        'missing: let the run save one, e.g. re-run it to resume), '
+        'checkpoints/<step>, an .npz file or a Hugging Face '
+        'save_pretrained directory') from None
+  workdir = source.rstrip('/').rsplit('/', 2)[0]  # .../checkpoints/<step>
+  recorded = reporting.read_config(workdir)
+  config = recorded.get('config') or {}
+  run = reporting.read_summary(workdir)
+  spec = dict(orbax_state.load_run_state(source).get('model')
+              or config.get('model') or {})
+  if not spec.get('name'):
+    raise TrainedModelError(f'{source} does not record its model; load it '
+                            'with vit_jax.train.orbax_state.load_params')
+  if model and model != spec['name']:
+    raise TrainedModelError(
+        f'--model={model}, but {source} is a checkpoint of {spec["name"]}: '
+        'leave --model out for workdirs')
+  name = spec.pop('name')
+  dtype = spec.pop('dtype', None) or 'float32'
+  spec.pop('param_dtype', None)
+  # How the run executed, not what it computes: exported and predicting
+  # models use the plain layout (load_pretrained unstacks scanned blocks).
+  for key in ('scan_layers', 'remat'):
+    spec.pop(key, None)
+  options = {k: v for k, v in spec.items() if v is not None}
+  params = orbax_state.load_params(source)
+  num_classes = _head_classes(params, source)
+  inp = dict(config.get('input') or {})
+  data = inp.get('data') or run.get('dataset')
+  if data:
+    from vit_jax.data import registry
+    entry = registry.get(data)
+    size = int(inp.get('image_size') or entry.image_size)
+    pp = inp.get('pp_eval') or entry.pp_eval
+    if not config:
+      size = int(run.get('image_size') or size)
+      logging.warning(
+          '%s has no config.json (written by runs since predict/export '
+          'exist): using %s\'s default eval pre-processing %r at %d px',
+          workdir, data, pp, size)
+  else:
+    size, pp = _posemb_size(name, options, params) or 224, NPZ_PP
+  trained = _build(name, options, num_classes, size, pp, params, source,
+                   'workdir', dtype=dtype)
+  trained.data, trained.run, trained.config = data, run, config
+  trained.command = recorded.get('command')
+  trained.workdir = workdir
+  trained.labels = _dataset_labels(inp or ({'data': data} if data else {}))
+  return trained
+
+
+def _head_classes(params, source: str) -> int:
+  head = params.get('head') if isinstance(params, dict) else None
+  if not head or 'bias' not in head:
+    raise TrainedModelError(
+        f'{source} has no classification head (a pre-training objective '
+        'without one): fine-tune it on labelled data first '
+        '(configs/finetune.py with init=...)')
+  return int(np.shape(head['bias'])[0])
+
+
+def _dataset_labels(input_config) -> List[str]:
+  if not input_config.get('data'):
+    return []
+  from vit_jax.data import pipeline
+  try:
+    return list(pipeline.class_names(input_config) or [])
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('no class names for %s (%s); pass --labels=FILE',
+                    input_config.get('data'), e)
+    return []
+
+
+# --- .npz files --------------------------------------------------------------
+
+
+def _from_npz(path: str, model: Optional[str],
+              image_size: Optional[int]) -> Trained:
+  if not model:
+    raise TrainedModelError(
+        f'--init={path} is an .npz file: say which model it holds with '
+        f'--model=NAME (one of {", ".join(models.names())})')
+  params = load_npz(path)
+  options = {}
+  if 'pre_logits' in params:  # i21k checkpoints keep their hidden layer.
+    options['representation_size'] = int(
+        np.shape(params['pre_logits']['kernel'])[-1])
+  num_classes = _head_classes(params, path)
+  size = image_size or _posemb_size(model, options, params) or 224
+  return _build(model, options, num_classes, size, NPZ_PP, params, path,
+                'npz')
+
+
+def _posemb_size(name: str, options, params) -> Optional[int]:
+  """The resolution a ViT's position embeddings were trained at."""
+  try:
+    pe = params['Transformer']['posembed_input']['pos_embedding']
+  except (KeyError, TypeError):
+    return None
+  kw = models.options(name, **options)
+  rows = np.shape(pe)[1] - (1 if kw.get('classifier', 'token') == 'token'
+                            else 0)
+  grid = int(round(max(rows, 0) ** 0.5))
+  stride = getattr(models.create(name, num_classes=1, **options), 'stride',
+                   None)
+  if not stride:
+    return None
+  return grid * stride if grid * grid == rows else None
+
+
+# --- Hugging Face directories ------------------------------------------------
+
+
+def _is_hf_dir(path: str) -> bool:
+  if not os.path.isdir(path):
+    return False
+  if any(os.path.exists(os.path.join(path, f)) for f in _HF_WEIGHTS):
+    return True
+  try:
+    with open(os.path.join(path, 'config.json')) as f:
+      return 'model_type' in json.load(f)
+  except (OSError, ValueError):
+    return False
+
+
+def _from_hf(path: str, model: Optional[str]) -> Trained:
+  try:
+    from transformers import ViTForImageClassification
+  except ImportError:
+    raise TrainedModelError(
+        f'--init={path} is a Hugging Face directory: install the torch extra '
+        '(pip install -e ".[torch]" -c constraints.txt)') from None
+  from vit_jax.checkpoint import from_hf_model
+  hf_model = ViTForImageClassification.from_pretrained(path)
+  cfg = hf_model.config
+  name = model or getattr(cfg, 'vit_jax_model', None) or _zoo_name(cfg)
+  options = dict(getattr(cfg, 'vit_jax_options', None) or {})
+  module, params = from_hf_model(hf_model, name, **options)
+  options['gelu_approximate'] = module.gelu_approximate
+  if options['gelu_approximate'] == models.options(name).get(
+      'gelu_approximate', True):
+    del options['gelu_approximate']
+  num_classes = _head_classes(params, path)
+  trained = _build(name, options, num_classes, int(cfg.image_size), NPZ_PP,
+                   params, path, 'hf')
+  names = [cfg.id2label.get(i, cfg.id2label.get(str(i)))
+           for i in range(num_classes)] if cfg.id2label else []
+  if names and not all(n == f'LABEL_{i}' for i, n in enumerate(names)):
+    trained.labels = [str(n) for n in names]
+  _check_hf_processor(path)
+  return trained
+
+
+def _zoo_name(cfg) -> str:
+  """The zoo ViT with the Hugging Face config's dimensions."""
+  for name in models.names():
+    kw = models.options(name)
+    if (models.spec(name)['cls'] is models.VisionTransformer
+        and not kw.get('resnet_layers')
+        and kw.get('hidden_size') == cfg.hidden_size
+        and kw.get('num_layers') == cfg.num_hidden_layers
+        and kw.get('num_heads') == cfg.num_attention_heads
+        and kw.get('mlp_dim') == cfg.intermediate_size
+        and kw.get('patch_size') == cfg.patch_size):
+      return name
+  raise TrainedModelError(
+      f'no zoo ViT has the dimensions of this Hugging Face config (hidden '
+      f'{cfg.hidden_size}, {cfg.num_hidden_layers} layers, '
+      f'{cfg.num_attention_heads} heads, patch {cfg.patch_size}): pass '
+      '--model=NAME')
+
+
+def _check_hf_processor(path: str) -> None:
+  try:
+    with open(os.path.join(path, 'preprocessor_config.json')) as f:
+      proc = json.load(f)
+  except (OSError, ValueError):
+    return
+  if (list(proc.get('image_mean', [0.5])) != [0.5] * len(
+      proc.get('image_mean', [0.5]))
+      or list(proc.get('image_std', [0.5])) != [0.5] * len(
+          proc.get('image_std', [0.5]))):
+    logging.warning(
+        '%s normalises with mean %s / std %s; vit_jax feeds [-1, 1] '
+        '(mean 0.5, std 0.5) images: its predictions may differ', path,
+        proc.get('image_mean'), proc.get('image_std'))
+
+
+# --- shared ------------------------------------------------------------------
+
+
+def _build(name, options, num_classes, size, pp, params, source, kind,
+           dtype='float32') -> Trained:
+  """Checks the params against the model (resizing position embeddings to
+  `size`) and the pre-processing's output shape."""
+  from vit_jax.data import preprocess
+  ops = preprocess.expand(pp, size)
+  size, channels = _pp_output(ops, size)
+  module = models.create(name, num_classes=num_classes, **options)
+  abstract = jax.eval_shape(
+      lambda: module.init(jax.random.PRNGKey(0),
+                          jnp.zeros((1, size, size, channels)),
+                          train=False))['params']
+  host = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), abstract)
+  try:
+    loaded = load_pretrained(params, host, keep_head=True)
+  except ValueError as e:
+    raise TrainedModelError(f'{source} does not fit {name} with {options} '
+                            f'at {size}x{size}x{channels}: {e}') from e
+  loaded = jax.tree.map(lambda a: np.asarray(a, np.float32), loaded)
+  return Trained(name=name, options=dict(options), num_classes=num_classes,
+                 image_size=size, channels=channels, pp=ops, labels=[],
+                 params=loaded, source=source, kind=kind, dtype=dtype)
+
+
+def _pp_output(ops: List[str], size: int):
+  """(side, channels) of what the eval ops make of an encoded image."""
+  import tensorflow as tf
+  from vit_jax.data import pipeline, preprocess
+  pipeline.hide_accelerators_from_tf()
+  png = tf.io.encode_png(tf.zeros([2 * size + 3, 2 * size + 1, 3], tf.uint8))
+  out = preprocess.build(ops, size)({'image': png})['image']
+  if out.shape.rank != 3 or out.shape[0] != out.shape[1]:
+    raise TrainedModelError(
+        f'eval pre-processing {"|".join(ops)} makes images of shape '
+        f'{out.shape}, not square ones of a fixed size')
+  return int(out.shape[0]), int(out.shape[2])
+
+
+def _labels(labels: Optional[str], trained: Trained) -> List[str]:
+  """Class names: `labels` (dataset or file), else what was found."""
+  names = list(trained.labels)
+  if labels:
+    if os.path.isfile(labels):
+      with open(labels) as f:
+        names = [l.strip() for l in f.read().splitlines() if l.strip()]
+      where = labels
+    else:
+      from vit_jax.data import registry
+      registry.get(labels)  # An unknown name lists the known ones.
+      names = _dataset_labels({'data': labels})
+      where = f'dataset {labels}'
+      if not names:
+        raise TrainedModelError(f'{where} has no class names; pass a text '
+                                'file with one name per line')
+    if len(names) != trained.num_classes:
+      raise TrainedModelError(
+          f'--labels={labels}: {len(names)} names from {where}, but the '
+          f'model has {trained.num_classes} classes')
+  if len(names) != trained.num_classes:
+    if names:
+      logging.warning('%d class names for %d classes: using class_<i>',
+                      len(names), trained.num_classes)
+    names = [f'class_{i}' for i in range(trained.num_classes)]
+  return names
+
+
+def flat_params(params) -> Dict[str, np.ndarray]:
+  """{'a/b/c': array}: the flat naming of .npz checkpoints."""
+  return {'/'.join(k): np.asarray(v)
+          for k, v in traverse_util.flatten_dict(dict(params)).items()}
