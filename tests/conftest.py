@@ -5,9 +5,6 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -41,20 +38,10 @@ def assert_batches_equal(a, b):
       np.testing.assert_array_equal(x[k], y[k], err_msg=k)
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @pytest.fixture(scope='session')
 def smoke_workdir(tmp_path_factory):
-  """A tiny ViT (`ViT-test`) trained for 20 steps on scikit-learn's real
-  `digits` by `python -m vit_jax.main`: a real run's workdir for tests of
-  what users do with one (inspect, predict, export). Do not modify it."""
-  workdir = str(tmp_path_factory.mktemp('smoke_run'))
-  out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
-       '--config=configs/smoke.py:data=digits,steps=20,batch=32',
-       '--config.async_checkpoints=false'],
-      cwd=ROOT, capture_output=True, text=True,
-      env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT))
-  assert out.returncode == 0, out.stderr[-4000:]
-  return workdir
+  """A tiny ViT trained for a few steps on real data (one per test session,
+  shared by the xdist workers; tests/trained_workdir.py). Read it only."""
+  import trained_workdir
+  return trained_workdir.smoke_workdir(tmp_path_factory)

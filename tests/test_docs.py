@@ -110,6 +110,18 @@ def check_vtab(argv):
   driver.tasks(flags.get('tasks', 'all').split(','))
 
 
+def check_predict(argv):
+  from vit_jax import predict
+  predict._parser().parse_args(argv)
+
+
+def check_export(argv):
+  from vit_jax import export
+  from vit_jax.export import __main__ as cli
+  args = cli._parser().parse_args(argv)
+  export.get(args.format)
+
+
 def check_prepare(argv):
   from vit_jax.data import registry
   registry.get(argv[0])
@@ -128,17 +140,8 @@ def check_bench(argv):
 
 
 def check_inspect(argv):
-  """Every flag is one `vit_jax/inspect/__main__.py` defines (read from its
-  source: importing it here would clash with other modules' absl flags)."""
-  src = open(os.path.join(ROOT, 'vit_jax', 'inspect', '__main__.py')).read()
-  defined = set(re.findall(r"DEFINE_\w+\(\s*'(\w+)'", src))
-  assert {'init', 'data', 'out'} <= defined
-  for a in argv:
-    name = a.lstrip('-').split('=')[0]
-    assert a.startswith('--') and (name in defined or (
-        name.startswith('no') and name[2:] in defined)), f'unknown flag {a}'
-  assert {'init', 'data', 'out'} <= {a.lstrip('-').split('=')[0]
-                                      for a in argv}, 'required flags'
+  from vit_jax.inspect import __main__ as cli
+  cli._parser().parse_args(argv)
 
 
 CHECKS = {
@@ -147,6 +150,7 @@ CHECKS = {
     'vit_jax.tables': check_tables, 'vit_jax.vtab': check_vtab,
     'vit_jax.data.prepare': check_prepare, 'vit_jax.bench': check_bench,
     'vit_jax.models': lambda argv: None, 'vit_jax.inspect': check_inspect,
+    'vit_jax.predict': check_predict, 'vit_jax.export': check_export,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
 }

@@ -49,7 +49,7 @@ def test_attention_weights_equal_hugging_face_eager_attention(tmp_path):
   assert (t.name, t.kind, t.image_size, t.num_classes) == ('ViT-test', 'hf',
                                                            28, 5)
   x = _images(3, 28)
-  ours = vi.attention_weights(t.model, t.params, x)
+  ours = vi.attention_weights(t.model(), t.params, x)
   assert ours.shape == (2, 3, 2, 50, 50) and ours.dtype == np.float32
   with torch.no_grad():
     out = hf(pixel_values=torch.from_numpy(x.transpose(0, 3, 1, 2)),
@@ -79,6 +79,15 @@ def test_explicit_attention_equals_the_fused_default():
     a = fused.apply({'params': params}, x)
     b = explicit.apply({'params': params}, x)
     np.testing.assert_allclose(a, b, atol=tol * float(np.abs(b).max()))
+
+
+def test_the_default_forward_sows_no_attention_weights():
+  """Training and evaluation never pay for inspection: only a model cloned
+  with capture_attention records weights."""
+  model, params, x = _model_and_params('ViT-test', 28)
+  _, state = model.apply({'params': params}, x, train=False,
+                         mutable=['intermediates'])
+  assert list(state['intermediates']) == ['representation']
 
 
 def test_models_resolve_auto_attention_from_the_platform_not_the_host():
@@ -201,12 +210,11 @@ def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
 
 def test_npz_of_another_model_names_the_mismatch(tmp_path):
   from vit_jax import trained
-  from vit_jax.checkpoint import CheckpointError
   _, params, _ = _model_and_params('ViT-test', 28)
   path = str(tmp_path / 'test.npz')
   checkpoint.save_npz(params, path)
-  with pytest.raises(CheckpointError, match='pos_embedding|kernel'):
-    trained.load(path, 'ViT-Ti/16')
+  with pytest.raises(ValueError, match='pos_embedding|kernel'):
+    trained.load(path, model='ViT-Ti/16')
   with pytest.raises(ValueError, match='--model'):
     trained.load(path)
 

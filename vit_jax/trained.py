@@ -1,194 +1,471 @@
-"""A trained model from any checkpoint a user has, ready to run.
+"""A trained model, as `predict` and `export` use it: `load(init)`.
 
-`load(init, model=None, image_size=None)` accepts:
+    trained = load('/tmp/vit_smoke')              # a training workdir
+    trained = load('ViT-B_16.npz', model='ViT-B/16', labels='imagenet2012')
+    trained = load('exported/hf')                 # a save_pretrained directory
+    logits = trained.apply_fn()(trained.params, images)   # [-1, 1] NHWC
 
-  * a training run's workdir (or its `checkpoints/<step>`): the model is the
-    one the run saved with its checkpoint (`--model` may be left out);
-  * an `.npz` in the public checkpoints' layout: `--model` names it; its
-    class-token / gap classifier and pre-logits width are read from the file;
-  * `hf:DIR`, a Hugging Face `ViTForImageClassification` directory
-    (`save_pretrained`); the model is named by `--model` or found in the zoo
-    from the directory's config.
+`init` is a training workdir (its latest checkpoint; or `checkpoints/<step>`),
+an `.npz` checkpoint or a Hugging Face `save_pretrained` directory (also
+written `hf:DIR`). At an `image_size` other than the checkpoint's, position
+embeddings are interpolated exactly as fine-tuning does. What
+comes back is everything needed to classify an encoded image the way the
+model was evaluated:
 
-At another `image_size` than the checkpoint's, position embeddings are
-interpolated exactly as fine-tuning does (`checkpoint.load_pretrained`). A
-checkpoint that does not fit the model is a `CheckpointError` naming every
-missing, extra or mis-shaped array.
+  * the model: zoo name, the options the run set (e.g. a smoke run's shrunk
+    ViT), the class count and the run's compute dtype;
+  * the pre-processing: the run's `input.pp_eval` at its `input.image_size`
+    (recorded in `workdir/config.json`; runs without one fall back to the
+    dataset's registry default); `.npz` and Hugging Face models use
+    `decode|resize(S)|value_range(-1,1)` as their training code did;
+  * class names: `labels=` (a dataset name or a text file, one name per
+    line), else the run's dataset (tfds info, class folders), the Hugging
+    Face `id2label`, else `class_0`, `class_1`, ...;
+  * the run's record (summary.json, config.json) for the model card.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
+import json
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
+from flax import traverse_util
 
 from vit_jax import models
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.checkpoint.npz import CheckpointError
 
-HF_PREFIX = 'hf:'
+NPZ_PP = 'resize'  # decode|resize(S)|value_range(-1,1): the public checkpoints'.
+HF_PREFIX = 'hf:'  # Optional: `hf:DIR` says DIR is a Hugging Face model.
+_HF_WEIGHTS = ('model.safetensors', 'pytorch_model.bin')
+
+
+class TrainedModelError(ValueError):
+  """An `init` that is not a usable trained model; the message says why."""
 
 
 @dataclasses.dataclass
 class Trained:
-  """A model, its parameters and where they came from."""
-  model: Any  # A flax Module (float32 compute unless asked otherwise).
-  params: Dict[str, Any]  # Host numpy arrays, fitted to `image_size`.
-  name: str  # The zoo name (`model_spec` has the options).
-  model_spec: Dict[str, Any]
-  source: str  # The checkpoint read (step directory, file, HF dir).
-  kind: str  # 'workdir', 'npz' or 'hf'.
-  image_size: int  # The side the params are fitted to.
-  native_image_size: Optional[int]  # The checkpoint's own (None: no posemb).
-  channels: int  # Input channels (1: grey, 3: RGB).
-  num_classes: Optional[int]
+  """A classifier with its pre-processing, labels and provenance."""
+  name: str                  # Zoo name, e.g. 'ViT-B/16'.
+  options: Dict[str, Any]    # Module options beyond the variant's (no dtype).
+  num_classes: Optional[int]  # None: no head (the model returns features).
+  image_size: int
+  channels: int
+  pp: List[str]              # Eval ops: encoded image -> model input.
+  labels: List[str]
+  params: Any                # Host numpy arrays, float32.
+  source: str                # The checkpoint read (step dir, file, folder).
+  kind: str                  # 'workdir', 'npz' or 'hf'.
+  dtype: str = 'float32'     # The run's compute dtype.
+  data: Optional[str] = None  # The dataset it was trained / evaluated on.
+  run: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  config: Dict[str, Any] = dataclasses.field(default_factory=dict)
+  command: Optional[str] = None
+  workdir: Optional[str] = None
+  _jitted: Dict[str, Any] = dataclasses.field(
+      default_factory=dict, repr=False, compare=False)
 
   @property
   def stride(self) -> int:
-    return getattr(self.model, 'stride', 1)
+    """Input pixels per token side (ViTs and hybrids; 1 for others)."""
+    return int(getattr(self.model(), 'stride', 1))
+
+  @property
+  def native_image_size(self) -> Optional[int]:
+    """The resolution the position embeddings were trained at (None: the
+    model has none)."""
+    return _posemb_size(self.name, self.options, self.params)
+
+  @property
+  def image_shape(self):
+    return (self.image_size, self.image_size, self.channels)
+
+  @property
+  def architecture(self) -> str:
+    extra = ', '.join(f'{k}={v}' for k, v in sorted(self.options.items()))
+    return self.name + (f' ({extra})' if extra else '')
+
+  @property
+  def family(self) -> str:
+    return models.family(self.name).name
+
+  def model(self, dtype: Optional[str] = None):
+    """The flax module computing in `dtype` (default: the run's)."""
+    return models.create(self.name, num_classes=self.num_classes,
+                         dtype=jnp.dtype(dtype or self.dtype),
+                         **self.options)
+
+  def logits(self, images: np.ndarray, dtype: Optional[str] = None
+             ) -> np.ndarray:
+    """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype."""
+    key = jnp.dtype(dtype or self.dtype).name
+    if key not in self._jitted:
+      self._jitted[key] = jax.jit(self.apply_fn(key))
+    return np.asarray(self._jitted[key](self.params, images), np.float32)
+
+  def apply_fn(self, dtype: Optional[str] = None
+               ) -> Callable[[Any, jax.Array], jax.Array]:
+    """`fn(params, images) -> float32 logits` (images NHWC in [-1, 1])."""
+    model = self.model(dtype)
+
+    def fn(params, images):
+      logits = model.apply({'params': params}, images, train=False)
+      return logits.astype(jnp.float32)
+    return fn
+
+  def preprocess(self):
+    """`pp({'image': encoded bytes or uint8 HxWxC}) -> {'image': ...}`."""
+    from vit_jax.data import preprocess
+    return preprocess.build(self.pp, self.image_size)
+
+  def num_params(self) -> int:
+    return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
 
 
-def _kind(init: str) -> str:
+def load(init: str, *, model: Optional[str] = None,
+         labels: Optional[str] = None,
+         image_size: Optional[int] = None,
+         require_head: bool = True) -> Trained:
+  """The trained model at `init` (workdir, .npz or Hugging Face directory).
+
+  Args:
+    init: what to load.
+    model: the zoo name; required for .npz files, checked against the
+      checkpoint's record for workdirs.
+    labels: a dataset name or a text file of class names (one per line).
+    image_size: the input side; default: the run's (workdirs) or the
+      position embeddings' (ViT .npz); ViT position embeddings are resized.
+    require_head: refuse checkpoints without a classification head (e.g.
+      a self-supervised pre-training); False loads them without one.
+  """
+  if not init:
+    raise TrainedModelError('--init is required: a training workdir, an .npz '
+                            'checkpoint or a Hugging Face directory')
   if init.startswith(HF_PREFIX):
-    return 'hf'
-  if init.endswith('.npz'):
-    return 'npz'
-  return 'workdir'
-
-
-def _options_from_params(flat_top: Dict[str, Any]) -> Dict[str, Any]:
-  """ViT options a public-layout checkpoint implies."""
-  out = {}
-  if 'Transformer' in flat_top:
-    out['classifier'] = 'token' if 'cls' in flat_top else 'gap'
-    pre = flat_top.get('pre_logits')
-    out['representation_size'] = (int(np.shape(pre['kernel'])[1])
-                                  if pre is not None else None)
-  return out
-
-
-def _channels(params) -> int:
-  if 'conv_root' in params:
-    return int(np.shape(params['conv_root']['kernel'])[2])
-  if 'embedding' in params:
-    return int(np.shape(params['embedding']['kernel'])[2])
-  if 'root_block' in params:  # BiT.
-    return int(np.shape(params['root_block']['conv_root']['kernel'])[2])
-  return 3
-
-
-def _native_size(params, stride: int) -> Optional[int]:
-  pe = params.get('Transformer', {}).get('posembed_input', {}).get(
-      'pos_embedding')
-  if pe is None:
-    return None
-  n = np.shape(pe)[1] - (1 if 'cls' in params else 0)
-  side = math.isqrt(n)
-  return side * stride if side * side == n else None
-
-
-def _hf(directory: str, name: Optional[str]):
-  try:
-    import transformers
-  except ImportError as e:
-    raise ImportError('hf: checkpoints need transformers: pip install -e '
-                      '".[torch]" -c constraints.txt') from e
-  from vit_jax.checkpoint import hf
-  if not os.path.isfile(os.path.join(directory, 'config.json')):
-    raise FileNotFoundError(f'{directory} is not a Hugging Face model '
-                            'directory (no config.json)')
-  hf_model = transformers.ViTForImageClassification.from_pretrained(directory)
-  name = name or _zoo_name(hf_model.config)
-  model, params = hf.from_hf_model(hf_model, name)
-  spec = dict(name=name, gelu_approximate=model.gelu_approximate)
-  return name, spec, params
-
-
-def _zoo_name(cfg) -> str:
-  want = (cfg.patch_size, cfg.hidden_size, cfg.intermediate_size,
-          cfg.num_attention_heads, cfg.num_hidden_layers)
-  for name in models.names():
-    s = models.spec(name)
-    if s.get('resnet_layers') or 'hidden_size' not in s:
-      continue
-    if (s['patch_size'], s['hidden_size'], s['mlp_dim'], s['num_heads'],
-        s['num_layers']) == want:
-      return name
-  raise ValueError(f'no zoo model has the Hugging Face config\'s dimensions '
-                   f'(patch, hidden, mlp, heads, layers) = {want}: pass '
-                   '--model=<name> (see python -m vit_jax.models)')
-
-
-def load(init: str, model: Optional[str] = None,
-         image_size: Optional[int] = None, *, dtype: str = 'float32',
-         **overrides) -> Trained:
-  """Opens `init` (see the module doc); `overrides` change model options
-  (e.g. `scan_layers=True`); compute in `dtype` (float32 by default, also
-  for a model trained in bfloat16)."""
-  kind = _kind(init)
-  if kind == 'hf':
-    directory = init[len(HF_PREFIX):]
-    name, spec, loaded = _hf(directory, model)
-    source = directory
-  elif kind == 'npz':
-    if not model:
-      raise ValueError(f'{init} is an .npz checkpoint: name its model with '
-                       '--model (e.g. ViT-B/16; python -m vit_jax.models '
-                       'lists them)')
-    if not os.path.exists(init):
-      raise FileNotFoundError(f'no such checkpoint file: {init}')
-    loaded = load_npz(init)
-    name, spec, source = model, dict(name=model), init
-    spec.update(_options_from_params(loaded))
+    init = init[len(HF_PREFIX):]
+    if not _is_hf_dir(init):
+      raise TrainedModelError(f'{init} is not a Hugging Face model '
+                              'directory (no config.json / weights)')
+    trained = _from_hf(init, model, require_head)
+  elif init.endswith('.npz'):
+    trained = _from_npz(init, model, image_size, require_head)
+  elif _is_hf_dir(init):
+    trained = _from_hf(init, model, require_head)
   else:
-    from vit_jax.train import orbax_state  # Workdirs are orbax train states.
-    source = orbax_state.resolve(init)
-    spec = dict(orbax_state.load_run_state(source).get('model') or {})
-    if not spec.get('name'):
-      if not model:
-        raise ValueError(f'{source} does not record its model: pass --model')
-      spec['name'] = model
-    if model and model != spec['name']:
-      raise CheckpointError(
-          f'{source} is a checkpoint of {spec["name"]} '
-          f'({spec}); --model={model} differs: leave --model out to use '
-          'the checkpoint\'s model')
-    name = spec['name']
-    loaded = orbax_state.load_params(source)
+    trained = _from_workdir(init, model, require_head)
+  if image_size and image_size != trained.image_size:
+    trained = resized(trained, image_size)
+  trained.labels = _labels(labels, trained)
+  return trained
 
-  spec = {**spec, **overrides, 'dtype': dtype}
-  head = loaded.get('head')
-  num_classes = int(np.shape(head['bias'])[0]) if head is not None else None
-  net = models.from_config(spec, num_classes)
-  stride = getattr(net, 'stride', None)
-  if stride is None and hasattr(net, 'patch_size'):
-    stride = net.patch_size
-  native = _native_size(loaded, stride or 1)
-  size = int(image_size or native or 224)
-  channels = _channels(loaded)
-  abstract = jax.eval_shape(
-      lambda: net.init(jax.random.key(0),
-                       jnp.zeros((1, size, size, channels)), train=False))
-  host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
-                      abstract['params'])
-  params = load_pretrained(loaded, host, keep_head=True)
-  return Trained(model=net, params=params, name=name, model_spec=spec,
-                 source=source, kind=kind, image_size=size,
-                 native_image_size=native, channels=channels,
-                 num_classes=num_classes)
 
+def resized(trained: Trained, image_size: int) -> Trained:
+  """`trained` at another input side: the eval ops' resize target and the
+  position embeddings (interpolated as fine-tuning does)."""
+  out = _build(trained.name, trained.options, trained.num_classes,
+               image_size, trained.pp, trained.params, trained.source,
+               trained.kind, dtype=trained.dtype)
+  return dataclasses.replace(trained, image_size=out.image_size,
+                             channels=out.channels, pp=out.pp,
+                             params=out.params, _jitted={})
 
 
 def reinitialised(trained: Trained, seed: int = 0) -> Trained:
-  """`trained`'s model with freshly initialised parameters (the model's own
-  initialisers, `seed`): what training started from."""
-  x = jnp.zeros((1, trained.image_size, trained.image_size, trained.channels))
-  params = trained.model.init(jax.random.key(seed), x, train=False)['params']
+  """`trained`'s model with fresh parameters from its own initialisers
+  (`seed`): what training started from, the baseline of inspections."""
+  x = jnp.zeros((1, *trained.image_shape))
+  params = trained.model().init(jax.random.key(seed), x,
+                                train=False)['params']
   return dataclasses.replace(
-      trained, params=jax.tree.map(np.asarray, params),
+      trained, params=jax.tree.map(np.asarray, params), _jitted={},
       source=f'{trained.source} (random init, seed {seed})')
+
+
+# --- workdirs ----------------------------------------------------------------
+
+
+def _from_workdir(path: str, model: Optional[str],
+                  require_head: bool = True) -> Trained:
+  from vit_jax.train import orbax_state, reporting
+  try:
+    source = orbax_state.resolve(path)
+  except FileNotFoundError:
+    if not os.path.exists(path) and '://' not in path:
+      raise TrainedModelError(f'--init={path} does not exist') from None
+    raise TrainedModelError(
+        f'--init={path}: no trained model there. Pass a training workdir '
+        'with a finished checkpoint (its checkpoints/ folder is empty or '
+        'missing: let the run save one, e.g. re-run it to resume), '
+        'checkpoints/<step>, an .npz file or a Hugging Face '
+        'save_pretrained directory') from None
+  workdir = source.rstrip('/').rsplit('/', 2)[0]  # .../checkpoints/<step>
+  recorded = reporting.read_config(workdir)
+  config = recorded.get('config') or {}
+  run = reporting.read_summary(workdir)
+  spec = dict(orbax_state.load_run_state(source).get('model')
+              or config.get('model') or {})
+  if not spec.get('name'):
+    raise TrainedModelError(f'{source} does not record its model; load it '
+                            'with vit_jax.train.orbax_state.load_params')
+  if model and model != spec['name']:
+    raise TrainedModelError(
+        f'--model={model}, but {source} is a checkpoint of {spec["name"]}: '
+        'leave --model out for workdirs')
+  name = spec.pop('name')
+  dtype = spec.pop('dtype', None) or 'float32'
+  spec.pop('param_dtype', None)
+  # How the run executed, not what it computes: exported and predicting
+  # models use the plain layout (load_pretrained unstacks scanned blocks).
+  for key in ('scan_layers', 'remat'):
+    spec.pop(key, None)
+  options = {k: v for k, v in spec.items() if v is not None}
+  params = orbax_state.load_params(source)
+  num_classes = _head_classes(params, source, require_head)
+  inp = dict(config.get('input') or {})
+  data = inp.get('data') or run.get('dataset')
+  if data:
+    from vit_jax.data import registry
+    entry = registry.get(data)
+    size = int(inp.get('image_size') or entry.image_size)
+    pp = inp.get('pp_eval') or entry.pp_eval
+    if not config:
+      size = int(run.get('image_size') or size)
+      logging.warning(
+          '%s has no config.json (written by runs since predict/export '
+          'exist): using %s\'s default eval pre-processing %r at %d px',
+          workdir, data, pp, size)
+  else:
+    size, pp = _posemb_size(name, options, params) or 224, NPZ_PP
+  trained = _build(name, options, num_classes, size, pp, params, source,
+                   'workdir', dtype=dtype)
+  trained.data, trained.run, trained.config = data, run, config
+  trained.command = recorded.get('command')
+  trained.workdir = workdir
+  trained.labels = _dataset_labels(inp or ({'data': data} if data else {}))
+  return trained
+
+
+def _head_classes(params, source: str, required: bool = True
+                  ) -> Optional[int]:
+  head = params.get('head') if isinstance(params, dict) else None
+  if (not head or 'bias' not in head) and not required:
+    return None
+  if not head or 'bias' not in head:
+    raise TrainedModelError(
+        f'{source} has no classification head (a pre-training objective '
+        'without one): fine-tune it on labelled data first '
+        '(configs/finetune.py with init=...)')
+  return int(np.shape(head['bias'])[0])
+
+
+def _dataset_labels(input_config) -> List[str]:
+  if not input_config.get('data'):
+    return []
+  from vit_jax.data import pipeline
+  try:
+    return list(pipeline.class_names(input_config) or [])
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('no class names for %s (%s); pass --labels=FILE',
+                    input_config.get('data'), e)
+    return []
+
+
+# --- .npz files --------------------------------------------------------------
+
+
+def _from_npz(path: str, model: Optional[str], image_size: Optional[int],
+              require_head: bool = True) -> Trained:
+  if not model:
+    raise TrainedModelError(
+        f'--init={path} is an .npz file: say which model it holds with '
+        f'--model=NAME (one of {", ".join(models.names())})')
+  params = load_npz(path)
+  options = {}
+  if 'Transformer' in params and 'cls' not in params:
+    options['classifier'] = 'gap'  # No class token.
+  if 'pre_logits' in params:  # i21k checkpoints keep their hidden layer.
+    options['representation_size'] = int(
+        np.shape(params['pre_logits']['kernel'])[-1])
+  num_classes = _head_classes(params, path, require_head)
+  size = image_size or _posemb_size(model, options, params) or 224
+  return _build(model, options, num_classes, size, NPZ_PP, params, path,
+                'npz')
+
+
+def _posemb_size(name: str, options, params) -> Optional[int]:
+  """The resolution a ViT's position embeddings were trained at."""
+  try:
+    pe = params['Transformer']['posembed_input']['pos_embedding']
+  except (KeyError, TypeError):
+    return None
+  kw = models.options(name, **options)
+  rows = np.shape(pe)[1] - (1 if kw.get('classifier', 'token') == 'token'
+                            else 0)
+  grid = int(round(max(rows, 0) ** 0.5))
+  stride = getattr(models.create(name, num_classes=1, **options), 'stride',
+                   None)
+  if not stride:
+    return None
+  return grid * stride if grid * grid == rows else None
+
+
+# --- Hugging Face directories ------------------------------------------------
+
+
+def _is_hf_dir(path: str) -> bool:
+  if not os.path.isdir(path):
+    return False
+  if any(os.path.exists(os.path.join(path, f)) for f in _HF_WEIGHTS):
+    return True
+  try:
+    with open(os.path.join(path, 'config.json')) as f:
+      return 'model_type' in json.load(f)
+  except (OSError, ValueError):
+    return False
+
+
+def _from_hf(path: str, model: Optional[str],
+             require_head: bool = True) -> Trained:
+  try:
+    from transformers import ViTForImageClassification
+  except ImportError:
+    raise TrainedModelError(
+        f'--init={path} is a Hugging Face directory: install the torch extra '
+        '(pip install -e ".[torch]" -c constraints.txt)') from None
+  from vit_jax.checkpoint import from_hf_model
+  hf_model = ViTForImageClassification.from_pretrained(path)
+  cfg = hf_model.config
+  name = model or getattr(cfg, 'vit_jax_model', None) or _zoo_name(cfg)
+  options = dict(getattr(cfg, 'vit_jax_options', None) or {})
+  module, params = from_hf_model(hf_model, name, **options)
+  options['gelu_approximate'] = module.gelu_approximate
+  if options['gelu_approximate'] == models.options(name).get(
+      'gelu_approximate', True):
+    del options['gelu_approximate']
+  num_classes = _head_classes(params, path, require_head)
+  trained = _build(name, options, num_classes, int(cfg.image_size), NPZ_PP,
+                   params, path, 'hf')
+  names = [cfg.id2label.get(i, cfg.id2label.get(str(i)))
+           for i in range(num_classes)] if cfg.id2label and num_classes else []
+  if names and not all(n == f'LABEL_{i}' for i, n in enumerate(names)):
+    trained.labels = [str(n) for n in names]
+  _check_hf_processor(path)
+  return trained
+
+
+def _zoo_name(cfg) -> str:
+  """The zoo ViT with the Hugging Face config's dimensions."""
+  for name in models.names():
+    kw = models.options(name)
+    if (models.spec(name)['cls'] is models.VisionTransformer
+        and not kw.get('resnet_layers')
+        and kw.get('hidden_size') == cfg.hidden_size
+        and kw.get('num_layers') == cfg.num_hidden_layers
+        and kw.get('num_heads') == cfg.num_attention_heads
+        and kw.get('mlp_dim') == cfg.intermediate_size
+        and kw.get('patch_size') == cfg.patch_size):
+      return name
+  raise TrainedModelError(
+      f'no zoo ViT has the dimensions of this Hugging Face config (hidden '
+      f'{cfg.hidden_size}, {cfg.num_hidden_layers} layers, '
+      f'{cfg.num_attention_heads} heads, patch {cfg.patch_size}): pass '
+      '--model=NAME')
+
+
+def _check_hf_processor(path: str) -> None:
+  try:
+    with open(os.path.join(path, 'preprocessor_config.json')) as f:
+      proc = json.load(f)
+  except (OSError, ValueError):
+    return
+  if (list(proc.get('image_mean', [0.5])) != [0.5] * len(
+      proc.get('image_mean', [0.5]))
+      or list(proc.get('image_std', [0.5])) != [0.5] * len(
+          proc.get('image_std', [0.5]))):
+    logging.warning(
+        '%s normalises with mean %s / std %s; vit_jax feeds [-1, 1] '
+        '(mean 0.5, std 0.5) images: its predictions may differ', path,
+        proc.get('image_mean'), proc.get('image_std'))
+
+
+# --- shared ------------------------------------------------------------------
+
+
+def _build(name, options, num_classes, size, pp, params, source, kind,
+           dtype='float32') -> Trained:
+  """Checks the params against the model (resizing position embeddings to
+  `size`) and the pre-processing's output shape."""
+  from vit_jax.data import preprocess
+  ops = preprocess.expand(pp, size)
+  size, channels = _pp_output(ops, size)
+  module = models.create(name, num_classes=num_classes, **options)
+  abstract = jax.eval_shape(
+      lambda: module.init(jax.random.PRNGKey(0),
+                          jnp.zeros((1, size, size, channels)),
+                          train=False))['params']
+  host = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), abstract)
+  try:
+    loaded = load_pretrained(params, host, keep_head=True)
+  except ValueError as e:
+    raise TrainedModelError(f'{source} does not fit {name} with {options} '
+                            f'at {size}x{size}x{channels}: {e}') from e
+  loaded = jax.tree.map(lambda a: np.asarray(a, np.float32), loaded)
+  return Trained(name=name, options=dict(options), num_classes=num_classes,
+                 image_size=size, channels=channels, pp=ops, labels=[],
+                 params=loaded, source=source, kind=kind, dtype=dtype)
+
+
+def _pp_output(ops: List[str], size: int):
+  """(side, channels) of what the eval ops make of an encoded image."""
+  import tensorflow as tf
+  from vit_jax.data import pipeline, preprocess
+  pipeline.hide_accelerators_from_tf()
+  png = tf.io.encode_png(tf.zeros([2 * size + 3, 2 * size + 1, 3], tf.uint8))
+  out = preprocess.build(ops, size)({'image': png})['image']
+  if out.shape.rank != 3 or out.shape[0] != out.shape[1]:
+    raise TrainedModelError(
+        f'eval pre-processing {"|".join(ops)} makes images of shape '
+        f'{out.shape}, not square ones of a fixed size')
+  return int(out.shape[0]), int(out.shape[2])
+
+
+def _labels(labels: Optional[str], trained: Trained) -> List[str]:
+  """Class names: `labels` (dataset or file), else what was found."""
+  if trained.num_classes is None:
+    return []
+  names = list(trained.labels)
+  if labels:
+    if os.path.isfile(labels):
+      with open(labels) as f:
+        names = [l.strip() for l in f.read().splitlines() if l.strip()]
+      where = labels
+    else:
+      from vit_jax.data import registry
+      registry.get(labels)  # An unknown name lists the known ones.
+      names = _dataset_labels({'data': labels})
+      where = f'dataset {labels}'
+      if not names:
+        raise TrainedModelError(f'{where} has no class names; pass a text '
+                                'file with one name per line')
+    if len(names) != trained.num_classes:
+      raise TrainedModelError(
+          f'--labels={labels}: {len(names)} names from {where}, but the '
+          f'model has {trained.num_classes} classes')
+  if len(names) != trained.num_classes:
+    if names:
+      logging.warning('%d class names for %d classes: using class_<i>',
+                      len(names), trained.num_classes)
+    names = [f'class_{i}' for i in range(trained.num_classes)]
+  return names
+
+
+def flat_params(params) -> Dict[str, np.ndarray]:
+  """{'a/b/c': array}: the flat naming of .npz checkpoints."""
+  return {'/'.join(k): np.asarray(v)
+          for k, v in traverse_util.flatten_dict(dict(params)).items()}

@@ -137,6 +137,9 @@ class FolderSource(Source):
   def num_classes(self) -> int:
     return len(self.classes)
 
+  def class_names(self) -> List[str]:
+    return list(self.classes)
+
   def largest_label(self):
     return len(self.classes) - 1, (
         f'{len(self.classes)} class folders in {self.root}, the last '

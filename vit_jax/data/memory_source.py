@@ -80,6 +80,9 @@ class MemorySource(Source):
   def split_names(self) -> List[str]:
     return list(self._splits)
 
+  def class_names(self) -> List[str]:
+    return [str(i) for i in range(self.num_classes)]  # Handwritten digits.
+
   def _ranges(self, split, process_index, process_count):
     sizes = {k: len(v[1]) for k, v in self._splits.items()}
     try:

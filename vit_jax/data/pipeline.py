@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -33,9 +33,10 @@ from absl import logging
 
 from vit_jax.data import mixup as mixup_lib
 from vit_jax.data import preprocess
+from vit_jax.data import registry
 from vit_jax.data import settings as settings_lib
 from vit_jax.data import shuffle
-from vit_jax.data.errors import DataError
+from vit_jax.data.errors import DataError, DatasetNotPreparedError
 
 _EPOCH, _INDEX = '_epoch', '_index'
 _STATE_FORMAT = 2  # 2: stateless block shuffles; more identity fields.
@@ -453,3 +454,23 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
       num_train_examples=num_train, num_eval_examples=num_eval,
       image_shape=train_shape, eval_image_shape=eval_shape,
       train_split=st.train_split, eval_split=eval_split)
+
+
+def class_names(input_config) -> Optional[List[str]]:
+  """The name of each label of `input.data`, in label order; None where the
+  data has none (VTAB label functions, TFRecords).
+
+  From metadata only: tfds feature info (read from the code of the builder
+  when the dataset is not prepared here), class folder names, '0'..'9' for
+  digits and mnist5k.
+  """
+  hide_accelerators_from_tf()
+  try:
+    return settings_lib.read(input_config).source.class_names()
+  except DatasetNotPreparedError:
+    spec = registry.get(input_config.get('data'))
+    if spec.source != 'tfds' or spec.task or not spec.tfds_name:
+      raise
+    import tensorflow_datasets as tfds
+    feature = tfds.builder(spec.tfds_name).info.features[spec.label_key]
+    return list(feature.names) if hasattr(feature, 'names') else None

@@ -121,6 +121,11 @@ class Source(abc.ABC):
       raise ValueError(f'{self.spec.name}: set input.eval_split')
     return split
 
+  def class_names(self) -> Optional[List[str]]:
+    """The name of each label, in label order; None where the data has none
+    (from metadata: tfds features, class folders; reads no examples)."""
+    return None
+
   def largest_label(self) -> Tuple[int, str]:
     """(the largest label the data can hold, where that is known from).
 

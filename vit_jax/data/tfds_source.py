@@ -83,6 +83,12 @@ class TfdsSource(Source):
   def split_names(self) -> List[str]:
     return list(self.builder.info.splits)
 
+  def class_names(self) -> Optional[List[str]]:
+    if self._task:  # VTAB label functions (counts, bins) have no names.
+      return None
+    feature = self.builder.info.features[self.spec.label_key]
+    return list(feature.names) if hasattr(feature, 'names') else None
+
   def _shard(self, split: str, process_index: int, process_count: int):
     sub = tfds.even_splits(split, n=process_count)[process_index]
     try:

@@ -6,54 +6,65 @@ r"""`python -m vit_jax.inspect`: the paper's analysis figures for a checkpoint.
 
 Writes filters.png, position_similarity.png, attention_distance.png,
 rollout.png, rollout_layers.png and inspect.json into --out (docs/inspect.md).
+Exit status 1 with the reason on bad input.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-
-from absl import app, flags, logging  # noqa: E402
-
-_INIT = flags.DEFINE_string(
-    'init', None, 'A run\'s workdir, an .npz checkpoint, or hf:<directory> '
-    '(Hugging Face ViTForImageClassification).', required=True)
-_MODEL = flags.DEFINE_string(
-    'model', None, 'Zoo name (python -m vit_jax.models); needed for .npz, '
-    'optional for workdirs and hf: directories.')
-_DATA = flags.DEFINE_string(
-    'data', None, 'A dataset name (python -m vit_jax.data) or a folder of '
-    'JPEG/PNG images.', required=True)
-_SPLIT = flags.DEFINE_string('split', None, 'Dataset split (default: its '
-                             'eval split).')
-_IMAGES = flags.DEFINE_integer('images', 128, 'Images averaged for the '
-                               'attention distances (the paper: 128).')
-_SIZE = flags.DEFINE_integer('image_size', None, 'Input side; default: the '
-                             'checkpoint\'s (other sizes interpolate the '
-                             'position embeddings).')
-_OUT = flags.DEFINE_string('out', None, 'Output folder.', required=True)
-_BATCH = flags.DEFINE_integer('batch', 32, 'Images per forward pass.')
-_ROLLOUT = flags.DEFINE_integer('rollout_images', 8, 'Images in rollout.png.')
-_LAYERS = flags.DEFINE_integer('layer_images', 4, 'Images in '
-                               'rollout_layers.png.')
-_RANDOM = flags.DEFINE_bool(
-    'random_init', False, 'Inspect a fresh random initialisation of the '
-    'checkpoint\'s model instead of its weights (the untrained baseline).')
-_SEED = flags.DEFINE_integer('seed', 0, 'Seed of --random_init.')
+import sys
+from typing import Optional, Sequence
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog='python -m vit_jax.inspect',
+      description="The paper's analysis figures (§4.5) for a checkpoint.")
+  p.add_argument('--init', required=True, help="a run's workdir (or its "
+                 'checkpoints/<step>), an .npz checkpoint, or hf:DIR (a '
+                 'Hugging Face ViTForImageClassification directory)')
+  p.add_argument('--model', help='zoo name (python -m vit_jax.models); '
+                 'needed for .npz files')
+  p.add_argument('--data', required=True, help='a dataset name (python -m '
+                 'vit_jax.data) or a folder of image files')
+  p.add_argument('--split', help='dataset split (default: its eval split)')
+  p.add_argument('--images', type=int, default=128, help='images averaged '
+                 'for the attention distances (the paper: 128)')
+  p.add_argument('--image_size', type=int, help="input side; default: the "
+                 "checkpoint's (others interpolate the position embeddings)")
+  p.add_argument('--out', required=True, help='output folder')
+  p.add_argument('--batch', type=int, default=32, help='images per forward '
+                 'pass')
+  p.add_argument('--rollout_images', type=int, default=8,
+                 help='images in rollout.png')
+  p.add_argument('--layer_images', type=int, default=4,
+                 help='images in rollout_layers.png')
+  p.add_argument('--random_init', action='store_true', help='inspect a '
+                 "fresh random initialisation of the checkpoint's model (the "
+                 'untrained baseline)')
+  p.add_argument('--seed', type=int, default=0, help='seed of --random_init')
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = _parser().parse_args(argv)
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  from absl import logging
+  logging.set_verbosity(logging.INFO)
   from vit_jax.inspect import report
-  report.run(_INIT.value, _DATA.value, _OUT.value, model=_MODEL.value,
-             image_size=_SIZE.value, images=_IMAGES.value, split=_SPLIT.value,
-             batch=_BATCH.value, rollout_images=_ROLLOUT.value,
-             layer_images=_LAYERS.value, random_init=_RANDOM.value,
-             seed=_SEED.value)
+  try:
+    report.run(args.init, args.data, args.out, model=args.model,
+               image_size=args.image_size, images=args.images,
+               split=args.split, batch=args.batch,
+               rollout_images=args.rollout_images,
+               layer_images=args.layer_images, random_init=args.random_init,
+               seed=args.seed)
+  except (FileNotFoundError, ValueError) as e:
+    print(f'vit_jax.inspect: {e}', file=sys.stderr)
+    return 1
+  return 0
 
 
 if __name__ == '__main__':
-  logging.set_verbosity(logging.INFO)
-  app.run(main)
+  sys.exit(main())

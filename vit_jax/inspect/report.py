@@ -56,12 +56,12 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
                   layer_images: int = 4) -> Dict[str, Any]:
   """Writes the figures and inspect.json into `out`; returns the JSON."""
   os.makedirs(out, exist_ok=True)
-  model, params = trained.model, trained.params
+  model, params = trained.model('float32'), trained.params
   size = images.shape[1]
   ppt = trained.stride
   grid = (size // ppt, size // ppt)
   result: Dict[str, Any] = dict(
-      model=trained.name, model_spec=_jsonable(trained.model_spec),
+      model=trained.name, architecture=trained.architecture,
       checkpoint=trained.source, checkpoint_kind=trained.kind,
       image_size=size, checkpoint_image_size=trained.native_image_size,
       position_embeddings_interpolated=(trained.native_image_size not in
@@ -157,11 +157,6 @@ def _skip(result: Dict[str, Any], name: str, reason: str) -> None:
   result['skipped'][name] = reason
 
 
-def _jsonable(spec: Dict[str, Any]) -> Dict[str, Any]:
-  return {k: (v if isinstance(v, (int, float, str, bool, type(None), list))
-              else str(v)) for k, v in spec.items()}
-
-
 def run(init: str, data: str, out: str, *, model: str = None,
         image_size: int = None, images: int = 128, split: str = None,
         batch: int = 32, rollout_images: int = 8, layer_images: int = 4,
@@ -172,11 +167,11 @@ def run(init: str, data: str, out: str, *, model: str = None,
   it is inspected, the baseline trained figures are compared with."""
   from vit_jax import trained as trained_lib
   from vit_jax.inspect import images as images_lib
-  trained = trained_lib.load(init, model, image_size)
+  trained = trained_lib.load(init, model=model, image_size=image_size,
+                             require_head=False)
   if random_init:
     trained = trained_lib.reinitialised(trained, seed)
-  x, names = images_lib.load(data, images, trained.image_size,
-                             trained.channels, split)
+  x, names = images_lib.load(data, images, trained, split)
   check_inputs(trained, x)
   result = inspect_model(trained, x, names, out, batch=batch,
                          rollout_images=rollout_images,
@@ -191,7 +186,7 @@ def run(init: str, data: str, out: str, *, model: str = None,
 def check_inputs(trained, images: np.ndarray) -> None:
   """Clear errors before any compile: a model without attention, or images
   whose size does not cut into the model's patches."""
-  if not hasattr(trained.model, 'capture_attention'):
+  if not hasattr(trained.model(), 'capture_attention'):
     raise ValueError(f'{trained.name} has no self-attention to inspect (a '
                      'ResNet); pass a ViT or hybrid (R50+ViT)')
   size, ppt = images.shape[1], trained.stride

@@ -65,6 +65,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   the summary written to `workdir/summary.json`."""
   config_check.check(config)
   with lock.hold(workdir):
+    reporting.write_config(workdir, config)
     run = setup(config, workdir)
     try:
       outcome = train(run)

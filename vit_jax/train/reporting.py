@@ -173,6 +173,36 @@ def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
   return path
 
 
+def write_config(workdir: str, config, command: Optional[str] = None) -> str:
+  """Writes `workdir/config.json`: the run's full config and the command
+  that started it (process 0 only), read back by `read_config` (predict,
+  export and the model card rebuild the evaluated model from it)."""
+  import shlex
+  import sys
+  if command is None:
+    script = sys.argv[0] if sys.argv else ''
+    package = os.path.basename(os.path.dirname(os.path.abspath(script)))
+    module = os.path.splitext(os.path.basename(script))[0]
+    prog = (['python', '-m', f'{package}.{module}'] if package == 'vit_jax'
+            else ['python', script])
+    command = shlex.join(prog + sys.argv[1:])
+  content = {'command': command,
+             'config': json.loads(config.to_json_best_effort())}
+  return write_json(workdir, 'config.json', content)
+
+
+def read_config(workdir: str) -> Dict[str, Any]:
+  """`workdir/config.json` ({'command', 'config'}), {} if absent or
+  unreadable (runs of earlier versions did not write it)."""
+  path = os.path.join(workdir, 'config.json')
+  try:
+    with tf.io.gfile.GFile(path, 'r') as f:
+      content = json.load(f)
+  except (tf.errors.NotFoundError, ValueError, OSError):
+    return {}
+  return content if isinstance(content, dict) else {}
+
+
 def read_summary(workdir: str) -> Dict[str, Any]:
   """`workdir/summary.json` as a dict ({} if absent). An unreadable one
   (edited by hand, a foreign file) is renamed aside with a warning, never

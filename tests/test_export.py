@@ -1,0 +1,266 @@
+"""`python -m vit_jax.export`: every format round-trips a smoke-trained
+workdir (issue 16).
+
+Each export is checked twice: by `export_model` itself (its logits vs the
+JAX model's at batch sizes 1 and 3) and here, independently, with the
+target runtime at another batch size (dynamic batch): jax.export,
+TensorFlow, onnxruntime, transformers. A format's tests skip only when its
+packages (the `export` / `torch` extras) are not installed.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from trained_workdir import smoke_workdir
+from vit_jax import export, trained as trained_lib
+from vit_jax.export import __main__ as cli
+from vit_jax.export import hf as hf_format
+from vit_jax.export import registry
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+  return trained_lib.load(smoke_workdir(tmp_path_factory))
+
+
+def _needs(name):
+  lacking = registry.missing(export.get(name))
+  if lacking:
+    pytest.skip(f'--format={name} needs {lacking}: {registry.INSTALL}')
+
+
+def _ours(trained, images):
+  return trained.logits(images, 'float32')
+
+
+def _images(trained, n, seed=7):
+  return np.random.RandomState(seed).uniform(
+      -1, 1, (n, *trained.image_shape)).astype(np.float32)
+
+
+def _stablehlo(out, x):
+  with open(os.path.join(out, 'model.jax_exported'), 'rb') as f:
+    exp = jax.export.deserialize(bytearray(f.read()))
+  return np.asarray(exp.call(x))
+
+
+def _savedmodel(out, x):
+  import tensorflow as tf
+  sig = tf.saved_model.load(out).signatures['serving_default']
+  result = sig(images=tf.constant(x))
+  np.testing.assert_allclose(result['probabilities'].numpy().sum(-1), 1,
+                             rtol=1e-5)
+  return result['logits'].numpy()
+
+
+def _onnx(out, x):
+  import onnxruntime as ort
+  session = ort.InferenceSession(os.path.join(out, 'model.onnx'),
+                                 providers=['CPUExecutionProvider'])
+  assert [i.name for i in session.get_inputs()] == ['images']
+  assert session.get_inputs()[0].shape[0] == 'B'  # Dynamic batch.
+  return session.run(['logits'], {'images': x})[0]
+
+
+def _hf(out, x):
+  import torch
+  from transformers import ViTForImageClassification
+  model = ViTForImageClassification.from_pretrained(out).eval()
+  assert model.config.id2label[3] == '3'
+  with torch.no_grad():
+    return model(pixel_values=torch.from_numpy(
+        x.transpose(0, 3, 1, 2).copy())).logits.numpy()
+
+
+RUNTIMES = {'stablehlo': _stablehlo, 'savedmodel': _savedmodel,
+            'onnx': _onnx, 'hf': _hf}
+
+
+@pytest.fixture(scope='module')
+def exports(trained, tmp_path_factory):
+  """format -> (directory, manifest), each format exported once."""
+  done = {}
+
+  def get(fmt):
+    if fmt not in done:
+      out = str(tmp_path_factory.mktemp('exports') / fmt)
+      done[fmt] = out, export.export_model(trained, fmt, out)
+    return done[fmt]
+  return get
+
+
+FAST = ['hf', 'savedmodel', 'stablehlo']
+
+
+@pytest.mark.parametrize('fmt', FAST + [
+    pytest.param('onnx', marks=pytest.mark.slow)])  # jax2onnx: ~20 s.
+def test_format_round_trips_the_workdir(trained, exports, fmt):
+  _needs(fmt)
+  out, manifest = exports(fmt)
+  check = manifest['verification']
+  print(f'{fmt}: {manifest["bytes"]} bytes, {manifest["export_seconds"]} s, '
+        f'{check["summary"]}')
+  assert [c['batch'] for c in check['checks']] == [1, 3]
+  assert check['max_abs_diff'] <= TOL
+  x = _images(trained, 5)
+  diff = np.abs(RUNTIMES[fmt](out, x) - trained.logits(x)).max()
+  print(f'{fmt}: independent check on 5 images: max |diff| {diff:.3g}')
+  assert diff <= TOL
+  for name in manifest['files']:
+    assert os.path.exists(os.path.join(out, name.rstrip('/'))), name
+  assert open(os.path.join(out, 'labels.txt')).read().split() == [
+      str(i) for i in range(10)]
+
+
+def test_model_card_describes_the_run(trained, exports):
+  out, _ = exports('stablehlo')
+  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  run = trained.run
+  for needle in ('ViT-test', f'{trained.num_params():,}', 'digits',
+                 f'| steps | {run["steps"]} |', 'eval_accuracy',
+                 f'{run["eval_accuracy"]:.4g}', 'core-days',
+                 'training exaFLOPs', trained.command,
+                 r'decode\|resize(16)\|value_range(-1,1)', 'stablehlo',
+                 'max \\|logit difference\\|'):
+    assert needle in text, needle
+  manifest = json.load(open(os.path.join(out, 'export.json')))
+  assert manifest['batch'] == 'dynamic' and manifest['num_classes'] == 10
+  assert manifest['pre_processing'] == 'decode|resize(16)|value_range(-1,1)'
+
+
+def test_fixed_batch(trained, tmp_path):
+  out = str(tmp_path / 'fixed')
+  manifest = export.export_model(trained, 'stablehlo', out,
+                                 export.Options(batch=2))
+  assert manifest['batch'] == 2
+  assert _stablehlo(out, _images(trained, 2)).shape == (2, 10)
+  with pytest.raises(Exception, match='shape'):
+    _stablehlo(out, _images(trained, 3))
+
+
+@pytest.mark.slow
+def test_savedmodel_with_preprocessing_takes_jpeg_bytes(trained, tmp_path):
+  import tensorflow as tf
+  _needs('savedmodel')
+  out = str(tmp_path / 'sm')
+  manifest = export.export_model(trained, 'savedmodel', out,
+                                 export.Options(with_preprocessing=True))
+  checks = manifest['verification']['checks']
+  assert checks[-1]['inputs'] == 'encoded JPEGs', checks
+  loaded = tf.saved_model.load(out)
+  assert set(loaded.signatures) == {'serving_default', 'serving_images'}
+  png = tf.io.encode_png(np.full((40, 30, 1), 200, np.uint8)).numpy()
+  got = loaded.signatures['serving_default'](
+      encoded_images=tf.constant([png]))['logits'].numpy()
+  pp = trained.preprocess()({'image': tf.constant(png)})['image'].numpy()
+  np.testing.assert_allclose(got, _ours(trained, pp[None]), atol=TOL)
+
+
+def test_hf_export_loads_back_with_labels(trained, tmp_path, capsys):
+  _needs('hf')
+  names = tmp_path / 'names.txt'
+  names.write_text('\n'.join(f'digit {i}' for i in range(10)))
+  out = str(tmp_path / 'hf')
+  relabelled = trained_lib.load(trained.workdir, labels=str(names))
+  export.export_model(relabelled, 'hf', out)
+  back = trained_lib.load(out)
+  assert back.kind == 'hf' and back.name == 'ViT-test'
+  assert back.labels[4] == 'digit 4'
+  x = _images(trained, 2)
+  np.testing.assert_allclose(_ours(back, x), _ours(trained, x), atol=TOL)
+
+
+def test_formats_refuse_models_they_cannot_express(trained, tmp_path):
+  for name, reason in (('BiT-R50x1', 'ResNet'), ('R50+ViT-B/16', 'hybrid')):
+    other = dataclasses.replace(trained, name=name, options={})
+    assert reason in hf_format.not_expressible(other)
+    with pytest.raises(ValueError, match=f'cannot express.*{reason}.*'
+                       'onnx, savedmodel or stablehlo'):
+      hf_format.export(other, str(tmp_path), registry.Options())
+    out = tmp_path / 'onnx'
+    with pytest.raises(ValueError, match='onnx cannot export this model: .*'
+                       'weight-standardised.*savedmodel or stablehlo'):
+      export.export_model(other, 'onnx', str(out))
+    assert not out.exists()  # Refused before anything is written.
+  gap = dataclasses.replace(trained, options={'classifier': 'gap'})
+  assert 'class token' in hf_format.not_expressible(gap)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', ['BiT-R50x1', 'R50+ViT-B/16'])
+def test_resnet_families_export_to_savedmodel_and_stablehlo(name, tmp_path):
+  from conftest import perturb
+  from vit_jax import models
+  over, size = models.family(name).shrink(models.options(name))
+  model = models.create(name, num_classes=5, **over)
+  params = perturb(jax.device_get(model.init(
+      jax.random.key(0), np.zeros((1, size, size, 3), np.float32))['params']))
+  small = trained_lib._build(name, over, 5, size, 'resize', params, 'test',
+                             'npz')
+  small.labels = [f'c{i}' for i in range(5)]
+  for fmt in ('savedmodel', 'stablehlo'):
+    manifest = export.export_model(small, fmt, str(tmp_path / fmt))
+    assert manifest['verification']['max_abs_diff'] <= TOL
+
+
+def test_a_format_registered_from_outside(trained, tmp_path):
+  from vit_jax.checkpoint import load_npz, save_npz
+
+  def write(t, out, options):
+    save_npz(t.params, os.path.join(out, 'params.npz'))
+    return {'files': ['params.npz']}
+
+  def run(out, images):
+    loaded = dataclasses.replace(
+        trained, params=load_npz(os.path.join(out, 'params.npz')),
+        _jitted={})
+    return loaded.logits(images)
+
+  fmt = export.register(export.Format(name='npz-test', export=write,
+                                      run=run))
+  try:
+    manifest = export.export_model(trained, 'npz-test', str(tmp_path / 'n'))
+    assert manifest['verification']['max_abs_diff'] <= TOL
+    assert 'npz-test' in export.names()
+  finally:
+    registry.FORMATS.pop(fmt.name)
+
+
+def test_command_line(trained, tmp_path, capsys):
+  out = str(tmp_path / 'cli')
+  args = [f'--init={trained.workdir}', '--format=stablehlo', f'--out={out}']
+  assert cli.main(args) == 0
+  printed = capsys.readouterr().out
+  assert 'verified: max |logit difference|' in printed and 'MB in' in printed
+  assert cli.main(args) == 1  # Not empty: no silent overwrite.
+  assert 'not empty' in capsys.readouterr().err
+  for bad, message in (
+      (['--format=tflite'], "unknown export format 'tflite'"),
+      (['--format=onnx', '--with-preprocessing'], 'no JPEG / PNG decoder'),
+      (['--batch=0', '--format=onnx'], 'a positive integer'),
+      (['--format=hf', f'--init={tmp_path}/none'], 'does not exist')):
+    argv = [f'--init={trained.workdir}', f'--out={tmp_path}/x'] + bad
+    try:
+      assert cli.main(argv) == 1, bad
+    except SystemExit as e:  # argparse's own errors.
+      assert e.code == 2, bad
+    assert message in capsys.readouterr().err, bad
+
+
+@pytest.mark.slow
+def test_fixed_batch_savedmodel_converts_to_tflite(trained, tmp_path):
+  import tensorflow as tf
+  out = str(tmp_path / 'sm1')
+  export.export_model(trained, 'savedmodel', out, export.Options(batch=1))
+  tflite = tf.lite.TFLiteConverter.from_saved_model(out).convert()
+  runner = tf.lite.Interpreter(model_content=tflite).get_signature_runner()
+  x = _images(trained, 1)
+  np.testing.assert_allclose(runner(images=x)['logits'], _ours(trained, x),
+                             atol=TOL)

@@ -1,0 +1,139 @@
+"""`python -m vit_jax.predict` and `vit_jax.trained.load` (issue 16).
+
+A smoke-trained workdir (tests/trained_workdir.py) classifies PNG / JPEG
+files pre-processed like its evaluation; bad files are reported and
+skipped; class names come from the dataset, tfds info or a file.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from trained_workdir import smoke_workdir
+from vit_jax import predict, trained as trained_lib
+
+
+@pytest.fixture(scope='module')
+def workdir(tmp_path_factory):
+  return smoke_workdir(tmp_path_factory)
+
+
+@pytest.fixture(scope='module')
+def trained(workdir):
+  return trained_lib.load(workdir)
+
+
+@pytest.fixture(scope='module')
+def images(tmp_path_factory):
+  """Real digits as PNG (grey) and JPEG (colour), one corrupt file, one
+  empty file, in a folder with a sub-folder."""
+  from PIL import Image
+  from sklearn.datasets import load_digits
+  folder = tmp_path_factory.mktemp('images')
+  (folder / 'more').mkdir()
+  digits = load_digits()
+  for i in range(1790, 1796):
+    pixels = (digits.images[i] * 255 / 16).astype(np.uint8)
+    Image.fromarray(pixels).resize((24, 24)).save(
+        folder / f'{i}_digit{digits.target[i]}.png')
+  pixels = (digits.images[1796] * 255 / 16).astype(np.uint8)
+  Image.fromarray(np.stack([pixels] * 3, -1)).save(folder / 'more' / 'c.jpg')
+  (folder / 'broken.jpg').write_bytes(b'\xff\xd8 not really a JPEG')
+  (folder / 'empty.png').write_bytes(b'')
+  (folder / 'notes.txt').write_text('not an image: ignored in folders')
+  return folder
+
+
+def test_workdir_loads_as_it_was_evaluated(trained, workdir):
+  assert trained.kind == 'workdir' and trained.name == 'ViT-test'
+  assert trained.pp == ['decode', 'resize(16)', 'value_range(-1,1)']
+  assert trained.image_shape == (16, 16, 3) and trained.num_classes == 10
+  assert trained.labels == [str(i) for i in range(10)]  # digits' names.
+  assert trained.command.startswith('python')  # This process's argv.
+  assert trained.run['steps'] == trained.config['total_steps']
+
+
+def test_folder_with_corrupt_files_reports_them_and_classifies_the_rest(
+    trained, images, tmp_path, capsys):
+  out = tmp_path / 'out.json'
+  code = predict.main([f'--init={trained.workdir}', '--top=3', '--batch=4',
+                       f'--json={out}', str(images)])
+  captured = capsys.readouterr()
+  assert code == 0, captured.err
+  result = json.loads(out.read_text())
+  files = sorted(os.path.basename(r['file']) for r in result['results'])
+  assert files == sorted([f'{i}_digit{t}.png' for i, t in zip(
+      range(1790, 1796), (8, 4, 9, 0, 8, 9))] + ['c.jpg'])
+  skipped = {os.path.basename(s['file']): s['error']
+             for s in result['skipped']}
+  assert set(skipped) == {'broken.jpg', 'empty.png'}
+  assert 'image' in skipped['broken.jpg'].lower(), skipped
+  assert 'broken.jpg' in captured.err and 'empty.png' in captured.err
+  assert '7 classified, 2 skipped' in captured.err
+  for r in result['results']:
+    probs = [t['probability'] for t in r['top']]
+    assert len(probs) == 3 and probs == sorted(probs, reverse=True)
+    assert all(t['label'] == str(t['index']) for t in r['top'])
+  assert captured.out.count(': ') == 7
+
+
+def test_predict_equals_the_model_on_the_eval_pipeline(trained, images):
+  """Batched, padded, device-sharded predictions = the plain model."""
+  import jax
+  files = predict.list_images([str(images)])
+  results, skipped = predict.predict(trained, files, top=10, batch=3)
+  assert len(results) == 7 and len(skipped) == 2
+  loader = predict.Predictor(trained, batch=3)
+  x = np.stack([loader.load(r['file']) for r in results])
+  probs = np.asarray(jax.nn.softmax(
+      jax.jit(trained.apply_fn())(trained.params, x)))
+  got = np.zeros_like(probs)
+  for i, r in enumerate(results):
+    for t in r['top']:
+      got[i, t['index']] = t['probability']
+  np.testing.assert_allclose(got, probs, atol=1e-5)
+
+
+def test_labels_from_tfds_info_and_from_a_file(workdir, tmp_path):
+  fashion = trained_lib.load(workdir, labels='fashion_mnist')
+  assert fashion.labels[:2] == ['T-shirt/top', 'Trouser']
+  names = tmp_path / 'names.txt'
+  names.write_text('\n'.join(f'digit {i}' for i in range(10)) + '\n')
+  assert trained_lib.load(workdir, labels=str(names)).labels[3] == 'digit 3'
+  names.write_text('a\nb\n')
+  with pytest.raises(trained_lib.TrainedModelError, match='2 names .* 10'):
+    trained_lib.load(workdir, labels=str(names))
+
+
+def test_npz_needs_a_model_name_and_predicts_alike(trained, tmp_path):
+  from vit_jax.checkpoint import save_npz
+  path = str(tmp_path / 'm.npz')
+  save_npz(trained.params, path)
+  with pytest.raises(trained_lib.TrainedModelError, match='--model=NAME'):
+    trained_lib.load(path)
+  npz = trained_lib.load(path, model='ViT-test', labels='digits')
+  assert npz.image_size == 16  # From the position embeddings' grid.
+  assert npz.pp == ['decode', 'resize(16)', 'value_range(-1,1)']
+  x = np.random.RandomState(0).uniform(-1, 1, (2, 16, 16, 3)).astype('f4')
+  import jax
+  np.testing.assert_allclose(jax.jit(npz.apply_fn())(npz.params, x),
+                             jax.jit(trained.apply_fn())(trained.params, x),
+                             atol=1e-6)
+
+
+def test_one_channel_pre_processing_makes_grey_images():
+  size, channels = trained_lib._pp_output(
+      ['decode(1)', 'resize(8)', 'value_range(-1,1)'], 8)
+  assert (size, channels) == (8, 1)
+
+
+def test_clear_errors(tmp_path, capsys):
+  with pytest.raises(trained_lib.TrainedModelError, match='does not exist'):
+    trained_lib.load(str(tmp_path / 'nowhere'))
+  (tmp_path / 'empty_run').mkdir()
+  with pytest.raises(trained_lib.TrainedModelError, match='no trained model'):
+    trained_lib.load(str(tmp_path / 'empty_run'))
+  assert predict.main([f'--init={tmp_path / "empty_run"}', 'x.jpg']) == 1
+  assert 'no trained model' in capsys.readouterr().err

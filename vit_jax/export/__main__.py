@@ -1,0 +1,94 @@
+"""`python -m vit_jax.export --init=... --format=NAME --out=DIR`.
+
+    python -m vit_jax.export --init=/tmp/vit_smoke --format=onnx --out=/tmp/vit_onnx
+    python -m vit_jax.export --init=/tmp/vit_smoke --format=savedmodel --with-preprocessing --out=/tmp/vit_sm/1
+    python -m vit_jax.export --init=ViT-B_16.npz --model=ViT-B/16 --labels=imagenet2012 --format=hf --out=/tmp/b16_hf
+
+Prints where the export went, its size and time, and how far its logits
+are from the JAX model's (the export fails if further than the tolerance).
+Exit status 0 on success, 1 with a message naming the problem otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional, Sequence
+
+
+def _batch(value: str):
+  if value == 'dynamic':
+    return None
+  try:
+    n = int(value)
+  except ValueError:
+    n = 0
+  if n < 1:
+    raise argparse.ArgumentTypeError(
+        f'--batch={value}: expected dynamic or a positive integer')
+  return n
+
+
+def _parser() -> argparse.ArgumentParser:
+  from vit_jax.export import registry
+  p = argparse.ArgumentParser(
+      prog='python -m vit_jax.export',
+      description='Export a trained model and verify it against JAX.')
+  p.add_argument('--init', required=True, help='training workdir (or its '
+                 'checkpoints/<step>), .npz checkpoint or Hugging Face dir')
+  p.add_argument('--model', help='zoo name (needed for .npz files)')
+  p.add_argument('--format', required=True,
+                 help='one of: savedmodel, stablehlo, onnx, hf')
+  p.add_argument('--out', required=True, help='output directory (new or '
+                 'empty; --overwrite replaces an earlier export)')
+  p.add_argument('--batch', type=_batch, default=None,
+                 help='dynamic (default) or a fixed batch size')
+  p.add_argument('--with-preprocessing', action='store_true',
+                 help='savedmodel: take encoded JPEG/PNG bytes and run the '
+                 'eval pre-processing in the graph')
+  p.add_argument('--labels', help='dataset name or a text file of class '
+                 'names (default: the run\'s dataset)')
+  p.add_argument('--image_size', type=int,
+                 help='input resolution for .npz models')
+  p.add_argument('--dtype', default='float32',
+                 choices=('float32', 'bfloat16', 'float16'),
+                 help='compute dtype of the exported model')
+  p.add_argument('--overwrite', action='store_true')
+  del registry
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = _parser().parse_args(argv)
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  from vit_jax import trained as trained_lib
+  from vit_jax import export
+  from vit_jax.data import pipeline
+  pipeline.hide_accelerators_from_tf()
+  try:
+    fmt = export.get(args.format)
+    options = export.Options(batch=args.batch,
+                             with_preprocessing=args.with_preprocessing,
+                             dtype=args.dtype)
+    export.registry.check_installed(fmt)
+    export.registry.check_options(fmt, options)
+    trained = trained_lib.load(args.init, model=args.model,
+                               labels=args.labels,
+                               image_size=args.image_size)
+    manifest = export.export_model(
+        trained, fmt.name, args.out, options, overwrite=args.overwrite)
+  except (export.ExportError, trained_lib.TrainedModelError, ImportError,
+          ValueError, FileNotFoundError) as e:
+    print(f'vit_jax.export: {e}', file=sys.stderr)
+    return 1
+  print(f'exported {manifest["model"]} as {manifest["format"]} to '
+        f'{args.out}: {manifest["bytes"] / 1e6:.2f} MB in '
+        f'{manifest["export_seconds"]:.1f} s')
+  print(f'verified: {manifest["verification"]["summary"]}')
+  print(f'model card: {os.path.join(args.out, "MODEL_CARD.md")}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,120 @@
+"""`--format=hf`: a `save_pretrained` directory for Hugging Face
+`transformers` (PyTorch), with the class names.
+
+Writes `config.json` (a `ViTConfig` computing exactly what our ViT does:
+activation, LayerNorm epsilon, `id2label` / `label2id`), `model.safetensors`
+and `preprocessor_config.json` (a `ViTImageProcessor`: resize to S,
+[-1, 1]). Loads with
+
+    model = transformers.ViTForImageClassification.from_pretrained(DIR)
+
+Only plain class-token ViTs without a pre-logits layer have a counterpart
+there (`vit_jax.checkpoint.hf`): hybrids (R50+ViT), BiT ResNets, `gap`
+classifiers and pre-logits layers are refused with the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from vit_jax import models
+from vit_jax.export.registry import Format, register
+
+
+def not_expressible(trained) -> str:
+  """Why `trained` has no ViTForImageClassification form ('' if it has)."""
+  kw = models.options(trained.name, **trained.options)
+  if models.spec(trained.name)['cls'] is not models.VisionTransformer:
+    return (f'{trained.name} is a {trained.family} ResNet: transformers\' '
+            'ViTForImageClassification has no convolutional trunk (and its '
+            'BiT port uses other layer names and padding)')
+  if kw.get('resnet_layers'):
+    return (f'{trained.name} is a hybrid: its ResNet stem (GroupNorm, '
+            'weight standardisation) has no ViTForImageClassification '
+            'counterpart')
+  if kw.get('classifier', 'token') != 'token':
+    return (f'classifier={kw["classifier"]!r}: ViTForImageClassification '
+            'classifies the class token only')
+  if kw.get('representation_size'):
+    return ('a pre-logits layer (representation_size='
+            f'{kw["representation_size"]}): ViTForImageClassification has '
+            'none (fine-tune without it, or drop it with load_pretrained)')
+  return ''
+
+
+def export(trained, out: str, options):
+  why = not_expressible(trained)
+  if why:
+    raise ValueError(
+        f'--format=hf cannot express this model: {why}. Export it with '
+        '--format=onnx, savedmodel or stablehlo instead')
+  import torch
+  from transformers import ViTForImageClassification, ViTImageProcessor
+  from transformers.utils import logging as hf_logging
+  hf_logging.disable_progress_bar()
+  from vit_jax.checkpoint import hf_config, to_hf
+  config = hf_config(trained.name, num_classes=trained.num_classes,
+                     image_size=trained.image_size,
+                     num_channels=trained.channels, **trained.options)
+  config.id2label = dict(enumerate(trained.labels))
+  config.label2id = {name: i for i, name in enumerate(trained.labels)}
+  config.vit_jax_model = trained.name
+  config.vit_jax_options = dict(trained.options)
+  model = ViTForImageClassification(config)
+  model.load_state_dict(to_hf(trained.params, trained.name,
+                              **trained.options), strict=True)
+  model.eval()
+  with torch.no_grad():
+    model.save_pretrained(out, safe_serialization=True)
+  ViTImageProcessor(
+      do_resize=True, size={'height': trained.image_size,
+                            'width': trained.image_size},
+      resample=2, do_rescale=True, rescale_factor=1 / 255,
+      do_normalize=True, image_mean=[0.5] * trained.channels,
+      image_std=[0.5] * trained.channels).save_pretrained(out)
+  return {'files': ['config.json', 'model.safetensors',
+                    'preprocessor_config.json'],
+          'processor_note': _processor_note(trained)}
+
+
+def _processor_note(trained) -> str:
+  ops = '|'.join(trained.pp)
+  simple = f'decode|resize({trained.image_size})|value_range(-1,1)'
+  if ops.replace(' ', '') == simple:
+    return ('preprocessor_config.json resizes like the eval pre-processing '
+            '(PIL bilinear vs TF bilinear: pixels differ slightly)')
+  return (f'preprocessor_config.json only resizes to {trained.image_size} '
+          f'and maps to [-1, 1]; the model was evaluated with {ops}')
+
+
+@functools.lru_cache(maxsize=2)
+def _model(out: str, stamp: float):
+  del stamp  # Part of the cache key: a new export is loaded anew.
+  from transformers import ViTForImageClassification
+  from transformers.utils import logging as hf_logging
+  hf_logging.disable_progress_bar()
+  return ViTForImageClassification.from_pretrained(out).eval()
+
+
+def run(out: str, images: np.ndarray) -> np.ndarray:
+  import torch
+  model = _model(out, os.path.getmtime(os.path.join(out,
+                                                    'model.safetensors')))
+  with torch.no_grad():
+    pixels = torch.from_numpy(np.ascontiguousarray(
+        images.transpose(0, 3, 1, 2)))
+    return model(pixel_values=pixels).logits.numpy()
+
+
+register(Format(
+    name='hf', export=export, run=run,
+    requires=('torch', 'transformers', 'safetensors'),
+    unsupported=not_expressible,
+    no_preprocessing='transformers models take pixel tensors; the '
+    'preprocessor_config.json written with every hf export resizes and '
+    'normalises for ViTImageProcessor',
+    description='Hugging Face transformers ViTForImageClassification '
+    '(save_pretrained: config.json + model.safetensors, with label names)'))

@@ -1,0 +1,104 @@
+"""Export formats by name: what each writes, and how its output is run.
+
+A format is one module that registers a `Format`:
+
+    registry.register(Format(
+        name='myformat', requires=('mylib',),
+        export=write,       # (trained, out_dir, options) -> {'files': [...], ...}
+        run=run,            # (out_dir, images f32 NHWC [-1, 1]) -> logits
+        description='...'))
+
+`vit_jax.export.export_model` calls `export`, then `run` on a few images
+and compares the logits with the JAX model's (`run_bytes`, where a format
+embeds the pre-processing, is checked on encoded images too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib.util
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+INSTALL = 'pip install -e ".[export]" -c constraints.txt'
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """What the command line asks of every format."""
+  batch: Optional[int] = None         # None: dynamic batch size.
+  with_preprocessing: bool = False    # Take encoded images (where possible).
+  dtype: str = 'float32'              # Compute dtype of the exported model.
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+  name: str
+  export: Callable[[Any, str, Options], Dict[str, Any]]
+  run: Callable[[str, np.ndarray], np.ndarray]
+  requires: Tuple[str, ...] = ()     # Importable modules it needs.
+  description: str = ''
+  run_bytes: Optional[Callable[[str, Sequence[bytes]], np.ndarray]] = None
+  embeds_preprocessing: bool = False  # Supports --with-preprocessing.
+  # Otherwise: why not, and what to do instead.
+  no_preprocessing: str = 'it takes pre-processed float images only'
+  # trained -> why this format cannot hold that model ('' if it can).
+  unsupported: Optional[Callable[[Any], str]] = None
+
+
+FORMATS: Dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+  if fmt.name in FORMATS and FORMATS[fmt.name] is not fmt:
+    raise ValueError(f'export format {fmt.name!r} is already registered')
+  FORMATS[fmt.name] = fmt
+  return fmt
+
+
+def names() -> List[str]:
+  return sorted(FORMATS)
+
+
+def get(name: str) -> Format:
+  if name not in FORMATS:
+    close = difflib.get_close_matches(name, FORMATS, n=2)
+    hint = f' Did you mean {" or ".join(close)}?' if close else ''
+    raise ValueError(f'unknown export format {name!r}.{hint} Formats: '
+                     f'{", ".join(names())}')
+  return FORMATS[name]
+
+
+def check_options(fmt: Format, options: Options) -> None:
+  """ValueError for options the format cannot honour, saying why."""
+  if options.with_preprocessing and not fmt.embeds_preprocessing:
+    raise ValueError(
+        f'--format={fmt.name} cannot embed the pre-processing: '
+        f'{fmt.no_preprocessing}. Drop --with-preprocessing and apply the '
+        'ops listed in export.json (docs/deploy.md), or use '
+        '--format=savedmodel --with-preprocessing')
+
+
+def check_model(fmt: Format, trained) -> None:
+  """ValueError for a model the format cannot express, saying why."""
+  why = fmt.unsupported(trained) if fmt.unsupported else ''
+  if why:
+    others = [n for n in names() if n != fmt.name and not (
+        FORMATS[n].unsupported and FORMATS[n].unsupported(trained))]
+    raise ValueError(f'--format={fmt.name} cannot export this model: {why}. '
+                     f'Export it with --format={" or ".join(others)}')
+
+
+def missing(fmt: Format) -> List[str]:
+  """The modules `fmt` needs that are not installed."""
+  return [m for m in fmt.requires if importlib.util.find_spec(m) is None]
+
+
+def check_installed(fmt: Format) -> None:
+  lacking = missing(fmt)
+  if lacking:
+    raise ImportError(
+        f'--format={fmt.name} needs {", ".join(lacking)}, which is not '
+        f'installed: {INSTALL}')

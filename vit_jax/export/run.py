@@ -1,0 +1,173 @@
+"""`export_model`: write a format, verify it, describe it.
+
+The exported model's logits on a few images must equal the JAX model's
+within `tolerance` (1e-4 at float32), at two batch sizes when the batch is
+dynamic; formats embedding the pre-processing are also checked on encoded
+JPEGs against our TF pre-processing + JAX model. Next to the format's files
+go `labels.txt`, `export.json` (format, input, pre-processing, verification,
+versions) and `MODEL_CARD.md`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from typing import Any, Dict, List, Optional
+
+import jax
+import numpy as np
+
+from vit_jax.export import card, registry
+
+MANIFEST = 'export.json'
+TOLERANCE = {'float32': 1e-4, 'bfloat16': 5e-2, 'float16': 1e-2}
+
+
+class ExportError(RuntimeError):
+  """An export that failed or whose outputs differ from the model's."""
+
+
+def _prepare_dir(out: str, overwrite: bool) -> None:
+  if os.path.isdir(out) and os.listdir(out):
+    if not overwrite:
+      raise ExportError(f'{out} exists and is not empty: pass a new --out, '
+                        'or --overwrite to replace an earlier export there')
+    if not os.path.exists(os.path.join(out, MANIFEST)):
+      raise ExportError(f'{out} is not an earlier export (no {MANIFEST}): '
+                        'refusing to delete it; pass a new --out')
+    shutil.rmtree(out)
+  os.makedirs(out, exist_ok=True)
+
+
+def sample_images(trained, n: int, seed: int = 0) -> np.ndarray:
+  """`n` float32 inputs in [-1, 1] (smooth noise: every weight matters)."""
+  rng = np.random.RandomState(seed)
+  return rng.uniform(-1, 1, (n, *trained.image_shape)).astype(np.float32)
+
+
+def sample_jpegs(trained, n: int, seed: int = 0) -> List[bytes]:
+  """`n` encoded JPEGs of assorted sizes, colour or grey."""
+  import tensorflow as tf
+  rng = np.random.RandomState(seed)
+  out = []
+  for i in range(n):
+    h, w = trained.image_size + 7 * i + 3, trained.image_size + 11 * i + 5
+    pixels = rng.randint(0, 256, (h, w, 3 if i % 2 == 0 else 1), np.uint8)
+    out.append(tf.io.encode_jpeg(pixels).numpy())
+  return out
+
+
+def _reference(trained, images: np.ndarray, dtype: str) -> np.ndarray:
+  return trained.logits(images, dtype)
+
+
+def _reference_bytes(trained, encoded: List[bytes], dtype: str) -> np.ndarray:
+  import tensorflow as tf
+  pp = trained.preprocess()
+  images = np.stack([tf.cast(pp({'image': tf.constant(e)})['image'],
+                             tf.float32).numpy() for e in encoded])
+  return _reference(trained, images, dtype)
+
+
+def verify(fmt: registry.Format, trained, out: str,
+           options: registry.Options, tolerance: float) -> Dict[str, Any]:
+  """Runs the export on a few inputs; ExportError if logits differ."""
+  sizes = [options.batch] if options.batch else [1, 3]
+  checks = []
+  for i, n in enumerate(sizes):
+    images = sample_images(trained, n, seed=i)
+    ours = _reference(trained, images, options.dtype)
+    theirs = np.asarray(fmt.run(out, images), np.float32)
+    checks.append(('images', n, ours, theirs))
+  if options.with_preprocessing and fmt.run_bytes:
+    n = options.batch or 3
+    encoded = sample_jpegs(trained, n)
+    checks.append(('encoded JPEGs', n,
+                   _reference_bytes(trained, encoded, options.dtype),
+                   np.asarray(fmt.run_bytes(out, encoded), np.float32)))
+  diffs = []
+  for what, n, ours, theirs in checks:
+    if theirs.shape != ours.shape:
+      raise ExportError(f'{fmt.name} export in {out}: {n} {what} gave '
+                        f'logits of shape {theirs.shape}, expected '
+                        f'{ours.shape}')
+    diff = float(np.max(np.abs(theirs - ours)))
+    diffs.append({'inputs': what, 'batch': n, 'max_abs_diff': diff})
+    if not diff <= tolerance:
+      raise ExportError(
+          f'{fmt.name} export in {out} is wrong: on {n} {what} its logits '
+          f'differ from the JAX model\'s by up to {diff:.3g} (tolerance '
+          f'{tolerance:g})')
+  worst = max(d['max_abs_diff'] for d in diffs)
+  summary = (f'max |logit difference| {worst:.2g} vs the JAX model on '
+             + ', '.join(f'{d["batch"]} {d["inputs"]}' for d in diffs)
+             + f' (tolerance {tolerance:g})')
+  return {'checks': diffs, 'max_abs_diff': worst, 'tolerance': tolerance,
+          'summary': summary}
+
+
+def _size(out: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f))
+             for d, _, files in os.walk(out) for f in files)
+
+
+def _versions(fmt: registry.Format) -> Dict[str, str]:
+  import importlib
+  out = {'jax': jax.__version__}
+  for name in fmt.requires + ('jaxlib',):
+    try:
+      out[name] = importlib.import_module(name).__version__
+    except (ImportError, AttributeError):
+      pass
+  return out
+
+
+def export_model(trained, fmt_name: str, out: str,
+                 options: Optional[registry.Options] = None, *,
+                 overwrite: bool = False,
+                 tolerance: Optional[float] = None) -> Dict[str, Any]:
+  """Exports `trained` (a `vit_jax.trained.Trained`) as `fmt_name` to
+  `out`, verifies it and writes the model card; returns the manifest."""
+  options = options or registry.Options()
+  fmt = registry.get(fmt_name)
+  registry.check_installed(fmt)
+  registry.check_options(fmt, options)
+  registry.check_model(fmt, trained)
+  tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
+  _prepare_dir(out, overwrite)
+  # float32 means float32: no TF32 / bf16-pass matmuls on GPUs and TPUs,
+  # neither in the exported graph nor in the reference it is checked with.
+  precision = (jax.default_matmul_precision('highest')
+               if options.dtype == 'float32' else contextlib.nullcontext())
+  with precision:
+    start = time.time()
+    info = fmt.export(trained, out, options)
+    seconds = time.time() - start
+    verification = verify(fmt, trained, out, options, tolerance)
+  with open(os.path.join(out, 'labels.txt'), 'w') as f:
+    f.write('\n'.join(trained.labels) + '\n')
+  shape = (options.batch or 'B', *trained.image_shape)
+  manifest = {
+      'format': fmt.name, 'model': trained.architecture,
+      'source': trained.source, 'files': info['files'] + [
+          'labels.txt', MANIFEST, 'MODEL_CARD.md'],
+      'batch': options.batch or 'dynamic', 'dtype': options.dtype,
+      'input': ('encoded images (string [B]), pre-processing inside; '
+                if options.with_preprocessing else '') +
+               f'float32 {list(shape)} NHWC in [-1, 1]',
+      'pre_processing': '|'.join(trained.pp),
+      'num_classes': trained.num_classes, 'labels': 'labels.txt',
+      'export_seconds': round(seconds, 2), 'bytes': _size(out),
+      'verification': verification, 'details': {
+          k: v for k, v in info.items() if k != 'files'},
+      'versions': _versions(fmt),
+  }
+  with open(os.path.join(out, 'MODEL_CARD.md'), 'w') as f:
+    f.write(card.render(trained, manifest))
+  manifest['bytes'] = _size(out)  # Every file but export.json itself.
+  with open(os.path.join(out, MANIFEST), 'w') as f:
+    json.dump(manifest, f, indent=2, default=str)
+  return manifest

@@ -1,0 +1,113 @@
+"""`--format=savedmodel`: a TensorFlow SavedModel, via `jax2tf`.
+
+The JAX function is serialised natively (`jax2tf.convert`: StableHLO in an
+`XlaCallModule` op, lowered for cpu, cuda and tpu); the weights are TF
+variables, so the graph stays small at any model size. Signatures:
+
+  * `serving_default`: float32 images [B, S, S, C] in [-1, 1] ->
+    {'logits', 'probabilities'} (B dynamic unless --batch=N);
+  * with `--with-preprocessing`, `serving_default` takes encoded images
+    (string [B]: JPEG / PNG / GIF / BMP bytes) and runs the model's eval
+    pre-processing (the same TensorFlow ops vit_jax evaluates with) inside
+    the graph; the float signature stays as `serving_images`.
+
+TF Serving serves the directory as it is (`tensorflow_model_server
+--model_base_path=DIR/..` with the directory named by a version number, see
+docs/deploy.md). TFLite: `tf.lite.TFLiteConverter.from_saved_model` lowers
+the StableHLO inside a fixed-batch export (`--batch=N`); it cannot convert
+a dynamic batch (no dynamic gather).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Sequence
+
+import numpy as np
+
+from vit_jax.export.registry import Format, register
+
+PLATFORMS = ('cpu', 'cuda', 'tpu')
+
+
+def export(trained, out: str, options):
+  import tensorflow as tf
+  from jax.experimental import jax2tf
+  fn = trained.apply_fn(options.dtype)
+  shape = (options.batch, *trained.image_shape)
+  module = tf.Module()
+  module.params = tf.nest.map_structure(
+      lambda x: tf.Variable(np.asarray(x, np.float32), trainable=False),
+      trained.params)
+  poly = None if options.batch else '(b, ...)'
+  tf_fn = jax2tf.convert(fn, polymorphic_shapes=[None, poly],
+                         native_serialization_platforms=PLATFORMS,
+                         with_gradient=False)
+
+  def outputs(images):
+    logits = tf_fn(module.params, images)
+    return {'logits': logits, 'probabilities': tf.nn.softmax(logits)}
+
+  images_fn = tf.function(
+      outputs, autograph=False,
+      input_signature=[tf.TensorSpec(shape, tf.float32, name='images')])
+  signatures = {'serving_default': images_fn}
+  if options.with_preprocessing:
+    pp = trained.preprocess()
+
+    def decode(data):
+      return tf.cast(pp({'image': data})['image'], tf.float32)
+
+    def from_bytes(encoded):
+      images = tf.map_fn(decode, encoded, fn_output_signature=tf.TensorSpec(
+          trained.image_shape, tf.float32))
+      return outputs(images)
+
+    bytes_fn = tf.function(
+        from_bytes, autograph=False, input_signature=[
+            tf.TensorSpec([options.batch], tf.string, name='encoded_images')])
+    signatures = {'serving_default': bytes_fn, 'serving_images': images_fn}
+  module.serving_images = images_fn
+  tf.saved_model.save(module, out, signatures=signatures)
+  return {'files': ['saved_model.pb', 'variables/'],
+          'signatures': {k: _describe(v) for k, v in signatures.items()}}
+
+
+def _describe(fn) -> str:
+  spec = fn.input_signature[0]
+  return f'{spec.name}: {spec.dtype.name} {spec.shape.as_list()}'
+
+
+def _load(out: str):
+  return _load_cached(out, os.path.getmtime(os.path.join(out,
+                                                        'saved_model.pb')))
+
+
+@functools.lru_cache(maxsize=2)
+def _load_cached(out: str, stamp: float):
+  """Loaded once per export (verification runs it several times)."""
+  del stamp  # Part of the cache key: a new export in `out` is reloaded.
+  import tensorflow as tf
+  return tf.saved_model.load(out)
+
+
+def run(out: str, images: np.ndarray) -> np.ndarray:
+  import tensorflow as tf
+  loaded = _load(out)
+  sig = loaded.signatures.get('serving_images') or loaded.signatures[
+      'serving_default']
+  return sig(images=tf.constant(images))['logits'].numpy()
+
+
+def run_bytes(out: str, encoded: Sequence[bytes]) -> np.ndarray:
+  import tensorflow as tf
+  sig = _load(out).signatures['serving_default']
+  return sig(encoded_images=tf.constant(list(encoded)))['logits'].numpy()
+
+
+register(Format(
+    name='savedmodel', export=export, run=run, run_bytes=run_bytes,
+    requires=('tensorflow',), embeds_preprocessing=True,
+    description='TensorFlow SavedModel (jax2tf; TF Serving); '
+    '--with-preprocessing takes encoded JPEG/PNG bytes'))

@@ -1,0 +1,232 @@
+"""Classify images with a trained model: `python -m vit_jax.predict`.
+
+    python -m vit_jax.predict --init=/tmp/vit_smoke photo.jpg
+    python -m vit_jax.predict --init=/tmp/vit_smoke --top=3 --json=out.json photos/
+    python -m vit_jax.predict --init=ViT-B_16.npz --model=ViT-B/16 --labels=imagenet2012 cat.jpg
+
+`--init` is a training workdir, an .npz checkpoint or a Hugging Face
+directory (see `vit_jax/trained.py`). Images are pre-processed exactly as
+the run evaluated them (its `input.pp_eval` at its `input.image_size`:
+decode, resize / crop, value range; a 1-channel model gets grey images).
+Folders are searched recursively for .jpg/.jpeg/.png/.gif/.bmp/.webp
+files.
+A file that cannot be read or decoded is reported by name and skipped; the
+others are classified. Batches are split over the local devices (CPU, GPU or
+TPU cores); the last one is padded, so one program is compiled.
+
+Prints `FILE: label (probability), ...` per image (top `--top`) and writes
+the same as JSON with `--json`. Exit status: 0 when at least one image was
+classified, 1 when none was (every file unreadable, or an error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import sys
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
+
+
+def list_images(paths: Sequence[str]) -> List[str]:
+  """The image files among `paths`, folders searched recursively (sorted)."""
+  out = []
+  for path in paths:
+    if os.path.isdir(path):
+      for folder, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+        out += [os.path.join(folder, f) for f in sorted(files)
+                if f.lower().endswith(EXTENSIONS) and not f.startswith('.')]
+    else:
+      out.append(path)  # Named explicitly: tried whatever its extension.
+  return out
+
+
+class Predictor:
+  """Batched, device-sharded classification of encoded images.
+
+  `predictor(files)` yields ('ok', file, probabilities) or ('skipped',
+  file, reason) in the order of `files`.
+  """
+
+  def __init__(self, trained, *, batch: int = 64,
+               dtype: Optional[str] = None, workers: int = 4):
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from vit_jax.data import pipeline
+    pipeline.hide_accelerators_from_tf()
+    self.trained = trained
+    devices = jax.local_devices()
+    self.batch = max(1, -(-batch // len(devices))) * len(devices)
+    mesh = Mesh(np.array(devices), ('data',))
+    self._data_sh = NamedSharding(mesh, P('data'))
+    replicated = NamedSharding(mesh, P())
+    apply = trained.apply_fn(dtype)
+    self._params = jax.device_put(trained.params, replicated)
+    self._fn = jax.jit(lambda p, x: jax.nn.softmax(apply(p, x), axis=-1),
+                       in_shardings=(replicated, self._data_sh),
+                       out_shardings=replicated)
+    self._load = image_loader(trained)
+    self._workers = workers
+
+  def load(self, path: str) -> np.ndarray:
+    """One file -> the model's input (float32 HxWxC); raises on bad files."""
+    return self._load(path)
+
+  def _read(self, path: str) -> Tuple[str, object]:
+    try:
+      return 'ok', self._load(path)
+    except Exception as e:  # pylint: disable=broad-except
+      return 'skipped', error_reason(e)
+
+  def __call__(self, files: Sequence[str]
+               ) -> Iterator[Tuple[str, str, object]]:
+    import jax
+    with concurrent.futures.ThreadPoolExecutor(self._workers) as pool:
+      for start in range(0, len(files), self.batch):
+        chunk = files[start:start + self.batch]
+        loaded = list(pool.map(self._read, chunk))
+        good = [x for status, x in loaded if status == 'ok']
+        probs = iter(())
+        if good:
+          images = np.zeros((self.batch, *self.trained.image_shape),
+                            np.float32)
+          images[:len(good)] = np.stack(good)
+          out = self._fn(self._params,
+                         jax.device_put(images, self._data_sh))
+          probs = iter(np.asarray(out)[:len(good)])
+        for path, (status, x) in zip(chunk, loaded):
+          yield (status, path, next(probs) if status == 'ok' else x)
+
+
+def image_loader(trained):
+  """`path -> float32 HxWxC`: read the file, then the eval pre-processing."""
+  import tensorflow as tf
+  pp = trained.preprocess()
+
+  @tf.function(input_signature=[tf.TensorSpec([], tf.string)])
+  def process(data):
+    return tf.cast(pp({'image': data})['image'], tf.float32)
+
+  def load(path: str) -> np.ndarray:
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      data = f.read()
+    if not data:
+      raise ValueError('empty file')
+    image = process(tf.constant(data)).numpy()
+    if image.shape != trained.image_shape:
+      raise ValueError(f'pre-processed to {image.shape}, the model takes '
+                       f'{trained.image_shape}')
+    return image
+  return load
+
+
+def error_reason(error: Exception) -> str:
+  """The error's message without TensorFlow's graph traceback."""
+  text = getattr(error, 'message', None) or str(error)
+  lines = [re.sub(r'^\{\{function_node [^}]*\}\}\s*', '', l).strip()
+           for l in text.splitlines()
+           if l.strip() and not l[0].isspace() and not l.startswith(
+               ('Graph execution error', 'Detected at node'))]
+  return f'{type(error).__name__}: {(lines or [""])[-1][:200]}'
+
+
+def top_k(probs: np.ndarray, labels: Sequence[str], k: int) -> List[Dict]:
+  order = np.argsort(-probs, kind='stable')[:k]
+  return [{'label': labels[i], 'index': int(i),
+           'probability': float(probs[i])} for i in order]
+
+
+def predict(trained, paths: Sequence[str], *, top: int = 5, batch: int = 64,
+            dtype: Optional[str] = None, progress: bool = False
+            ) -> Tuple[List[Dict], List[Dict]]:
+  """([{'file', 'top': [{'label', 'index', 'probability'}]}], [{'file',
+  'error'}]) for the images among `paths` (files and folders)."""
+  files = list_images(paths)
+  predictor = Predictor(trained, batch=batch, dtype=dtype)
+  results, skipped = [], []
+  bar = _progress(len(files)) if progress else None
+  for status, path, value in predictor(files):
+    if status == 'ok':
+      results.append({'file': path,
+                      'top': top_k(value, trained.labels, top)})
+    else:
+      skipped.append({'file': path, 'error': value})
+      print(f'skipped {path}: {value}', file=sys.stderr)
+    if bar is not None:
+      bar.update(1)
+  if bar is not None:
+    bar.close()
+  return results, skipped
+
+
+def _progress(total: int):
+  try:
+    from tqdm import tqdm
+  except ImportError:
+    return None
+  return tqdm(total=total, unit='img', file=sys.stderr,
+              disable=total <= 1 or not sys.stderr.isatty())
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog='python -m vit_jax.predict',
+      description='Top-k classes of images, pre-processed as the model was '
+      'evaluated.')
+  p.add_argument('--init', required=True, help='training workdir (or its '
+                 'checkpoints/<step>), .npz checkpoint or Hugging Face dir')
+  p.add_argument('--model', help='zoo name (needed for .npz files)')
+  p.add_argument('--labels', help='dataset name or a text file of class '
+                 'names, one per line (default: the run\'s dataset)')
+  p.add_argument('--image_size', type=int, help='input resolution for '
+                 '.npz models (default: from the checkpoint)')
+  p.add_argument('--top', type=int, default=5, help='classes per image')
+  p.add_argument('--batch', type=int, default=64, help='images per batch '
+                 '(rounded up to a multiple of the local devices)')
+  p.add_argument('--dtype', help="compute dtype (default: the run's)")
+  p.add_argument('--json', help='also write the results to this file')
+  p.add_argument('paths', nargs='+', help='image files and folders')
+  return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  args = _parser().parse_args(argv)
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  from vit_jax import trained as trained_lib
+  try:
+    trained = trained_lib.load(args.init, model=args.model,
+                               labels=args.labels,
+                               image_size=args.image_size)
+  except (trained_lib.TrainedModelError, FileNotFoundError, ValueError) as e:
+    print(f'vit_jax.predict: {e}', file=sys.stderr)
+    return 1
+  files = list_images(args.paths)
+  if not files:
+    print(f'vit_jax.predict: no image files in {args.paths}',
+          file=sys.stderr)
+    return 1
+  results, skipped = predict(trained, files, top=args.top, batch=args.batch,
+                             dtype=args.dtype, progress=True)
+  for r in results:
+    print(f'{r["file"]}: ' + ', '.join(
+        f'{t["label"]} ({t["probability"]:.3f})' for t in r['top']))
+  print(f'{len(results)} classified, {len(skipped)} skipped'
+        + (': ' + ', '.join(s['file'] for s in skipped) if skipped else ''),
+        file=sys.stderr)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump({'model': trained.architecture, 'init': args.init,
+                 'pre_processing': '|'.join(trained.pp),
+                 'results': results, 'skipped': skipped}, f, indent=2)
+  return 0 if results else 1
+
+
+if __name__ == '__main__':
+  sys.exit(main())
