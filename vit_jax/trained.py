@@ -68,6 +68,7 @@ class Trained:
   config: Dict[str, Any] = dataclasses.field(default_factory=dict)
   command: Optional[str] = None
   workdir: Optional[str] = None
+  pp_spec: Any = None        # `pp` before expansion (a preset follows size).
   _jitted: Dict[str, Any] = dataclasses.field(
       default_factory=dict, repr=False, compare=False)
 
@@ -168,9 +169,16 @@ def load(init: str, *, model: Optional[str] = None,
 def resized(trained: Trained, image_size: int) -> Trained:
   """`trained` at another input side: the eval ops' resize target and the
   position embeddings (interpolated as fine-tuning does)."""
+  spec = trained.pp_spec if trained.pp_spec is not None else trained.pp
   out = _build(trained.name, trained.options, trained.num_classes,
-               image_size, trained.pp, trained.params, trained.source,
+               image_size, spec, trained.params, trained.source,
                trained.kind, dtype=trained.dtype)
+  if out.image_size != image_size:
+    raise TrainedModelError(
+        f'image size {image_size}: the eval pre-processing of {trained.source} '
+        f'({"|".join(trained.pp)}) makes {out.image_size}x{out.image_size} '
+        f'images whatever the size asked for; use {out.image_size}, or a '
+        'run whose input.pp_eval follows input.image_size (a preset name)')
   return dataclasses.replace(trained, image_size=out.image_size,
                              channels=out.channels, pp=out.pp,
                              params=out.params, _jitted={})
@@ -418,7 +426,8 @@ def _build(name, options, num_classes, size, pp, params, source, kind,
   loaded = jax.tree.map(lambda a: np.asarray(a, np.float32), loaded)
   return Trained(name=name, options=dict(options), num_classes=num_classes,
                  image_size=size, channels=channels, pp=ops, labels=[],
-                 params=loaded, source=source, kind=kind, dtype=dtype)
+                 params=loaded, source=source, kind=kind, dtype=dtype,
+                 pp_spec=pp)
 
 
 def _pp_output(ops: List[str], size: int):
