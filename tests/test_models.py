@@ -225,6 +225,39 @@ def test_named_remat_policies_give_the_same_gradients(rng, policy):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize('scan,remat', [(False, False), (True, True)])
+def test_stochastic_depth_is_identity_in_eval_and_random_in_training(
+    rng, scan, remat):
+  from vit_jax.checkpoint import stack_blocks
+  x = jnp.asarray(rng.uniform(-1, 1, (4, 28, 28, 3)), jnp.float32)
+  plain = models.create('ViT-test', num_classes=5)
+  p = jax.tree.map(lambda a: a + 0.05 * rng.normal(size=a.shape),
+                   _init(plain, x.shape))
+  sd = models.create('ViT-test', num_classes=5, stochastic_depth=0.5,
+                     scan_layers=scan, remat=remat)
+  q = stack_blocks(jax.device_get(p)) if scan else p
+  np.testing.assert_allclose(sd.apply({'params': q}, x),
+                             plain.apply({'params': p}, x), atol=1e-5)
+  run = lambda seed: sd.apply({'params': q}, x, train=True,
+                              rngs={'dropout': jax.random.key(seed)})
+  assert not np.allclose(run(1), run(2))
+  np.testing.assert_array_equal(run(1), run(1))  # A function of the rng.
+
+
+def test_drop_path_drops_at_its_rate_and_keeps_the_mean():
+  from vit_jax.models.vit import DropPath, depth_rates
+  y = jnp.ones((40_000, 3, 4))
+  out = DropPath().apply({}, y, 0.3, deterministic=False,
+                         rngs={'dropout': jax.random.key(0)})
+  rows = np.asarray(out).reshape(len(y), -1)
+  assert np.all((rows == 0).all(1) | np.isclose(rows, 1 / 0.7).all(1))
+  assert abs((rows[:, 0] == 0).mean() - 0.3) < 0.01
+  assert abs(rows.mean() - 1.0) < 0.02
+  np.testing.assert_allclose(depth_rates(0.1, 5), [0, .025, .05, .075, .1])
+  with pytest.raises(ValueError, match='stochastic_depth=1.0'):
+    depth_rates(1.0, 12)
+
+
 def test_unknown_remat_policy_names_the_choices():
   with pytest.raises(ValueError, match='nothing_saveable.*dots_saveable'):
     _init(models.create('ViT-test', num_classes=5, remat='dots'),

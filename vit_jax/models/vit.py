@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from vit_jax.models import attention, matmul, registry, remat as remat_lib
@@ -43,6 +44,33 @@ class AddPositionEmbs(nn.Module):
                               (None, None, 'embed')),
                     shape, self.param_dtype)
     return x + pe.astype(x.dtype)
+
+
+class DropPath(nn.Module):
+  """Stochastic depth (Huang et al. 2016; DeiT / AugReg's drop path): in
+  training, each example's residual branch is dropped with probability
+  `rate` and kept ones are scaled by 1 / (1 - rate); the identity in eval.
+  `rate` may be a traced scalar (per-layer rates under nn.scan)."""
+
+  @nn.compact
+  def __call__(self, y, rate, *, deterministic: bool):
+    if deterministic or (isinstance(rate, (int, float)) and rate == 0):
+      return y
+    keep = 1.0 - jnp.asarray(rate, jnp.float32)
+    mask = jax.random.bernoulli(self.make_rng('dropout'), keep,
+                                (y.shape[0],) + (1,) * (y.ndim - 1))
+    return jnp.where(mask, y / keep.astype(y.dtype), jnp.zeros_like(y))
+
+
+def depth_rates(max_rate: float, num_layers: int):
+  """Drop-path rate of each block: linear from 0 (first) to `max_rate`
+  (last), as DeiT and AugReg schedule it."""
+  if not 0.0 <= max_rate < 1.0:
+    raise ValueError(f'stochastic_depth={max_rate}: a drop probability in '
+                     '[0, 1)')
+  if num_layers == 1:
+    return [max_rate]
+  return [max_rate * i / (num_layers - 1) for i in range(num_layers)]
 
 
 class MlpBlock(nn.Module):
@@ -91,7 +119,7 @@ class Encoder1DBlock(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x, deterministic: bool):
+  def __call__(self, x, deterministic: bool, drop_path=0.0):
     norm = lambda: nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                                 param_dtype=self.param_dtype)
     # Logical activation axes: no-ops unless the caller sets axis rules
@@ -113,19 +141,19 @@ class Encoder1DBlock(nn.Module):
         broadcast_dropout=False, dropout_rate=self.attention_dropout_rate,
         deterministic=deterministic)(y, y, sow_weights=self.capture_attention)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
-    x = x + y
+    x = x + DropPath()(y, drop_path, deterministic=deterministic)
     y = norm()(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate,
                  self.dtype, self.param_dtype)(y, deterministic=deterministic)
-    return x + y
+    return x + DropPath()(y, drop_path, deterministic=deterministic)
 
 
 class _ScannedBlock(Encoder1DBlock):
   """Encoder1DBlock with the (carry, output) signature nn.scan wants."""
 
   @nn.compact
-  def __call__(self, x, deterministic: bool):
-    return super().__call__(x, deterministic=deterministic), None
+  def __call__(self, x, drop_path, deterministic: bool):
+    return super().__call__(x, deterministic, drop_path), None
 
 
 class Encoder(nn.Module):
@@ -135,7 +163,8 @@ class Encoder(nn.Module):
   stacked under `encoderblock` with a leading layer axis; convert with
   `vit_jax.checkpoint.stack_blocks` / `unstack_blocks`); `remat` recomputes
   each block's activations in the backward pass to save memory (True or a
-  policy name from `vit_jax.models.remat.POLICIES`).
+  policy name from `vit_jax.models.remat.POLICIES`); `stochastic_depth` is
+  the last block's drop-path rate (`depth_rates`).
   """
   num_layers: int
   mlp_dim: int
@@ -145,6 +174,7 @@ class Encoder(nn.Module):
   gelu_approximate: bool = True
   attention_impl: str = 'xla'
   capture_attention: bool = False
+  stochastic_depth: float = 0.0
   scan_layers: bool = False
   remat: bool | str = False
   dtype: Dtype = jnp.float32
@@ -162,22 +192,30 @@ class Encoder(nn.Module):
               capture_attention=self.capture_attention,
               dtype=self.dtype, param_dtype=self.param_dtype)
     policy = remat_lib.policy(self.remat)
+    rates = depth_rates(self.stochastic_depth, self.num_layers)
+    # Drop-path rates are static Python floats, except under nn.scan with
+    # stochastic depth on, where each layer's rate is a scanned input.
+    scanned_rates = self.scan_layers and self.stochastic_depth > 0
     if self.scan_layers:
-      block = _ScannedBlock
+      block = _ScannedBlock  # (x, drop_path, deterministic)
       if self.remat:
-        block = nn.remat(block, prevent_cse=False, static_argnums=(2,),
-                         policy=policy)
+        block = nn.remat(block, prevent_cse=False, policy=policy,
+                         static_argnums=(3,) if scanned_rates else (2, 3))
       x, _ = nn.scan(block, variable_axes={'params': 0, 'intermediates': 0},
                      split_rngs={'params': True, 'dropout': True},
-                     in_axes=nn.broadcast, length=self.num_layers,
+                     in_axes=(0 if scanned_rates else nn.broadcast,
+                              nn.broadcast),
+                     length=self.num_layers,
                      metadata_params={nn.PARTITION_NAME: 'layers'})(
-                         name='encoderblock', **kw)(x, not train)
+                         name='encoderblock', **kw)(
+                             x, jnp.asarray(rates) if scanned_rates else 0.0,
+                             not train)
     else:
-      block = Encoder1DBlock
+      block = Encoder1DBlock  # (x, deterministic, drop_path)
       if self.remat:
-        block = nn.remat(block, static_argnums=(2,), policy=policy)
+        block = nn.remat(block, static_argnums=(2, 3), policy=policy)
       for i in range(self.num_layers):
-        x = block(name=f'encoderblock_{i}', **kw)(x, not train)
+        x = block(name=f'encoderblock_{i}', **kw)(x, not train, rates[i])
     return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                         param_dtype=self.param_dtype, name='encoder_norm')(x)
 
@@ -200,6 +238,8 @@ class VisionTransformer(Module):
     attention_impl: "xla", "cudnn" or "explicit" (`vit_jax.models.attention`;
       `models.from_config` resolves "auto" from the platform).
     capture_attention: sow every block's softmax weights (`vit_jax.inspect`).
+    stochastic_depth: drop-path rate of the last block, linearly less for
+      earlier ones (0: off; DeiT / AugReg use 0.1 for ViT-B).
     scan_layers / remat: see `Encoder` (same numbers, less compile time and
       memory for deep models).
     dtype: compute dtype of every layer; param_dtype: storage dtype of params.
@@ -220,6 +260,7 @@ class VisionTransformer(Module):
   gelu_approximate: bool = True
   attention_impl: str = 'xla'
   capture_attention: bool = False
+  stochastic_depth: float = 0.0
   scan_layers: bool = False
   remat: bool | str = False
   dtype: Dtype = jnp.float32
@@ -262,6 +303,7 @@ class VisionTransformer(Module):
                 gelu_approximate=self.gelu_approximate,
                 attention_impl=self.attention_impl,
                 capture_attention=self.capture_attention,
+                stochastic_depth=self.stochastic_depth,
                 scan_layers=self.scan_layers, remat=self.remat,
                 dtype=self.dtype, param_dtype=self.param_dtype,
                 name='Transformer')(x, train=train)
