@@ -17,6 +17,7 @@ machine, whatever the tf.data parallelism.
 | `random_crop(h, w=h)` | random h x w crop |
 | `central_crop(h, w=h)` | central h x w crop |
 | `flip_lr` | random left-right flip |
+| `randaug(num_layers=2, magnitude=10)`, `random_erasing(...)` | RandAugment and random erasing (`randaug.py`) |
 | `value_range(vmin=-1, vmax=1, in_min=0, in_max=255, clip=True)` | affine map of pixel values |
 | `to_rgb` | grayscale (1 channel) -> 3 channels |
 | `onehot(depth, on=1.0, off=0.0)` | label -> float32 one-hot [depth] |
@@ -66,7 +67,7 @@ def make(name: str, *args, **kwargs) -> OpFn:
   return factory(*args, **kwargs)
 
 
-def _on_image(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> OpFn:
+def on_image(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> OpFn:
   def op(features: Features, seed: tf.Tensor) -> Features:
     return {**features, 'image': fn(features['image'], seed)}
   return op
@@ -106,7 +107,7 @@ def decode_image(data: tf.Tensor, channels: Optional[int] = 3) -> tf.Tensor:
 
 @register('decode')
 def decode(channels: Optional[int] = 3) -> OpFn:
-  return _on_image(lambda image, seed: decode_image(image, channels))
+  return on_image(lambda image, seed: decode_image(image, channels))
 
 
 def _sample_crop(shape: tf.Tensor, seed: tf.Tensor, area: Tuple[float, float],
@@ -142,7 +143,7 @@ def inception_crop(size: Optional[int] = None, area_min: float = 0.05,
                                (aspect_min, aspect_max))
     image = tf.slice(image, begin, crop)
     return _resize(image, size, size) if size else image
-  return _on_image(fn)
+  return on_image(fn)
 
 
 @register('decode_jpeg_and_inception_crop', random=True)
@@ -177,14 +178,14 @@ def decode_jpeg_and_inception_crop(
       image = tf.cond(tf.io.is_jpeg(data), jpeg, lambda: unfused(data, seed))
       image = tf.ensure_shape(image, [None, None, channels])
     return _resize(image, size, size) if size else image
-  return _on_image(fn)
+  return on_image(fn)
 
 
 @register('resize')
 def resize(h: int, w: Optional[int] = None, method: str = 'bilinear',
            antialias: bool = False) -> OpFn:
   h, w = _hw(h, w)
-  return _on_image(lambda image, seed: _resize(image, h, w, method, antialias))
+  return on_image(lambda image, seed: _resize(image, h, w, method, antialias))
 
 
 @register('resize_small')
@@ -197,7 +198,7 @@ def resize_small(size: int, method: str = 'bilinear',
     new = tf.maximum(tf.cast(tf.round(hw * scale), tf.int32), size)
     out = tf.image.resize(image, new, method=method, antialias=antialias)
     return tf.cast(out, tf.float32)
-  return _on_image(fn)
+  return on_image(fn)
 
 
 @register('random_crop', random=True)
@@ -208,7 +209,7 @@ def random_crop(h: int, w: Optional[int] = None) -> OpFn:
     channels = tf.shape(image)[-1]
     out = tf.image.stateless_random_crop(image, [h, w, channels], seed=seed)
     return tf.ensure_shape(out, [h, w, image.shape[-1]])
-  return _on_image(fn)
+  return on_image(fn)
 
 
 @register('central_crop')
@@ -223,12 +224,12 @@ def central_crop(h: int, w: Optional[int] = None) -> OpFn:
         message=f'central_crop({h}, {w}): image is smaller than the crop')
     out = image[top:top + h, left:left + w]
     return tf.ensure_shape(out, [h, w, image.shape[-1]])
-  return _on_image(fn)
+  return on_image(fn)
 
 
 @register('flip_lr', random=True)
 def flip_lr() -> OpFn:
-  return _on_image(lambda image, seed:
+  return on_image(lambda image, seed:
                    tf.image.stateless_random_flip_left_right(image, seed))
 
 
@@ -243,12 +244,12 @@ def value_range(vmin: float = -1.0, vmax: float = 1.0, in_min: float = 0.0,
     if clip:
       out = tf.clip_by_value(out, min(vmin, vmax), max(vmin, vmax))
     return out
-  return _on_image(fn)
+  return on_image(fn)
 
 
 @register('to_rgb')
 def to_rgb() -> OpFn:
-  return _on_image(lambda image, seed: _set_channels(image, 3))
+  return on_image(lambda image, seed: _set_channels(image, 3))
 
 
 @register('onehot')

@@ -28,6 +28,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import tensorflow as tf
 
 from vit_jax.data import ops
+from vit_jax.data import randaug  # noqa: F401  (registers its ops)
 
 Spec = Union[str, Sequence[str]]
 Parsed = Tuple[str, tuple, dict]
