@@ -56,14 +56,15 @@ def base() -> ml_collections.ConfigDict:
     return ml_collections.FieldReference(None, field_type=kind)
   # See docs/data.md; None: the dataset registry's default, or the input
   # pipeline's (vit_jax/data/settings.py: shuffle_buffer, cache, prefetch,
-  # mixup, skip_bad_images).
+  # mixup, cutmix, skip_bad_images).
   c.input = ml_collections.ConfigDict(dict(
       data='imagenet2012', data_dir=none(str), image_size=224,
       batch_size=4096, eval_batch_size=1024,
       num_train_examples=registry.get('imagenet2012').num_train_examples,
       train_split=none(str), eval_split=none(str), pp_train=none(str),
       pp_eval=none(str), shuffle_buffer=none(int), cache=none(bool),
-      prefetch=none(int), mixup=none(float), skip_bad_images=none(bool),
+      prefetch=none(int), mixup=none(float), cutmix=none(float),
+      skip_bad_images=none(bool),
       prepare=False))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)

@@ -189,3 +189,31 @@ def test_mixup_blends_images_and_one_hot_labels():
   ratios = [float(mixup.beta_ratio(0.2, _seed(i))) for i in range(200)]
   assert all(0 <= x <= 1 for x in ratios)
   assert np.mean([x < 0.1 or x > 0.9 for x in ratios]) > 0.4  # U-shaped.
+
+
+def test_cutmix_pastes_a_box_and_mixes_labels_by_its_area():
+  a, b = np.zeros((64, 48, 3), np.float32), np.full((64, 48, 3), 9.0,
+                                                     np.float32)
+  batch = {'image': tf.constant(np.stack([a, b])),
+           'label': tf.constant([0, 2], tf.int32)}
+  fractions = []
+  for i in range(20):
+    out = mixup.cutmix(batch, 1.0, 3, _seed(i))
+    images, labels = out['image'].numpy(), out['label'].numpy()
+    np.testing.assert_allclose(labels.sum(1), 1, atol=1e-6)
+    pasted = (images[0] == 9).all(-1)  # Image 0 got image 1's pixels.
+    rows, cols = np.nonzero(pasted)
+    if pasted.any():  # One rectangle.
+      assert pasted.sum() == (np.ptp(rows) + 1) * (np.ptp(cols) + 1)
+    np.testing.assert_allclose(labels[0], [1 - pasted.mean(), 0,
+                                           pasted.mean()], atol=1e-6)
+    np.testing.assert_array_equal(pasted, (images[1] == 0).all(-1))
+    fractions.append(pasted.mean())
+  assert 0.2 < np.mean(fractions) < 0.8  # Beta(1, 1): half on average.
+  again = mixup.cutmix(batch, 1.0, 3, _seed(3))['image'].numpy()
+  np.testing.assert_array_equal(
+      again, mixup.cutmix(batch, 1.0, 3, _seed(3))['image'].numpy())
+  both = [mixup.mix(batch, 0.2, 1.0, 3, _seed(i)) for i in range(20)]
+  boxes = sum(bool(np.isin(o['image'].numpy()[0], [0, 9]).all())
+              for o in both)
+  assert 3 <= boxes <= 17  # CutMix on about half the batches, mixup else.

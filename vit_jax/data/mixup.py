@@ -1,4 +1,6 @@
-"""Batch-level mixup (Zhang et al. 2018), as the reference ViT code does it.
+"""Batch-level mixing of train batches: mixup and CutMix.
+
+Mixup (Zhang et al. 2018), as the reference ViT code does it.
 
 Each batch is blended with itself reversed along the batch axis, with one
 ratio r ~ Beta(alpha, alpha) per batch:
@@ -8,6 +10,12 @@ ratio r ~ Beta(alpha, alpha) per batch:
 
 so labels become float32 [B, num_classes]. The ratio comes from a stateless
 seed (the batch's position in the stream): resumed runs mix identically.
+
+CutMix (Yun et al. 2019): one box per batch, of area (1 - r) of the image
+with r ~ Beta(alpha, alpha) and a uniformly drawn centre (clipped at the
+borders), is pasted from the reversed batch; labels are mixed by the pasted
+area actually used. With both alphas set, each batch gets one or the other
+with probability 1/2 (timm's `switch_prob`).
 """
 
 from __future__ import annotations
@@ -39,3 +47,47 @@ def mixup(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
   return {**batch,
           'image': r * images + (1 - r) * tf.reverse(images, axis=[0]),
           'label': r * labels + (1 - r) * tf.reverse(labels, axis=[0])}
+
+
+def cutmix(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
+           seed: tf.Tensor) -> Dict[str, tf.Tensor]:
+  """Pastes one box of the reversed batch into every image (see above)."""
+  labels = batch['label']
+  if labels.shape.rank == 1:
+    labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
+  labels = tf.cast(labels, tf.float32)
+  images = batch['image']
+  s = tf.random.experimental.stateless_split(seed, 3)
+  r = beta_ratio(alpha, s[0])
+  h, w = tf.shape(images)[1], tf.shape(images)[2]
+  hf, wf = tf.cast(h, tf.float32), tf.cast(w, tf.float32)
+  side = tf.sqrt(1.0 - r)
+  cut_h = tf.cast(tf.round(hf * side), tf.int32)
+  cut_w = tf.cast(tf.round(wf * side), tf.int32)
+  cy = tf.random.stateless_uniform([], s[1], 0, h, dtype=tf.int32)
+  cx = tf.random.stateless_uniform([], s[2], 0, w, dtype=tf.int32)
+  y0, y1 = tf.maximum(cy - cut_h // 2, 0), tf.minimum(cy + cut_h // 2, h)
+  x0, x1 = tf.maximum(cx - cut_w // 2, 0), tf.minimum(cx + cut_w // 2, w)
+  rows, cols = tf.range(h)[:, None], tf.range(w)[None, :]
+  box = (rows >= y0) & (rows < y1) & (cols >= x0) & (cols < x1)
+  pasted = tf.cast((y1 - y0) * (x1 - x0), tf.float32) / (hf * wf)
+  images = tf.where(box[None, :, :, None], tf.reverse(images, axis=[0]),
+                    images)
+  return {**batch, 'image': images,
+          'label': (1 - pasted) * labels + pasted * tf.reverse(labels,
+                                                               axis=[0])}
+
+
+def mix(batch: Dict[str, tf.Tensor], mixup_alpha: float, cutmix_alpha: float,
+        num_classes: int, seed: tf.Tensor) -> Dict[str, tf.Tensor]:
+  """Mixup, CutMix, or (both set) one of them per batch."""
+  if cutmix_alpha <= 0:
+    return mixup(batch, mixup_alpha, num_classes, seed)
+  if mixup_alpha <= 0:
+    return cutmix(batch, cutmix_alpha, num_classes, seed)
+  s = tf.random.experimental.stateless_split(seed, 2)
+  use_cutmix = tf.random.stateless_uniform([], s[0]) < 0.5
+  a = cutmix(batch, cutmix_alpha, num_classes, s[1])
+  b = mixup(batch, mixup_alpha, num_classes, s[1])
+  return {k: tf.where(use_cutmix, a[k], b[k]) if k in ('image', 'label')
+          else a[k] for k in a}

@@ -171,9 +171,9 @@ class TrainIterator:
     ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
     ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(self._local, drop_remainder=True)
-    if st.mixup > 0:
-      ds = ds.map(lambda b: mixup_lib.mixup(
-          b, st.mixup, self._num_classes,
+    if st.mixup > 0 or st.cutmix > 0:
+      ds = ds.map(lambda b: mixup_lib.mix(
+          b, st.mixup, st.cutmix, self._num_classes,
           _fold(keys['mixup'], b[_EPOCH][0], b[_INDEX][0])))
     return ds.prefetch(st.prefetch).with_options(_options())
 
@@ -212,7 +212,9 @@ class TrainIterator:
             'pp': preprocess.expand(st.pp_train, st.image_size),
             'shuffle_buffer': st.shuffle_buffer, 'cache': st.cache,
             'mixup': st.mixup, 'skip_bad_images': st.skip_bad_images,
-            'data_dir': st.data_dir}
+            'data_dir': st.data_dir,
+            # Only when on: states saved before CutMix existed still match.
+            **({'cutmix': st.cutmix} if st.cutmix else {})}
 
   def get_state(self) -> Dict[str, Any]:
     """The position after the last batch returned, JSON-serialisable."""

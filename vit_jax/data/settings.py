@@ -13,6 +13,7 @@
 | `cache` | False | keep the (still encoded) examples in memory after the first pass (epochs then reuse its order: no per-epoch file-order shuffle) |
 | `prefetch` | 2 | batches prepared ahead |
 | `mixup` | 0.0 | mixup alpha; > 0 mixes each train batch, labels become [B, classes] |
+| `cutmix` | 0.0 | CutMix alpha; > 0 pastes a box between train images, labels become [B, classes] (with `mixup` too: one or the other per batch) |
 | `skip_bad_images` | False | folder datasets: skip undecodable files instead of failing |
 | `num_classes` | the registry's | generic TFRecords only |
 | `num_train_examples` | the registry's | `dataset_info` train size where the source does not know it (TFRecords) |
@@ -49,6 +50,7 @@ class Settings:
   num_train_examples: Optional[int]
   data_dir: Optional[str] = None
   skip_bad_images: bool = False
+  cutmix: float = 0.0
   eval_split_error: Optional[Exception] = None
 
   def require_eval_split(self) -> str:
@@ -89,6 +91,7 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       cache=bool(input_config.get('cache', False)),
       prefetch=int(input_config.get('prefetch') or DEFAULT_PREFETCH),
       mixup=float(input_config.get('mixup') or 0.0),
+      cutmix=float(input_config.get('cutmix') or 0.0),
       num_train_examples=(input_config.get('num_train_examples')
                           or spec.num_train_examples),
       data_dir=input_config.get('data_dir'),

@@ -33,6 +33,7 @@ _RULES: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ('input.shuffle_buffer', lambda v: v >= 1, 'e.g. 10000'),
     ('input.prefetch', lambda v: v >= 0, 'e.g. 2'),
     ('input.mixup', lambda v: v >= 0, '0 (off) or an alpha, e.g. 0.2'),
+    ('input.cutmix', lambda v: v >= 0, '0 (off) or an alpha, e.g. 1.0'),
     ('optim.lr', lambda v: v > 0, 'a positive learning rate, e.g. 1e-3'),
     ('optim.warmup_steps', lambda v: v >= 0, '0 or a step count'),
     ('optim.weight_decay', lambda v: v >= 0, '0 (off) or e.g. 0.1'),

@@ -142,7 +142,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     start, saved = 0, {}
     if config.get('init'):
       state = _init_params(config, state, state_sh)
-  label_ndim = 2 if config.input.get('mixup') else 1
+  label_ndim = 2 if (config.input.get('mixup')
+                    or config.input.get('cutmix')) else 1
   train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
                                         config, label_ndim)
   evals = evaluators.build(config, model, mesh, state_sh.params,
