@@ -25,6 +25,14 @@ from typing import Dict
 import tensorflow as tf
 
 
+def soft_labels(labels: tf.Tensor, num_classes: int) -> tf.Tensor:
+  """float32 [B, num_classes]: one-hot integer labels, or soft ones as they
+  are (a batch mixed already)."""
+  if labels.shape.rank == 1:
+    labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
+  return tf.cast(labels, tf.float32)
+
+
 def beta_ratio(alpha: float, seed: tf.Tensor) -> tf.Tensor:
   """One sample of Beta(alpha, alpha) from two stateless Gamma samples."""
   g = tf.random.stateless_gamma([2], seed=seed, alpha=tf.constant(
@@ -38,10 +46,7 @@ def beta_ratio(alpha: float, seed: tf.Tensor) -> tf.Tensor:
 def mixup(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
           seed: tf.Tensor) -> Dict[str, tf.Tensor]:
   """Mixes `batch['image']` and one-hot `batch['label']` (see above)."""
-  labels = batch['label']
-  if labels.shape.rank == 1:
-    labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
-  labels = tf.cast(labels, tf.float32)
+  labels = soft_labels(batch['label'], num_classes)
   images = tf.cast(batch['image'], tf.float32)
   r = beta_ratio(alpha, seed)
   return {**batch,
@@ -52,10 +57,7 @@ def mixup(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
 def cutmix(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
            seed: tf.Tensor) -> Dict[str, tf.Tensor]:
   """Pastes one box of the reversed batch into every image (see above)."""
-  labels = batch['label']
-  if labels.shape.rank == 1:
-    labels = tf.one_hot(labels, num_classes, dtype=tf.float32)
-  labels = tf.cast(labels, tf.float32)
+  labels = soft_labels(batch['label'], num_classes)
   images = batch['image']
   s = tf.random.experimental.stateless_split(seed, 3)
   r = beta_ratio(alpha, s[0])
