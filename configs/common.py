@@ -77,7 +77,12 @@ def base() -> ml_collections.ConfigDict:
       linear_end=0.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1,
       momentum=0.9, grad_clip_norm=ml_collections.FieldReference(
           None, field_type=float), mu_dtype=ml_collections.FieldReference(
-              None, field_type=str)))
+              None, field_type=str),
+      # Per-parameter groups (vit_jax/train/param_groups.py): a regex of
+      # frozen parameters, ((regex, lr multiplier), ...), layer-wise decay.
+      frozen=ml_collections.FieldReference(None, field_type=str),
+      lr_mults=ml_collections.FieldReference(None, field_type=object),
+      layer_decay=ml_collections.FieldReference(None, field_type=float)))
   # Device mesh (-1 fills): batch over data x fsdp, heads/MLP over model.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
   c.fsdp_min_size = 2**18  # Smaller tensors stay replicated under FSDP.

@@ -176,6 +176,8 @@ def _log_changes(saved: Dict[str, Any], config, steps: int,
         diff = {k: (before.get(k), value.get(k))
                 for k in sorted(set(before) | set(value))
                 if before.get(k) != value.get(k)}
+        if not diff:  # Only fields added since, at their default (None).
+          continue
       else:
         diff = (before, value)
       logging.warning(

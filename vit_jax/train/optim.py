@@ -13,6 +13,9 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
   grad_clip_norm  global-norm clipping (None: off)
   mu_dtype        dtype of Adam's first moment / SGD's trace ('bfloat16' saves
                   memory; None: the parameters' dtype)
+  frozen, lr_mults, layer_decay
+                  per-parameter learning rates and freezing by regex on
+                  parameter paths (param_groups.py)
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import traverse_util
+
+from vit_jax.train import param_groups
 
 NAMES = ('adam', 'sgd')
 DECAYS = ('linear', 'cosine', 'constant')
@@ -82,5 +87,6 @@ def make(cfg: ml_collections.ConfigDict, total_steps: int
     parts.append(optax.sgd(lr, momentum=cfg.get('momentum', 0.9) or None,
                            nesterov=cfg.get('nesterov', False),
                            accumulator_dtype=mu_dtype))
-  return optax.chain(*parts), lr
+  # Per-parameter learning rates and freezing (param_groups.py).
+  return param_groups.wrap(optax.chain(*parts), cfg), lr
 

@@ -1,0 +1,110 @@
+"""Per-parameter learning rates and freezing (vit_jax/train/param_groups.py):
+frozen parameters stay bit-identical and get no optimiser state; multipliers
+and layer-wise decay give the expected per-layer learning rates."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from flax import traverse_util
+
+from vit_jax import models
+from vit_jax.checkpoint import stack_blocks
+from vit_jax.train import optim
+
+
+def _cfg(**kw):
+  return ml_collections.ConfigDict({
+      **dict(name='sgd', lr=0.1, warmup_steps=0, decay='constant',
+             momentum=0.0), **kw})
+
+
+def _setup(scan=False):
+  model = models.create('ViT-test', num_classes=3, scan_layers=scan)
+  x = jnp.asarray(np.random.RandomState(0).uniform(-1, 1, (4, 28, 28, 3)),
+                  jnp.float32)
+  plain = models.create('ViT-test', num_classes=3)
+  params = jax.tree.map(lambda a: a + 0.1, plain.init(jax.random.key(0), x)[
+      'params'])
+  if scan:
+    params = stack_blocks(jax.device_get(params))
+  loss = lambda p: (model.apply({'params': p}, x) ** 2).mean()
+  return params, loss
+
+
+def _steps(cfg, params, loss, n=3):
+  tx, _ = optim.make(cfg, 100)
+  state = tx.init(params)
+  for _ in range(n):
+    g = jax.grad(loss)(params)
+    u, state = tx.update(g, state, params)
+    params = optax.apply_updates(params, u)
+  return params, state
+
+
+def test_frozen_parameters_are_bit_identical_and_have_no_state():
+  params, loss = _setup()
+  cfg = _cfg(name='adam', weight_decay=0.1, frozen='^(?!head/)')
+  new, state = _steps(cfg, params, loss)
+  flat_old = traverse_util.flatten_dict(params)
+  flat_new = traverse_util.flatten_dict(new)
+  for k in flat_old:
+    if k[0] == 'head':
+      assert not np.array_equal(flat_old[k], flat_new[k]), k
+    else:
+      np.testing.assert_array_equal(flat_old[k], flat_new[k], err_msg=str(k))
+  n_params = sum(np.size(x) for x in jax.tree.leaves(params))
+  head = sum(np.size(x) for x in jax.tree.leaves(params['head']))
+  n_state = sum(np.size(x) for x in jax.tree.leaves(state)
+                if np.ndim(x) > 0)
+  assert n_state == 2 * head < n_params  # Adam's mu, nu for the head only.
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_layer_decay_and_multipliers_scale_each_parameters_learning_rate(
+    scan):
+  params, loss = _setup(scan)
+  g = jax.grad(loss)(params)
+  cfg = _cfg(layer_decay=0.5, lr_mults=(('^head/', 3.0),))
+  tx, _ = optim.make(cfg, 100)
+  updates, _ = tx.update(g, tx.init(params), params)
+  step = jax.tree.map(lambda u: -u, updates)  # SGD: lr * multiplier * g.
+
+  def check(path, mult, index=None):
+    got, grad = np.asarray(_get(step, path)), np.asarray(_get(g, path))
+    if index is not None:
+      got, grad = got[index], grad[index]
+    assert np.abs(grad).max() > 0, path
+    np.testing.assert_allclose(got, 0.1 * mult * grad, rtol=1e-3,
+                               atol=1e-3 * 0.1 * mult * np.abs(grad).max())
+
+  check('head/kernel', 3.0)
+  check('Transformer/encoder_norm/scale', 1.0)
+  check('embedding/kernel', 0.5 ** 3)
+  key = 'Transformer/encoderblock{}/MlpBlock_0/Dense_0/kernel'
+  if scan:
+    check(key.format(''), 0.5 ** 2, 0)
+    check(key.format(''), 0.5, 1)
+  else:
+    check(key.format('_0'), 0.5 ** 2)
+    check(key.format('_1'), 0.5)
+
+
+def _get(tree, path):
+  for k in path.split('/'):
+    tree = tree[k]
+  return tree
+
+
+@pytest.mark.parametrize('field,value,match', [
+    ('frozen', '^nothing_here', 'matches no parameter'),
+    ('frozen', '.*', 'nothing would train'),
+    ('lr_mults', (('^hed/', 2.0),), "'\\^hed/'.*match no"),
+    ('layer_decay', 1.5, 'layer_decay=1.5')])
+def test_bad_groups_are_clear_errors(field, value, match):
+  params, _ = _setup()
+  tx, _ = optim.make(_cfg(**{field: value}), 100)
+  with pytest.raises(ValueError, match=match):
+    tx.init(params)
