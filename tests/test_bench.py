@@ -57,3 +57,28 @@ def test_bench_runs_without_tensorflow_clu_ml_collections(tmp_path):
     assert r['compiled_argument_gb'] > 0
   # The train step holds Adam's two moments besides the parameters.
   assert train['compiled_argument_gb'] > 2.5 * infer['compiled_argument_gb']
+
+
+def test_peers_table_ratios_per_round():
+  from benchmarks import peers
+  args = peers._parser().parse_args(['--rounds=2', '--steps=3'])
+  rows = {
+      'ours|train|float32': [{'img_per_s': 2.0, 'peak_host_memory_gb': 3.0},
+                             {'img_per_s': 1.0, 'peak_host_memory_gb': 3.2}],
+      'hf|train|float32': [{'img_per_s': 1.0, 'peak_host_memory_gb': 2.5},
+                           {'img_per_s': 1.5, 'peak_host_memory_gb': 2.4}],
+      'ours|train|bfloat16': [
+          {'img_per_s': 3.0, 'peak_host_memory_gb': 2.0,
+           'cpu_matmul_form': 'bf16'}, {'error': 'boom'}],
+  }
+  meta = {'date': 'today', 'machine': 'a CPU', 'versions': {'jax': '0'},
+          'load_before': (1.0, 0, 0), 'load_after': (2.0, 0, 0),
+          'command': 'python -m benchmarks.peers'}
+  text = peers.table({'meta': meta, 'rows': rows,
+                      'unavailable': {'timm': 'import timm fails'}}, args)
+  assert '| ours | train | float32 | 2.00, 1.00 | 1 | 3.20 |' in text
+  assert '| hf | train | float32 | 1.00, 1.50 | 0.50, 1.50 | 2.50 |' in text
+  assert ('| ours (CPU matmul form bf16) | train | bfloat16 | 3.00, error |'
+          in text)
+  assert 'timm: unavailable (import timm fails)' in text
+  assert 'a CPU' in text and 'load average 1.0 before, 2.0 after' in text

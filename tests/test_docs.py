@@ -127,12 +127,28 @@ def check_bench(argv):
   assert out.returncode == 0, out.stderr[-2000:]
 
 
+def check_peers(argv):
+  from benchmarks import peers
+  args = peers._parser().parse_args(argv)
+  assert set(args.peers.split(',')) <= set(peers.PEERS), args.peers
+
+
+def check_op_profile(argv):
+  from benchmarks import op_profile
+  known = ('--model', '--batch', '--image_size', '--dtype', '--steps',
+           '--top')
+  for a in argv:
+    assert a.split('=')[0] in known, a
+  assert op_profile.category('ynn_fusion.3') != op_profile.category('copy.1')
+
+
 CHECKS = {
     'vit_jax.main': check_main, 'vit_jax.accounting': check_accounting,
     'launch.topology': check_topology, 'launch.tpu': check_tpu,
     'vit_jax.tables': check_tables, 'vit_jax.vtab': check_vtab,
     'vit_jax.data.prepare': check_prepare, 'vit_jax.bench': check_bench,
     'vit_jax.models': lambda argv: None,
+    'benchmarks.peers': check_peers, 'benchmarks.op_profile': check_op_profile,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
 }
