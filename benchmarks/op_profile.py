@@ -74,7 +74,7 @@ def main(argv=None):
         if not line.name.startswith('tf_XLAEigen'):
           continue  # The XLA runtime's worker threads run the ops.
         for ev in line.events:
-          if not ev.name.startswith('ThunkExecutor'):
+          if '::' not in ev.name:  # XLA ops, not the runtime's own events.
             per_op[ev.name] += ev.duration_ns / args.steps
   total = sum(per_op.values())
   by_cat = collections.Counter()
