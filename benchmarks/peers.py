@@ -68,7 +68,8 @@ def _jax(args, flax_default: bool) -> Dict[str, Any]:
     from vit_jax.models import matmul
     matmul.dot_general = lax.dot_general  # What the modules look up per call.
   kw = dict(image_size=args.image_size, dtype=args.dtype, steps=args.steps,
-            warmup=args.warmup, num_classes=args.num_classes)
+            warmup=args.warmup, num_classes=args.num_classes,
+            measure_peak=False)
   if args.mode == 'train':
     res = bench.bench_train_step(args.model, args.batch, **kw)
   else:

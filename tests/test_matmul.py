@@ -138,3 +138,9 @@ def test_cpu_form_auto_measures_inside_a_trace(monkeypatch):
     assert matmul.cpu_form() == 'f32' and not matmul.MEASURED
   finally:
     matmul.reset_cpu_form()
+
+
+def test_cpu_form_probe_times_both_forms():
+  times = matmul._time_forms(m=64, k=32, n=48, repeats=1)
+  assert set(times) == set(matmul.CPU_FORMS)
+  assert all(0 < t < 60 for t in times.values())

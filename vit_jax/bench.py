@@ -44,6 +44,8 @@ flags.DEFINE_integer('steps', 10, 'Timed steps.')
 flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.')
 flags.DEFINE_integer('num_classes', 1000, 'Head size.')
+flags.DEFINE_bool('matmul_peak', True, 'Measure the matmul peak for MFU '
+                  '(seconds); --nomatmul_peak reports no MFU.')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
 flags.DEFINE_alias('input-only', 'input_only')
@@ -183,7 +185,8 @@ def _time_steps(compiled, args, steps, warmup, carry: bool):
 def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                      dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                      warmup: int = 2, accum_steps: int = 1,
-                     num_classes: int = 1000) -> Dict[str, Any]:
+                     num_classes: int = 1000,
+                     measure_peak: bool = True) -> Dict[str, Any]:
   """Measures the train step of one configuration; returns the figures."""
   import jax
 
@@ -204,12 +207,13 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
   metrics = runs[-1][1][1]
   return _report('train', model_name, batch, image_size, dtype, num_classes,
                  mesh, compile_s, times, compiled,
-                 {'loss': float(metrics['loss'])})
+                 {'loss': float(metrics['loss'])}, measure_peak)
 
 
 def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
                 dtype: str = 'float32', mesh_axes=None, steps: int = 10,
-                warmup: int = 2, num_classes: int = 1000) -> Dict[str, Any]:
+                warmup: int = 2, num_classes: int = 1000,
+                measure_peak: bool = True) -> Dict[str, Any]:
   """Measures the eval forward pass (logits of a batch, `train=False`)."""
   import jax
   import flax.linen as nn
@@ -234,11 +238,12 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
     times = [dt for dt, _ in _time_steps(
         compiled, (state.params, data['image']), steps, warmup, carry=False)]
   return _report('infer', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled, {})
+                 mesh, compile_s, times, compiled, {}, measure_peak)
 
 
 def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
-            compile_s, times, compiled, extra) -> Dict[str, Any]:
+            compile_s, times, compiled, extra, measure_peak=True
+            ) -> Dict[str, Any]:
   import jax
   import jax.numpy as jnp
 
@@ -249,7 +254,6 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
   fwd = accounting.forward_flops(model_name, image_size, num_classes)
   passes = 3.0 if mode == 'train' else 1.0
   achieved = passes * fwd * batch / step_s
-  peak = matmul_peak(jnp.dtype(dtype))
   device = jax.devices()[0]
   hw = accounting.detect_hardware(device.device_kind)
   out = {
@@ -261,8 +265,10 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
       'img_per_s': batch / step_s,
       'img_per_s_per_device': batch / step_s / jax.device_count(),
       'forward_gflops': fwd / 1e9, 'achieved_tflops': achieved / 1e12,
-      'matmul_peak_tflops': peak / 1e12, 'mfu': achieved / peak,
   }
+  if measure_peak:
+    peak = matmul_peak(jnp.dtype(dtype))
+    out.update(matmul_peak_tflops=peak / 1e12, mfu=achieved / peak)
   if device.platform == 'cpu' and dtype == 'bfloat16':
     out['cpu_matmul_form'] = matmul.cpu_form()
     out.update({f'cpu_probe_{k}_ms': v * 1e3
@@ -315,13 +321,14 @@ def main(argv):
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
-        num_classes=FLAGS.num_classes)
+        num_classes=FLAGS.num_classes, measure_peak=FLAGS.matmul_peak)
   else:
     res = bench_train_step(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
-        accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes)
+        accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
+        measure_peak=FLAGS.matmul_peak)
   _print_table(res)
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:
