@@ -1,9 +1,9 @@
 r"""Memory and speed of one train step across values of one model option.
 
-    python benchmarks/variants.py --option=remat \
+    python -m benchmarks.variants --option=remat \
         --values=False,nothing_saveable,dots_with_no_batch_dims_saveable,dots_saveable \
         --model=ViT-B/16 --batch=32 --time_model=ViT-Ti/16 --time_batch=16
-    python benchmarks/variants.py --option=attention_impl --values=xla,explicit \
+    python -m benchmarks.variants --option=attention_impl --values=xla,explicit \
         --model=ViT-B/16 --batch=8 --time_model=ViT-S/16 --time_batch=8
 
 Memory: XLA's compiled memory analysis of the jitted train step (temporaries

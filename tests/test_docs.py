@@ -144,6 +144,21 @@ def check_inspect(argv):
   cli._parser().parse_args(argv)
 
 
+def check_peers(argv):
+  from benchmarks import peers
+  args = peers._parser().parse_args(argv)
+  assert set(args.peers.split(',')) <= set(peers.PEERS), args.peers
+
+
+def check_op_profile(argv):
+  from benchmarks import op_profile
+  known = ('--model', '--batch', '--image_size', '--dtype', '--steps',
+           '--top')
+  for a in argv:
+    assert a.split('=')[0] in known, a
+  assert op_profile.category('ynn_fusion.3') != op_profile.category('copy.1')
+
+
 CHECKS = {
     'vit_jax.main': check_main, 'vit_jax.accounting': check_accounting,
     'launch.topology': check_topology, 'launch.tpu': check_tpu,
@@ -151,6 +166,7 @@ CHECKS = {
     'vit_jax.data.prepare': check_prepare, 'vit_jax.bench': check_bench,
     'vit_jax.models': lambda argv: None, 'vit_jax.inspect': check_inspect,
     'vit_jax.predict': check_predict, 'vit_jax.export': check_export,
+    'benchmarks.peers': check_peers, 'benchmarks.op_profile': check_op_profile,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
 }

@@ -50,7 +50,7 @@ def _leaves(tree, prefix=''):
 @pytest.fixture(scope='module')
 def reference_run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp('ref'))
-  out = _main(workdir)
+  out = _main(workdir, '--config.profile=12,3')  # Traces steps 13 to 15.
   assert out.returncode == 0, out.stderr[-4000:]
   return workdir, out
 
@@ -75,6 +75,36 @@ def test_run_writes_summary_metrics_and_checkpoints(reference_run):
   assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == [
       '20', '30', '40']  # keep_checkpoints=3.
   assert 'eval_accuracy' in out.stdout
+
+
+def test_profile_trace_and_step_time_split(reference_run):
+  workdir, out = reference_run
+  runs = os.path.join(workdir, 'profile', 'plugins', 'profile')
+  [run] = os.listdir(runs)
+  files = os.listdir(os.path.join(runs, run))
+  assert any(f.endswith('.xplane.pb') for f in files), files  # TensorBoard.
+  assert 'perfetto_trace.json.gz' in files, files
+  assert 'profiling steps 13 to 15' in out.stderr
+  rows = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
+  row = [r for r in rows if 'loss' in r][-1]
+  parts = [row[k] for k in ('input_wait_s_per_step', 'step_s_per_step',
+                            'host_s_per_step')]
+  assert all(p >= 0 for p in parts) and row['step_s_per_step'] > 0
+  assert sum(parts) <= row['step_time_s'] * 1.001 + 1e-6
+  assert re.search(r'step 40: [\d.]+ s/step = input wait [\d.]+ \+ step '
+                   r'[\d.]+ \+ host [\d.]+', out.stderr)
+
+
+def test_bad_profile_window_is_a_clear_error():
+  from vit_jax.configs import smoke
+  from vit_jax.train import config_check
+  config = smoke.get_config('smoke=true')
+  for bad in ('5', '5,0', '-1,3', 'a,b', '1,2,3'):
+    config.profile = bad
+    with pytest.raises(ValueError, match=r'--config\.profile=.*10,5'):
+      config_check.check(config)
+  config.profile = '0,2'
+  config_check.check(config)
 
 
 def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 
 from vit_jax.models import matmul
@@ -78,3 +79,68 @@ def test_batched_attention_einsums():
     for x, y in zip(g, g_ref):
       err = float(jnp.abs(x.astype(jnp.float32) - y).max() / jnp.abs(y).max())
       assert err < 0.02, (spec, err)
+
+
+def test_cpu_bf16_flags_from_cpuinfo(tmp_path):
+  info = tmp_path / 'cpuinfo'
+  info.write_text('processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16\n')
+  assert matmul.cpu_bf16_flags(str(info)) == {'avx512_bf16'}
+  info.write_text('processor\t: 0\nflags\t\t: fpu avx2 avx512f\n')
+  assert matmul.cpu_bf16_flags(str(info)) == set()
+  assert matmul.cpu_bf16_flags(str(tmp_path / 'absent')) is None
+
+
+def test_cpu_form_from_environment(monkeypatch):
+  x, w = _inputs(4, (4, 33, 64), (64, 96))
+  xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  results = {}
+  try:
+    for form in matmul.CPU_FORMS:
+      monkeypatch.setenv(matmul.ENV, form)
+      matmul.reset_cpu_form()
+      assert matmul.cpu_form() == form
+      f = jax.jit(jax.value_and_grad(
+          _loss(matmul.dot_general, DN_DENSE, jnp.bfloat16), (0, 1)))
+      results[form] = f(xb, wb)
+      text = f.lower(xb, wb).as_text()
+      # The bf16 form's backward materialises the transposed activation.
+      assert ('optimization_barrier' in text) == (form == 'bf16'), form
+    for a, b in zip(jax.tree.leaves(results['bf16']),
+                    jax.tree.leaves(results['f32'])):
+      a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+      np.testing.assert_allclose(a, b, atol=0.02 * np.abs(b).max())
+    monkeypatch.setenv(matmul.ENV, 'fast')
+    matmul.reset_cpu_form()
+    with pytest.raises(ValueError, match='VIT_JAX_CPU_MATMUL'):
+      matmul.cpu_form()
+  finally:
+    matmul.reset_cpu_form()
+
+
+def test_cpu_form_auto_measures_inside_a_trace(monkeypatch):
+  """'auto' times both forms in a thread of its own: tracing a jitted
+  function that triggers it leaks no tracer."""
+  monkeypatch.delenv(matmul.ENV, raising=False)
+  monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: {'avx512_bf16'})
+  monkeypatch.setattr(matmul, '_time_forms', lambda: (
+      jax.block_until_ready(jax.jit(lambda a: a @ a)(jnp.ones((8, 8)))),
+      {'bf16': 2.0, 'f32': 1.0})[1])
+  matmul.reset_cpu_form()
+  try:
+    x, w = _inputs(5, (3, 8), (8, 4))
+    jax.jit(lambda a, b: matmul.dot_general(
+        a, b, (((1,), (0,)), ((), ()))))(x.astype(jnp.bfloat16),
+                                          w.astype(jnp.bfloat16))
+    assert matmul.cpu_form() == 'f32'
+    assert matmul.MEASURED == {'bf16': 2.0, 'f32': 1.0}
+    monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: set())
+    matmul.reset_cpu_form()
+    assert matmul.cpu_form() == 'f32' and not matmul.MEASURED
+  finally:
+    matmul.reset_cpu_form()
+
+
+def test_cpu_form_probe_times_both_forms():
+  times = matmul._time_forms(m=64, k=32, n=48, repeats=1)
+  assert set(times) == set(matmul.CPU_FORMS)
+  assert all(0 < t < 60 for t in times.values())

@@ -1,14 +1,23 @@
-"""Benchmark the train step (or the input pipeline): `python -m vit_jax.bench`.
+"""Benchmark the train step, the eval forward pass or the input pipeline.
 
     python -m vit_jax.bench --model=ViT-B/16 --batch=8 [--dtype=bfloat16]
-        [--mesh=data=-1,fsdp=1,model=1] [--steps=10] [--json=out.json]
+        [--mode=train|infer] [--mesh=data=-1,fsdp=1,model=1] [--steps=10]
+        [--json=out.json]
     python -m vit_jax.bench --input-only --data=imagenet2012 [--data_dir=DIR]
         [--batch=256] [--image_size=224]
 
-Reports compile time, the median train-step time after warm-up, img/s,
-achieved TFLOP/s (3 x XLA forward FLOPs per image, the paper's convention),
-MFU against a matmul peak measured in the same run for the same dtype (and
-against the nominal peak where the hardware is known), and peak memory.
+`--mode=train` (default) times the real train step (Adam + global-norm
+clipping); `--mode=infer` the eval forward pass (`train=False`, the number
+to compare for serving). Reports compile time, the median step time after
+warm-up, img/s, achieved TFLOP/s (train: 3 x, infer: 1 x the XLA forward
+FLOPs per image, the paper's convention), MFU against a matmul peak measured
+in the same run for the same dtype (and against the nominal peak where the
+hardware is known), and peak memory: the device's peak where the backend
+reports one (GPU, TPU), the process's peak resident host memory always, and
+XLA's compiled footprint of the step.
+
+The model, step and benchmark need only jax, flax, optax and numpy (no
+TensorFlow, tfds, clu or ml_collections; `--input_only` needs TensorFlow).
 """
 
 from __future__ import annotations
@@ -28,11 +37,15 @@ flags.DEFINE_integer('batch', 8, 'Global batch size.')
 flags.DEFINE_integer('image_size', 224, 'Image side in pixels.')
 flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
                   'Compute dtype (parameters stay float32).')
+flags.DEFINE_enum('mode', 'train', ['train', 'infer'],
+                  'train: the train step; infer: the eval forward pass.')
 flags.DEFINE_string('mesh', 'data=-1', 'Mesh axes, e.g. data=-1,fsdp=2.')
 flags.DEFINE_integer('steps', 10, 'Timed steps.')
 flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.')
 flags.DEFINE_integer('num_classes', 1000, 'Head size.')
+flags.DEFINE_bool('matmul_peak', True, 'Measure the matmul peak for MFU '
+                  '(seconds); --nomatmul_peak reports no MFU.')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
 flags.DEFINE_alias('input-only', 'input_only')
@@ -41,6 +54,8 @@ flags.DEFINE_string('data', 'imagenet2012', 'Dataset for --input_only; '
                     'as TFRecords to a temporary folder, 224-px inception '
                     'pre-processing.')
 flags.DEFINE_string('data_dir', None, 'tfds data dir for --input_only.')
+
+MODES = ('train', 'infer')
 
 
 def _parse_mesh(spec: str) -> Dict[str, int]:
@@ -58,8 +73,9 @@ def matmul_peak(dtype, n: int | None = None, repeats: int = 5) -> float:
   """Best FLOP/s of an n x n x n matmul on all local devices together.
 
   It uses the models' own matmul (`vit_jax.models.matmul.dot_general`: for
-  bf16, bf16 operands with float32 accumulation), so MFU compares the step
-  with the fastest matmul the model itself can run.
+  bf16, bf16 operands with float32 accumulation, in the form the platform
+  uses), so MFU compares the step with the fastest matmul the model itself
+  can run.
   """
   import jax
   import jax.numpy as jnp
@@ -87,83 +103,183 @@ def _timed(fn) -> float:
 
 
 def peak_memory_bytes() -> Dict[str, Any]:
+  """The device's peak bytes in use where the backend tracks it (GPU, TPU;
+  the largest over local devices) and the process's peak resident host
+  memory (Linux `ru_maxrss`, KiB), in GiB."""
   import jax
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if 'peak_bytes_in_use' in stats:
-    return {'peak_device_memory_gb': stats['peak_bytes_in_use'] / 2**30}
-  # CPU: the process's peak resident memory (Linux reports KiB).
-  return {'peak_host_memory_gb':
-          resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+  out = {}
+  peaks = [(d.memory_stats() or {}).get('peak_bytes_in_use')
+           for d in jax.local_devices()]
+  peaks = [p for p in peaks if p is not None]
+  if peaks:
+    out['peak_device_memory_gb'] = max(peaks) / 2**30
+  out['peak_host_memory_gb'] = (
+      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20)
+  return out
 
 
-def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
-                     dtype: str = 'float32', mesh_axes=None, steps: int = 10,
-                     warmup: int = 2, accum_steps: int = 1,
-                     num_classes: int = 1000) -> Dict[str, Any]:
-  """Measures one configuration; returns the figures as a dict."""
+def compiled_memory(compiled) -> Dict[str, Any]:
+  """XLA's memory plan of a compiled step, per device, in GiB: arguments
+  (parameters, optimiser state, batch), outputs, temporaries."""
+  try:
+    m = compiled.memory_analysis()
+  except Exception:  # pylint: disable=broad-except  (not every backend)
+    return {}
+  if m is None:
+    return {}
+  return {f'compiled_{k}_gb': getattr(m, f'{k}_size_in_bytes') / 2**30
+          for k in ('argument', 'output', 'temp')
+          if hasattr(m, f'{k}_size_in_bytes')}
+
+
+def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
+           accum_steps, optimizer: bool):
+  """(model, mesh, tx, lr_fn, state, state shardings, device batch)."""
   import jax
   import jax.numpy as jnp
-  import ml_collections
   import numpy as np
+  import optax
 
-  from vit_jax import accounting, models
-  from vit_jax.train import optim
+  from vit_jax import models
   from vit_jax import sharding as shd
+  from vit_jax.train import optim
   from vit_jax.train import step as step_lib
 
   mesh = shd.make_mesh(**(mesh_axes or {}))
   shd.check_batch_size(batch, mesh, '--batch', accum_steps)
   model = models.create(model_name, num_classes=num_classes,
                         dtype=jnp.dtype(dtype))
-  tx, lr_fn = optim.make(ml_collections.ConfigDict(dict(
-      name='adam', lr=1e-3, warmup_steps=0, decay='constant',
-      weight_decay=0.1, grad_clip_norm=1.0)), 1000)
+  if optimizer:
+    tx, lr_fn = optim.make(optim.Settings(
+        name='adam', lr=1e-3, warmup_steps=0, decay='constant',
+        weight_decay=0.1, grad_clip_norm=1.0), 1000)
+  else:
+    tx, lr_fn = optax.identity(), None
   shape = (image_size, image_size, 3)
   state, state_sh = step_lib.create_state(model, tx, 0, shape, mesh)
-  train = step_lib.compile_train_step(
-      model, tx, lr_fn, state_sh, mesh,
-      ml_collections.ConfigDict({'accum_steps': accum_steps}))
   rng = np.random.RandomState(0)
   host = {'image': rng.uniform(-1, 1, (batch, *shape)).astype(np.float32),
           'label': rng.randint(0, num_classes, (batch,)).astype(np.int32)}
   data = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim))
           for k, v in host.items()}
+  return model, mesh, tx, lr_fn, state, state_sh, data
 
+
+def _time_steps(compiled, args, steps, warmup, carry: bool):
+  """Runs `compiled` warm-up + timed times; with `carry`, its first output
+  replaces the first argument (the train state). Returns (times, outputs)."""
+  import jax
+  args = list(args)
+  out = None
+  for i in range(warmup + steps):
+    t = time.perf_counter()
+    out = compiled(*args)
+    jax.block_until_ready(out)
+    dt = time.perf_counter() - t
+    if carry:
+      args[0] = out[0]
+    if i >= warmup:
+      yield dt, out
+
+
+def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
+                     dtype: str = 'float32', mesh_axes=None, steps: int = 10,
+                     warmup: int = 2, accum_steps: int = 1,
+                     num_classes: int = 1000,
+                     measure_peak: bool = True) -> Dict[str, Any]:
+  """Measures the train step of one configuration; returns the figures."""
+  import jax
+
+  from vit_jax.train import step as step_lib
+
+  model, mesh, tx, lr_fn, state, state_sh, data = _setup(
+      model_name, batch, image_size, dtype, mesh_axes, num_classes,
+      accum_steps, optimizer=True)
+  train = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
+                                      {'accum_steps': accum_steps})
   with jax.set_mesh(mesh):
     t = time.perf_counter()
     compiled = train.lower(state, data).compile()
     compile_s = time.perf_counter() - t
-    for _ in range(warmup):
-      state, m = compiled(state, data)
-    jax.block_until_ready(state)
-    times = []
-    for _ in range(steps):
-      t = time.perf_counter()
-      state, m = compiled(state, data)
-      jax.block_until_ready((state, m))
-      times.append(time.perf_counter() - t)
+    runs = list(_time_steps(compiled, (state, data), steps, warmup,
+                            carry=True))
+  times = [dt for dt, _ in runs]
+  metrics = runs[-1][1][1]
+  return _report('train', model_name, batch, image_size, dtype, num_classes,
+                 mesh, compile_s, times, compiled,
+                 {'loss': float(metrics['loss'])}, measure_peak)
+
+
+def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
+                dtype: str = 'float32', mesh_axes=None, steps: int = 10,
+                warmup: int = 2, num_classes: int = 1000,
+                measure_peak: bool = True) -> Dict[str, Any]:
+  """Measures the eval forward pass (logits of a batch, `train=False`)."""
+  import jax
+  import flax.linen as nn
+
+  from vit_jax import sharding as shd
+
+  model, mesh, _, _, state, state_sh, data = _setup(
+      model_name, batch, image_size, dtype, mesh_axes, num_classes, 1,
+      optimizer=False)
+
+  def forward(params, images):
+    with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+      return model.apply({'params': params}, images, train=False)
+
+  fwd = jax.jit(forward, in_shardings=(state_sh.params,
+                                       shd.batch_sharding(mesh, 4)),
+                out_shardings=shd.batch_sharding(mesh, 2))
+  with jax.set_mesh(mesh):
+    t = time.perf_counter()
+    compiled = fwd.lower(state.params, data['image']).compile()
+    compile_s = time.perf_counter() - t
+    times = [dt for dt, _ in _time_steps(
+        compiled, (state.params, data['image']), steps, warmup, carry=False)]
+  return _report('infer', model_name, batch, image_size, dtype, num_classes,
+                 mesh, compile_s, times, compiled, {}, measure_peak)
+
+
+def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
+            compile_s, times, compiled, extra, measure_peak=True
+            ) -> Dict[str, Any]:
+  import jax
+  import jax.numpy as jnp
+
+  from vit_jax import accounting
+  from vit_jax.models import matmul
 
   step_s = statistics.median(times)
   fwd = accounting.forward_flops(model_name, image_size, num_classes)
-  achieved = 3.0 * fwd * batch / step_s
-  peak = matmul_peak(jnp.dtype(dtype))
-  hw = accounting.detect_hardware(jax.devices()[0].device_kind)
+  passes = 3.0 if mode == 'train' else 1.0
+  achieved = passes * fwd * batch / step_s
+  device = jax.devices()[0]
+  hw = accounting.detect_hardware(device.device_kind)
   out = {
-      'model': model_name, 'batch': batch, 'image_size': image_size,
-      'dtype': dtype, 'mesh': dict(mesh.shape), 'devices': jax.device_count(),
-      'device_kind': jax.devices()[0].device_kind, 'compile_s': compile_s,
+      'mode': mode, 'model': model_name, 'batch': batch,
+      'image_size': image_size, 'dtype': dtype, 'mesh': dict(mesh.shape),
+      'devices': jax.device_count(), 'device_kind': device.device_kind,
+      'compile_s': compile_s,
       'step_s_median': step_s, 'step_s_min': min(times),
       'img_per_s': batch / step_s,
       'img_per_s_per_device': batch / step_s / jax.device_count(),
       'forward_gflops': fwd / 1e9, 'achieved_tflops': achieved / 1e12,
-      'matmul_peak_tflops': peak / 1e12, 'mfu': achieved / peak,
-      'loss': float(m['loss']),
   }
+  if measure_peak:
+    peak = matmul_peak(jnp.dtype(dtype))
+    out.update(matmul_peak_tflops=peak / 1e12, mfu=achieved / peak)
+  if device.platform == 'cpu' and dtype == 'bfloat16':
+    out['cpu_matmul_form'] = matmul.cpu_form()
+    out.update({f'cpu_probe_{k}_ms': v * 1e3
+                for k, v in matmul.MEASURED.items()})
+  out.update(extra)
   if hw:
     nominal = hw.peak_bf16_per_chip if dtype == 'bfloat16' else (
         hw.peak_fp32_per_chip or hw.peak_bf16_per_chip)
     chips = jax.device_count() / hw.devices_per_chip
     out['mfu_nominal'] = achieved / (nominal * chips)
+  out.update(compiled_memory(compiled))
   out.update(peak_memory_bytes())
   return out
 
@@ -198,12 +314,21 @@ def main(argv):
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   if FLAGS.input_only:
     res = _bench_input()
+  elif FLAGS.mode == 'infer':
+    if FLAGS.accum_steps != 1:
+      raise app.UsageError('--accum_steps applies to --mode=train only')
+    res = bench_infer(
+        FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
+        dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
+        steps=FLAGS.steps, warmup=FLAGS.warmup,
+        num_classes=FLAGS.num_classes, measure_peak=FLAGS.matmul_peak)
   else:
     res = bench_train_step(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
-        accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes)
+        accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
+        measure_peak=FLAGS.matmul_peak)
   _print_table(res)
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:

@@ -2,30 +2,50 @@
 
 `dot_general` is a drop-in for `lax.dot_general` (flax's `dot_general=` and
 `einsum_dot_general=` hooks). For float32 operands it is `lax.dot_general`.
-For bfloat16 operands it multiplies with float32 accumulation and returns
-bfloat16, forward and backward (a custom VJP), in the canonical layout
-(M, K) x (K, N), with one leading batch axis for batched dots (attention):
+For bfloat16 operands every product is accumulated in float32, forward and
+backward, and the result is rounded to bfloat16 once (what TPUs and GPUs do
+for bf16 matmuls anyway; plain autodiff would give bf16-accumulated or
+float32 backward matmuls).
 
-  * numerics: every product is accumulated in float32 (what TPUs and GPUs do
-    for bf16 matmuls anyway), also in the backward pass, where plain autodiff
-    would produce bf16-accumulated or float32 matmuls;
-  * speed on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX):
-    XLA's CPU backend hands such matmuls to its fast library kernels
-    (YNNPACK) only when they are bf16 x bf16 -> f32 with the contracted
-    dimension last in the left operand. Otherwise it upcasts both operands to
-    float32 first and runs at float32 speed. Measured on the 2-core AVX512-BF16
-    machine of docs/performance.md: 700-830 GFLOP/s against 260-400 for the
-    alternatives. XLA folds transposes into a dot's dimension numbers, so the
-    weight gradient's transposed activation is materialised behind an
-    optimisation barrier on the CPU.
+How that matmul is written depends on the platform the program is lowered
+for, chosen with `lax.platform_dependent` (never by asking which backend
+this process happens to have while tracing, so a step exported on a CPU
+host for TPU or GPU carries no CPU-only construct):
+
+  * TPU, GPU: bf16 x bf16 -> f32 dots (`preferred_element_type`), with a
+    custom VJP in the canonical layout (M, K) x (K, N), one leading batch
+    axis for batched dots (attention);
+  * CPU: one of two forms, per process (`cpu_form()`):
+    - 'bf16': the same dots; on CPUs with bf16 dot-product instructions
+      (AVX512-BF16, AMX) XLA hands exactly bf16 x bf16 -> f32 with the
+      contracted dimension last in the left operand to its fast library
+      kernels (YNNPACK); any other form is upcast to float32 first. XLA
+      folds transposes into a dot's dimension numbers, so the weight
+      gradient's transposed activation is materialised behind an
+      optimisation barrier (CPU branch only);
+    - 'f32': operands upcast to float32, a float32 matmul, the result
+      rounded to bf16: for CPUs whose bf16 matmul is no faster than float32
+      (no bf16 instructions, or slow ones).
+    `VIT_JAX_CPU_MATMUL=bf16|f32|auto` chooses; 'auto' (the default) takes
+    'f32' on a CPU without bf16 dot instructions (/proc/cpuinfo flags
+    `avx512_bf16`, `amx_bf16`) and otherwise times both forms once per
+    process on a ViT-B/16 MLP-shaped matmul, forward and backward, and keeps
+    the faster. The choice applies to programs this process compiles for
+    the CPU it runs on.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import os
+import threading
+import time
+from typing import Dict, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
@@ -34,32 +54,49 @@ BF16 = jnp.bfloat16
 # `checkpoint_name`s of the bf16 products (see `vit_jax.models.remat`).
 NAME, BATCHED_NAME = 'bf16_matmul', 'bf16_batched_matmul'
 
+ENV = 'VIT_JAX_CPU_MATMUL'
+CPU_FORMS = ('bf16', 'f32')
+BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
+
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None,
                 preferred_element_type=None, **kwargs):
   """`lax.dot_general`, with float32 accumulation for bf16 x bf16."""
-  (lc, rc), (lb, rb) = dimension_numbers
   if (lhs.dtype != BF16 or rhs.dtype != BF16
       or preferred_element_type not in (None, BF16)):
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type,
                            **kwargs)
-  lc, rc, lb, rb = map(tuple, (lc, rc, lb, rb))
+  dn = tuple(tuple(map(tuple, pair)) for pair in dimension_numbers)
+  out = lax.platform_dependent(
+      lhs, rhs, cpu=functools.partial(_cpu_dot, dn=dn),
+      default=functools.partial(_bf16_dot, dn=dn, barrier=False))
+  # Named so that remat policies can keep it: the platform switch and the
+  # custom VJP hide the dot_general that `checkpoint_policies.dots_*` see.
+  return checkpoint_name(out, BATCHED_NAME if dn[1][0] else NAME)
+
+
+def _cpu_dot(lhs, rhs, *, dn):
+  if cpu_form() == 'f32':
+    return lax.dot_general(lhs.astype(F32), rhs.astype(F32), dn).astype(BF16)
+  return _bf16_dot(lhs, rhs, dn=dn, barrier=True)
+
+
+def _bf16_dot(lhs, rhs, *, dn, barrier: bool):
+  """bf16 x bf16 -> f32-accumulated bf16 in canonical layout; `barrier`
+  materialises the backward pass's transposed operand (CPU)."""
+  (lc, rc), (lb, rb) = dn
   lfree = [i for i in range(lhs.ndim) if i not in lc + lb]
   rfree = [i for i in range(rhs.ndim) if i not in rc + rb]
   k = math.prod(lhs.shape[i] for i in lc)
   batch = [lhs.shape[i] for i in lb]
   a = jnp.transpose(lhs, list(lb) + lfree + list(lc))
   b = jnp.transpose(rhs, list(rb) + list(rc) + rfree)
-  # Named so that remat policies can keep them: the custom VJP hides the
-  # dot_general primitive that `jax.checkpoint_policies.dots_*` look for.
   if batch:
-    out = checkpoint_name(_matmul(a.reshape(math.prod(batch), -1, k),
-                                  b.reshape(math.prod(batch), k, -1)),
-                          BATCHED_NAME)
+    out = _matmul(a.reshape(math.prod(batch), -1, k),
+                  b.reshape(math.prod(batch), k, -1), barrier)
   else:
-    out = checkpoint_name(_matmul(a.reshape(-1, k), b.reshape(k, -1)),
-                          NAME)
+    out = _matmul(a.reshape(-1, k), b.reshape(k, -1), barrier)
   return out.reshape(batch + [lhs.shape[i] for i in lfree] +
                      [rhs.shape[i] for i in rfree])
 
@@ -72,32 +109,137 @@ def _dot(a, b, contract):
                          preferred_element_type=F32).astype(BF16)
 
 
-def _transposed(x):
-  """x with its last two axes swapped, materialised in row-major order on
-  the CPU (see module doc)."""
+def _transposed(x, barrier: bool):
+  """x with its last two axes swapped; with `barrier`, materialised in
+  row-major order (see module doc)."""
   t = jnp.swapaxes(x, -1, -2)
-  if jax.default_backend() != 'cpu':
+  if not barrier:
     return t
   return lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
 
 
-@jax.custom_vjp
-def _matmul(a, b):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(a, b, barrier):
   """(..., M, K) x (..., K, N) -> (..., M, N); `...` is one batch axis or none."""
+  del barrier
   return _dot(a, b, ((a.ndim - 1,), (b.ndim - 2,)))
 
 
-def _matmul_fwd(a, b):
-  return _matmul(a, b), (a, b)
+def _matmul_fwd(a, b, barrier):
+  return _matmul(a, b, barrier), (a, b)
 
 
-def _matmul_bwd(res, g):
+def _matmul_bwd(barrier, res, g):
   a, b = res
   g = g.astype(BF16)
   last = g.ndim - 1
   da = _dot(g, b, ((last,), (last,)))  # (M, N) x (K, N)^T
-  db = _dot(_transposed(a), g, ((last,), (last - 1,)))  # (K, M) x (M, N)
+  db = _dot(_transposed(a, barrier), g, ((last,), (last - 1,)))  # (K,M)x(M,N)
   return da, db
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+# ---------------------------------------------------------------------------
+# The CPU form: configuration, capability check, measurement.
+
+_lock = threading.Lock()
+_chosen: Dict[str, str] = {}
+# What `cpu_form` measured (seconds per form), for the benchmark's report.
+MEASURED: Dict[str, float] = {}
+
+
+def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> Optional[set]:
+  """The bf16 dot-product flags this CPU advertises (a subset of
+  BF16_CPU_FLAGS); None where /proc/cpuinfo is unreadable (not Linux)."""
+  try:
+    with open(cpuinfo, encoding='utf-8', errors='replace') as f:
+      for line in f:
+        if line.startswith('flags'):
+          return set(line.split(':', 1)[1].split()) & set(BF16_CPU_FLAGS)
+  except OSError:
+    return None
+  return set()
+
+
+def cpu_form() -> str:
+  """'bf16' or 'f32': how bf16 matmuls run on this process's CPU (see the
+  module doc); decided once per process."""
+  with _lock:
+    if 'form' not in _chosen:
+      _chosen['form'] = _decide()
+    return _chosen['form']
+
+
+def reset_cpu_form() -> None:
+  """Forgets the decision (tests; a changed VIT_JAX_CPU_MATMUL)."""
+  with _lock:
+    _chosen.clear()
+    MEASURED.clear()
+
+
+def _decide() -> str:
+  setting = os.environ.get(ENV, 'auto').strip().lower()
+  if setting in CPU_FORMS:
+    return setting
+  if setting != 'auto':
+    raise ValueError(f'{ENV}={setting!r}: expected one of '
+                     f'{CPU_FORMS + ("auto",)}')
+  flags = cpu_bf16_flags()
+  if flags is not None and not flags:
+    return 'f32'  # No bf16 dot instructions: bf16 matmuls are upcast anyway.
+  times = _measure_forms()
+  return min(CPU_FORMS, key=lambda f: (times[f], f != 'f32'))
+
+
+def _measure_forms() -> Dict[str, float]:
+  """Best seconds of both forms on one CPU device; run in a thread of its
+  own, so that it never lands in a trace that triggered it."""
+  out: Dict[str, float] = {}
+  errors = []
+
+  def work():
+    try:
+      out.update(_time_forms())
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  t = threading.Thread(target=work, name='vit_jax-cpu-matmul-probe')
+  t.start()
+  t.join()
+  if errors:
+    raise RuntimeError(f'measuring the CPU matmul forms failed ({errors[0]}); '
+                       f'set {ENV}=bf16 or {ENV}=f32 to skip it') from (
+                           errors[0])
+  MEASURED.update(out)
+  return out
+
+
+def _time_forms(m: int = 1576, k: int = 768, n: int = 3072,
+                repeats: int = 3) -> Dict[str, float]:
+  """Forward + backward of an (m, k) x (k, n) bf16 matmul (ViT-B/16's MLP
+  at batch 8) in each CPU form; the best of `repeats` per form."""
+  cpu = jax.devices('cpu')[0]
+  rng = np.random.default_rng(0)
+  x = jax.device_put(rng.standard_normal((m, k), np.float32), cpu)
+  w = jax.device_put(rng.standard_normal((k, n), np.float32) / 30, cpu)
+  x, w = x.astype(BF16), w.astype(BF16)
+  dn = (((1,), (0,)), ((), ()))
+  forms = {
+      'bf16': functools.partial(_bf16_dot, dn=dn, barrier=True),
+      'f32': lambda a, b: lax.dot_general(a.astype(F32), b.astype(F32),
+                                          dn).astype(BF16),
+  }
+  times = {}
+  for name, dot in forms.items():
+    step = jax.jit(jax.value_and_grad(
+        lambda a, b, dot=dot: dot(a, b).astype(F32).sum(), (0, 1)))
+    jax.block_until_ready(step(x, w))
+    best = math.inf
+    for _ in range(repeats):
+      t = time.perf_counter()
+      jax.block_until_ready(step(x, w))
+      best = min(best, time.perf_counter() - t)
+    times[name] = best
+  return times

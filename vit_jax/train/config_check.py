@@ -11,6 +11,8 @@ from typing import Any, Callable, Iterator, Tuple
 
 import ml_collections
 
+from vit_jax.train import profiling
+
 # key: (predicate, what a valid value is). Absent or None keys are skipped
 # (the defaults apply); keys are dotted paths into the config.
 _RULES: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
@@ -70,6 +72,10 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
       yield f'--config.{key}={value!r} is not a number; expected {valid}'
     elif not ok(value):
       yield f'--config.{key}={value!r} cannot work; expected {valid}'
+  try:
+    profiling.parse(config.get('profile'))
+  except ValueError as e:
+    yield str(e)
   if (config.get('mode', 'train') == 'train' and not config.get('total_steps')
       and not config.get('total_epochs')):
     yield ('the config sets neither total_steps nor total_epochs; set one, '

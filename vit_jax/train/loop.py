@@ -27,7 +27,7 @@ from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, optim, orbax_state
-from vit_jax.train import preemption
+from vit_jax.train import preemption, profiling
 from vit_jax.train import reporting
 from vit_jax.train import step as step_lib
 
@@ -209,19 +209,27 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
   pending = None  # (step, metrics) of the previous step, checked one late.
   step = run.start
   stops = preemption.StopRequests(ckpt.manager.reached_preemption)
+  profile = profiling.Window(config.get('profile'), run.workdir, run.start)
   try:
     with stops, jax.set_mesh(run.mesh):
       while step < run.steps:
+        profile.before_step(step)
         with progress.timed('input_wait', wait_jax_async_dispatch=False):
           batch = shd.global_batch(next(run.train_it), run.mesh)
-        state, metrics = run.train_fn(state, batch)
+        # 'step': dispatching this step and waiting for the previous one
+        # (its metrics are checked one step late, so the input of this
+        # step overlaps the device's work on the previous one).
+        with progress.timed('step', wait_jax_async_dispatch=False):
+          state, metrics = run.train_fn(state, batch)
+          if pending is not None:
+            _check_finite(*pending, ckpt)
         step += 1
         progress(step)
-        if pending is not None:
-          _check_finite(*pending, ckpt)
+        profile.after_step(step, (state, metrics))
         pending = (step, metrics)
         if step % log_every == 0 or step == run.steps:
-          last_metrics = _check_finite(*pending, ckpt)
+          with progress.timed('step', wait_jax_async_dispatch=False):
+            last_metrics = _check_finite(*pending, ckpt)  # Waits for it.
           writer.write_scalars(step, {**last_metrics, **progress.scalars})
           writer.flush()
         due = [e for e in run.evals if e.due(step, run.steps)]
@@ -243,6 +251,7 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
       eval_metrics = evaluators.run_all(run.evals, state.params)
       writer.write_scalars(step, eval_metrics)
   finally:
+    profile.close()
     writer.close()
   return step, last_metrics, eval_metrics, prior_wall + progress.elapsed()
 

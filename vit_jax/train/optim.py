@@ -23,7 +23,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import traverse_util
 
@@ -33,7 +32,7 @@ NAMES = ('adam', 'sgd')
 DECAYS = ('linear', 'cosine', 'constant')
 
 
-def schedule(cfg: ml_collections.ConfigDict,
+def schedule(cfg: Any,
              total_steps: int) -> optax.Schedule:
   """Linear warm-up, then linear-to-floor, cosine or constant decay."""
   if cfg.decay not in DECAYS:
@@ -55,6 +54,17 @@ def schedule(cfg: ml_collections.ConfigDict,
       [optax.linear_schedule(0.0, cfg.lr, warmup), decay], [warmup])
 
 
+class Settings(dict):
+  """`config.optim` fields as a plain dict with attribute access, for callers
+  without ml_collections (the benchmark): `make(Settings(name='adam', ...))`."""
+
+  def __getattr__(self, key):
+    try:
+      return self[key]
+    except KeyError:
+      raise AttributeError(key) from None
+
+
 def kernel_mask(params: Any) -> Any:
   """True for weight matrices and convolution kernels (weight decay targets)."""
   flat = traverse_util.flatten_dict(params)
@@ -62,7 +72,7 @@ def kernel_mask(params: Any) -> Any:
       {k: k[-1] == 'kernel' for k in flat})
 
 
-def make(cfg: ml_collections.ConfigDict, total_steps: int
+def make(cfg: Any, total_steps: int
          ) -> tuple[optax.GradientTransformation, Callable[[Any], Any]]:
   """(optimiser, learning-rate schedule) for `config.optim`."""
   if cfg.name not in NAMES:

@@ -104,7 +104,11 @@ class Progress(periodic_actions.ReportProgress):
   exaFLOPs so far. Call it after every step; after a step where it
   triggered (every `every_steps` and at the last step), `scalars` holds the
   values since the previous report, e.g. `input_wait_share` (time in
-  `timed('input_wait')` over wall time)."""
+  `timed('input_wait')` over wall time) and the seconds per step split into
+  `input_wait_s_per_step`, `step_s_per_step` (dispatch and waiting for the
+  device), `host_s_per_step` (the rest of the loop) and any other timed
+  part (`eval_s_per_step`, `checkpoint_s_per_step`), summing to
+  `step_time_s`."""
 
   def __init__(self, *, total_steps: int, batch_size: int, start_step: int,
                forward_flops: float, every_steps: int,
@@ -134,9 +138,23 @@ class Progress(periodic_actions.ReportProgress):
     device_hours = self.num_devices * wall / 3600
     examples = (step - self.start_step) * self.batch_size
     parts = dict(self._time_per_part)
-    shares = {f'{name}_share': (parts[name] - self._parts_before.get(name, 0.0))
-              / interval for name in parts}
+    spent = {name: parts[name] - self._parts_before.get(name, 0.0)
+             for name in parts}
+    shares = {f'{name}_share': dt / interval for name, dt in spent.items()}
     self._parts_before = parts
+    # Per step: input wait, step (dispatch + waiting for the device), the
+    # rest of the loop (host overhead: reporting, bookkeeping), and evals /
+    # checkpoints where they ran.
+    steps = max(step - self._previous_step, 1)
+    split = {f'{name}_s_per_step': dt / steps for name, dt in spent.items()}
+    split['host_s_per_step'] = max(interval - sum(spent.values()), 0.0) / steps
+    split['step_time_s'] = interval / steps
+    logging.info(
+        'step %d: %.4f s/step = input wait %.4f + step %.4f + host %.4f%s',
+        step, split['step_time_s'], split.get('input_wait_s_per_step', 0.0),
+        split.get('step_s_per_step', 0.0), split['host_s_per_step'],
+        ''.join(f' + {n} {split[f"{n}_s_per_step"]:.4f}' for n in spent
+                if n not in ('input_wait', 'step')))
     remaining = self.total_steps - step
     self.scalars = {
         'input_wait_share': 0.0, **shares,
@@ -147,6 +165,7 @@ class Progress(periodic_actions.ReportProgress):
         'device_hours': device_hours,
         'core_days': device_hours * self.cores_per_device / 24,
         'exaflops': examples * self.flops_per_example / 1e18,
+        **split,
     }
 
 

@@ -8,13 +8,12 @@ inputs; the loop jits it once with explicit shardings (see
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Mapping, Tuple
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
@@ -145,10 +144,12 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
 
 
 def compile_train_step(model, tx, lr_fn, state_sh, mesh,
-                       cfg: ml_collections.ConfigDict, label_ndim: int = 1):
+                       cfg: Mapping[str, Any], label_ndim: int = 1):
   """The jitted train step with explicit shardings; the state is donated.
 
-  `label_ndim` is 1 for class ids, 2 for soft or multi-hot training labels.
+  `label_ndim` is 1 for class ids, 2 for soft or multi-hot training labels;
+  `cfg` is the run's config or any mapping with its `loss`,
+  `label_smoothing` and `accum_steps` keys (defaults where absent).
   """
   img = shd.batch_sharding(mesh, 4)
   lab = shd.batch_sharding(mesh, label_ndim)

@@ -1,0 +1,285 @@
+"""ViT train step and eval forward: vit_jax against its peers, side by side.
+
+    python -m benchmarks.peers [--model=ViT-B/16] [--batch=8] [--image_size=224]
+        [--dtypes=float32,bfloat16] [--modes=train,infer] [--rounds=2]
+        [--steps=5] [--peers=ours,flax_default,hf,timm] [--json=out.json]
+
+Every measurement runs in a fresh process (so that each reports its own peak
+resident memory), one implementation after the other within a round, the
+rounds interleaved (A B C, A B C): on a shared or throttling machine each
+round sees the same conditions for all. Prints one markdown table with the
+machine, the date and every figure; ratios against `ours` of the same round.
+
+Implementations (same model size, batch, resolution and dtype; train =
+softmax cross-entropy, AdamW (lr 1e-3, weight decay 0.1), global-norm
+clipping at 1; infer = logits, no gradient):
+  ours          `python -m vit_jax.bench` (the real train step / eval forward)
+  flax_default  the same modules with flax's default matmul (`lax.dot_general`
+                in the compute dtype: bf16 x bf16 -> bf16), the form the
+                reference vision_transformer code and big_vision's `dtype_mm`
+                use; bf16 only (in fp32 it is `ours`)
+  hf            Hugging Face `transformers` ViTForImageClassification, PyTorch
+                (`torch.autocast` bf16 for bf16, the PyTorch AMP convention)
+  timm          `timm` vit_*_patch*_* , PyTorch, same conventions as hf
+A peer whose package is missing is reported as unavailable, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = ('ours', 'flax_default', 'hf', 'timm')
+
+# vit_jax zoo name -> (hidden, mlp, heads, layers, patch) and timm name.
+_DIMS = {'Ti': (192, 768, 3, 12), 'S': (384, 1536, 6, 12),
+         'B': (768, 3072, 12, 12), 'L': (1024, 4096, 16, 24),
+         'H': (1280, 5120, 16, 32)}
+_TIMM = {'Ti': 'tiny', 'S': 'small', 'B': 'base', 'L': 'large', 'H': 'huge'}
+
+
+def _dims(model: str):
+  width, patch = model.split('-', 1)[1].split('/')
+  return (*_DIMS[width], int(patch)), _TIMM[width]
+
+
+# ---------------------------------------------------------------------------
+# One measurement (child process).
+
+
+def _peak_rss_gb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def _jax(args, flax_default: bool) -> Dict[str, Any]:
+  from vit_jax import bench
+  if flax_default:
+    from jax import lax
+    from vit_jax.models import matmul
+    matmul.dot_general = lax.dot_general  # What the modules look up per call.
+  kw = dict(image_size=args.image_size, dtype=args.dtype, steps=args.steps,
+            warmup=args.warmup, num_classes=args.num_classes,
+            measure_peak=False)
+  if args.mode == 'train':
+    res = bench.bench_train_step(args.model, args.batch, **kw)
+  else:
+    res = bench.bench_infer(args.model, args.batch, **kw)
+  return {'img_per_s': res['img_per_s'], 'compile_s': res['compile_s'],
+          'cpu_matmul_form': res.get('cpu_matmul_form'),
+          'peak_host_memory_gb': _peak_rss_gb()}
+
+
+def _torch(args, kind: str) -> Dict[str, Any]:
+  import torch
+  torch.manual_seed(0)
+  (hidden, mlp, heads, layers, patch), timm_width = _dims(args.model)
+  if kind == 'hf':
+    from transformers import ViTConfig, ViTForImageClassification
+    model = ViTForImageClassification(ViTConfig(
+        image_size=args.image_size, patch_size=patch, hidden_size=hidden,
+        intermediate_size=mlp, num_attention_heads=heads,
+        num_hidden_layers=layers, num_labels=args.num_classes))
+    forward = lambda x: model(pixel_values=x).logits
+  else:
+    import timm
+    model = timm.create_model(
+        f'vit_{timm_width}_patch{patch}_{args.image_size}', pretrained=False,
+        num_classes=args.num_classes, img_size=args.image_size)
+    forward = model
+  x = torch.rand(args.batch, 3, args.image_size, args.image_size) * 2 - 1
+  y = torch.randint(0, args.num_classes, (args.batch,))
+  amp = torch.autocast('cpu', dtype=torch.bfloat16,
+                       enabled=args.dtype == 'bfloat16')
+  if args.mode == 'train':
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+
+    def step():
+      opt.zero_grad(set_to_none=True)
+      with amp:
+        loss = torch.nn.functional.cross_entropy(forward(x), y)
+      loss.backward()
+      torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+      opt.step()
+  else:
+    model.eval()
+
+    def step():
+      with torch.inference_mode(), amp:
+        forward(x)
+  times = []
+  for i in range(args.warmup + args.steps):
+    t = time.perf_counter()
+    step()
+    if i >= args.warmup:
+      times.append(time.perf_counter() - t)
+  return {'img_per_s': args.batch / statistics.median(times),
+          'torch_threads': torch.get_num_threads(),
+          'peak_host_memory_gb': _peak_rss_gb()}
+
+
+def _child(args) -> Dict[str, Any]:
+  if args.peer in ('ours', 'flax_default'):
+    return _jax(args, args.peer == 'flax_default')
+  return _torch(args, args.peer)
+
+
+# ---------------------------------------------------------------------------
+# The comparison (parent process).
+
+
+def _versions() -> Dict[str, str]:
+  from importlib import metadata
+  out = {}
+  for name in ('jax', 'jaxlib', 'flax', 'torch', 'transformers', 'timm'):
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      pass
+  return out
+
+
+def cpu_name() -> str:
+  try:
+    out = subprocess.run(['lscpu'], capture_output=True, text=True).stdout
+    info = dict(l.split(':', 1) for l in out.splitlines() if ':' in l)
+    name = info.get('Model name', '').strip()
+    flags = set(info.get('Flags', '').split())
+    extras = [f for f in ('avx512_bf16', 'amx_bf16', 'amx_tile') if f in flags]
+    return (f'{name}, {os.cpu_count()} CPUs'
+            + (f' ({", ".join(extras)})' if extras else ''))
+  except OSError:
+    return platform.processor() or platform.machine()
+
+
+def _unavailable(peer: str) -> str | None:
+  modules = {'hf': ('torch', 'transformers'), 'timm': ('torch', 'timm')}
+  for module in modules.get(peer, ()):
+    out = subprocess.run([sys.executable, '-c', f'import {module}'],
+                         capture_output=True, text=True)
+    if out.returncode:
+      return f'import {module} fails: ' + (out.stderr.strip().splitlines()
+                                           or ['?'])[-1][:160]
+  return None
+
+
+def _run_one(args, peer, mode, dtype) -> Dict[str, Any]:
+  cmd = [sys.executable, '-m', 'benchmarks.peers', '--child', f'--peer={peer}',
+         f'--mode={mode}', f'--dtype={dtype}', f'--model={args.model}',
+         f'--batch={args.batch}', f'--image_size={args.image_size}',
+         f'--steps={args.steps}', f'--warmup={args.warmup}',
+         f'--num_classes={args.num_classes}']
+  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
+      'PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                       cwd=ROOT)
+  if out.returncode:
+    return {'error': out.stderr.strip()[-600:]}
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def compare(args) -> Dict[str, Any]:
+  peers = [p for p in args.peers.split(',') if p]
+  unknown = sorted(set(peers) - set(PEERS))
+  if unknown:
+    raise SystemExit(f'--peers: unknown {unknown}; choose from {PEERS}')
+  missing = {p: _unavailable(p) for p in peers}
+  rows: Dict[str, List[Dict[str, Any]]] = {}
+  meta = {'date': datetime.datetime.now(datetime.timezone.utc).strftime(
+      '%Y-%m-%d %H:%M UTC'), 'machine': cpu_name(),
+          'versions': _versions(), 'load_before': os.getloadavg(),
+          'command': 'python -m benchmarks.peers ' + ' '.join(sys.argv[1:])}
+  for r in range(args.rounds):
+    for mode in args.modes.split(','):
+      for dtype in args.dtypes.split(','):
+        for peer in peers:
+          if missing[peer] or (peer == 'flax_default' and dtype != 'bfloat16'):
+            continue
+          res = _run_one(args, peer, mode, dtype)
+          res.update(round=r)
+          rows.setdefault(f'{peer}|{mode}|{dtype}', []).append(res)
+          print(f'round {r} {peer:>12} {mode:>5} {dtype:>8}: '
+                f'{res.get("img_per_s", float("nan")):.3f} img/s, '
+                f'{res.get("peak_host_memory_gb", float("nan")):.2f} GB'
+                + (f'  ERROR {res["error"]}' if 'error' in res else ''),
+                file=sys.stderr, flush=True)
+  meta['load_after'] = os.getloadavg()
+  return {'meta': meta, 'rows': rows,
+          'unavailable': {p: m for p, m in missing.items() if m}}
+
+
+def table(result: Dict[str, Any], args) -> str:
+  meta, rows = result['meta'], result['rows']
+  lines = [
+      f'{args.model}, batch {args.batch}, {args.image_size} px, '
+      f'{args.steps} timed steps (median) per measurement, {args.rounds} '
+      f'interleaved rounds. {meta["date"]}; {meta["machine"]}; load average '
+      f'{meta["load_before"][0]:.1f} before, {meta["load_after"][0]:.1f} '
+      f'after; ' + ', '.join(f'{k} {v}' for k, v in meta['versions'].items()),
+      f'Command: `{meta["command"]}`', '',
+      '| implementation | mode | dtype | img/s per round | vs ours (same '
+      'round) | peak host memory GB |', '|---|---|---|---|---|---|']
+  for key, runs in rows.items():
+    peer, mode, dtype = key.split('|')
+    ours = rows.get(f'ours|{mode}|{dtype}', [])
+    speeds = [r.get('img_per_s') for r in runs]
+    ratios = [f'{s / o["img_per_s"]:.2f}' for s, o in zip(speeds, ours)
+              if s and o.get('img_per_s')]
+    mem = max((r.get('peak_host_memory_gb', 0) for r in runs), default=0)
+    form = runs[0].get('cpu_matmul_form') if peer == 'ours' else None
+    name = peer + (f' (CPU matmul form {form})' if form else '')
+    lines.append(
+        f'| {name} | {mode} | {dtype} | '
+        + ', '.join('error' if s is None else f'{s:.2f}' for s in speeds)
+        + f' | {", ".join(ratios) if peer != "ours" else "1"} | {mem:.2f} |')
+  for peer, why in result['unavailable'].items():
+    lines.append(f'\n{peer}: unavailable ({why})')
+  return '\n'.join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--model', default='ViT-B/16')
+  p.add_argument('--batch', type=int, default=8)
+  p.add_argument('--image_size', type=int, default=224)
+  p.add_argument('--num_classes', type=int, default=1000)
+  p.add_argument('--dtypes', default='float32,bfloat16')
+  p.add_argument('--modes', default='train,infer')
+  p.add_argument('--peers', default=','.join(PEERS))
+  p.add_argument('--rounds', type=int, default=2)
+  p.add_argument('--steps', type=int, default=5)
+  p.add_argument('--warmup', type=int, default=2)
+  p.add_argument('--json', default=None)
+  # One measurement (used by the comparison itself).
+  p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
+  p.add_argument('--peer', choices=PEERS, help=argparse.SUPPRESS)
+  p.add_argument('--mode', choices=('train', 'infer'), help=argparse.SUPPRESS)
+  p.add_argument('--dtype', choices=('float32', 'bfloat16'),
+                 help=argparse.SUPPRESS)
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  if args.child:
+    print(json.dumps(_child(args)))
+    return
+  result = compare(args)
+  print(table(result, args))
+  if args.json:
+    with open(args.json, 'w', encoding='utf-8') as f:
+      json.dump(result, f, indent=2)
+
+
+if __name__ == '__main__':
+  main()

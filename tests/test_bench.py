@@ -1,0 +1,85 @@
+"""The benchmark: train and infer modes on a tiny model, in a process where
+TensorFlow, tfds, clu and ml_collections cannot be imported (the GPU
+machines lack them)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+BLOCKED = ('tensorflow', 'tensorflow_datasets', 'clu', 'ml_collections')
+
+_SCRIPT = textwrap.dedent('''
+    import importlib.abc, json, sys
+    BLOCKED = %r
+
+    class Block(importlib.abc.MetaPathFinder):
+      def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in BLOCKED:
+          raise ImportError(f'{name} is blocked in this test')
+        return None
+
+    sys.meta_path.insert(0, Block())
+    from absl import flags
+    from vit_jax import bench
+    out = {}
+    for mode in ('train', 'infer'):
+      flags.FLAGS.unparse_flags()
+      flags.FLAGS(['bench', '--model=ViT-test', '--batch=2',
+                   '--image_size=28', '--num_classes=10', '--steps=1',
+                   '--warmup=0', '--nomatmul_peak', f'--mode={mode}',
+                   f'--json={sys.argv[1]}'])
+      bench.main(['bench'])
+      out[mode] = json.load(open(sys.argv[1]))
+    out['loaded'] = sorted(m for m in sys.modules
+                           if m.split('.')[0] in BLOCKED)
+    print(json.dumps(out))
+''') % (BLOCKED,)
+
+
+def test_bench_runs_without_tensorflow_clu_ml_collections(tmp_path):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
+  out = subprocess.run(
+      [sys.executable, '-c', _SCRIPT, str(tmp_path / 'res.json')],
+      capture_output=True, text=True, env=env, cwd=str(tmp_path))
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert res['loaded'] == []
+  train, infer = res['train'], res['infer']
+  assert train['mode'] == 'train' and infer['mode'] == 'infer'
+  assert train['img_per_s'] > 0 and infer['img_per_s'] > 0
+  assert 0 < train['loss'] < 10
+  for r in (train, infer):
+    assert r['peak_host_memory_gb'] > 0.1
+    assert r['compiled_argument_gb'] > 0
+  # The train step holds Adam's two moments besides the parameters.
+  assert train['compiled_argument_gb'] > 2.5 * infer['compiled_argument_gb']
+
+
+def test_peers_table_ratios_per_round():
+  from benchmarks import peers
+  args = peers._parser().parse_args(['--rounds=2', '--steps=3'])
+  rows = {
+      'ours|train|float32': [{'img_per_s': 2.0, 'peak_host_memory_gb': 3.0},
+                             {'img_per_s': 1.0, 'peak_host_memory_gb': 3.2}],
+      'hf|train|float32': [{'img_per_s': 1.0, 'peak_host_memory_gb': 2.5},
+                           {'img_per_s': 1.5, 'peak_host_memory_gb': 2.4}],
+      'ours|train|bfloat16': [
+          {'img_per_s': 3.0, 'peak_host_memory_gb': 2.0,
+           'cpu_matmul_form': 'bf16'}, {'error': 'boom'}],
+  }
+  meta = {'date': 'today', 'machine': 'a CPU', 'versions': {'jax': '0'},
+          'load_before': (1.0, 0, 0), 'load_after': (2.0, 0, 0),
+          'command': 'python -m benchmarks.peers'}
+  text = peers.table({'meta': meta, 'rows': rows,
+                      'unavailable': {'timm': 'import timm fails'}}, args)
+  assert '| ours | train | float32 | 2.00, 1.00 | 1 | 3.20 |' in text
+  assert '| hf | train | float32 | 1.00, 1.50 | 0.50, 1.50 | 2.50 |' in text
+  assert ('| ours (CPU matmul form bf16) | train | bfloat16 | 3.00, error |'
+          in text)
+  assert 'timm: unavailable (import timm fails)' in text
+  assert 'a CPU' in text and 'load average 1.0 before, 2.0 after' in text

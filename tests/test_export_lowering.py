@@ -1,0 +1,111 @@
+"""The train step lowers for accelerators from this CPU host, carrying no
+CPU-only construct; ViT-L/16 with scan + remat holds 1/8 of its state per
+device on an 8-device FSDP mesh (compiled, never run: abstract shapes)."""
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax import export
+
+from vit_jax import models
+from vit_jax import sharding as shd
+from vit_jax.models import matmul
+from vit_jax.train import optim
+from vit_jax.train import step as step_lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# bf16 x bf16 -> f32 dot_general: the float32-accumulating matmul.
+BF16_DOT = re.compile(r'stablehlo\.dot_general[^\n]*\(tensor<[^>]*xbf16>, '
+                      r'tensor<[^>]*xbf16>\) -> tensor<[^>]*xf32>')
+
+
+@pytest.fixture(scope='module')
+def bf16_step():
+  """(bf16 train step of a tiny ViT, abstract state, abstract batch)."""
+  model = models.create('ViT-test', num_classes=10, dtype=jnp.bfloat16)
+  tx, lr_fn = optim.make(optim.Settings(
+      name='adam', lr=1e-3, warmup_steps=0, decay='constant',
+      weight_decay=0.1, grad_clip_norm=1.0), 100)
+  shape = (28, 28, 3)
+  abstract = step_lib.abstract_state(model, tx, shape)
+  train = functools.partial(step_lib.train_step, model=model, tx=tx,
+                            lr_fn=lr_fn)
+  batch = {'image': jax.ShapeDtypeStruct((4, *shape), jnp.float32),
+           'label': jax.ShapeDtypeStruct((4,), jnp.int32)}
+  return train, abstract, batch
+
+
+def _module(step, platforms):
+  train, abstract, batch = step
+  # A fresh function each time: jit caches traces per function, and a
+  # trace keeps the CPU form it was made with (one per process normally,
+  # see matmul.cpu_form; these tests change it).
+  fresh = functools.partial(train)
+  with jax.set_mesh(shd.make_mesh()):
+    exp = export.export(jax.jit(fresh), platforms=platforms)(abstract, batch)
+  assert tuple(exp.platforms) == tuple(platforms)
+  return exp.mlir_module()
+
+
+@pytest.mark.parametrize('platforms', [('tpu',), ('cuda',), ('tpu', 'cuda')])
+def test_bf16_train_step_exports_for_accelerators(bf16_step, platforms,
+                                                  monkeypatch):
+  # Whatever this host's CPU form, the accelerator program is the same.
+  monkeypatch.setenv(matmul.ENV, 'f32')
+  matmul.reset_cpu_form()
+  try:
+    text = _module(bf16_step, platforms)
+  finally:
+    matmul.reset_cpu_form()
+  assert 'optimization_barrier' not in text
+  # Every ViT matmul (q, k, v, out, q.k, attention.v, MLP x 2) runs as
+  # bf16 x bf16 -> f32, forward and backward; none was upcast to float32.
+  assert len(BF16_DOT.findall(text)) >= 8 * 3 * 2, text[:2000]
+
+
+def test_cpu_export_keeps_its_cpu_form(bf16_step, monkeypatch):
+  """The CPU lowering does carry the barrier: the test above can fail."""
+  monkeypatch.setenv(matmul.ENV, 'bf16')
+  matmul.reset_cpu_form()
+  try:
+    assert 'optimization_barrier' in _module(bf16_step, ('cpu',))
+  finally:
+    matmul.reset_cpu_form()
+
+
+def fsdp_memory(name, mesh, overrides, batch=8, image_size=224):
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
+             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+  out = subprocess.run(
+      [sys.executable, os.path.join(HERE, 'fsdp_memory.py'), name,
+       json.dumps(mesh), json.dumps(overrides), str(batch), str(image_size)],
+      capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_vit_l16_scan_remat_fsdp8_holds_an_eighth_per_device():
+  res = fsdp_memory('ViT-L/16', {'data': 1, 'fsdp': 8},
+                    {'scan_layers': True, 'remat': True})
+  assert res['devices'] == 8
+  eighth = res['state_bytes'] / 8
+  # Parameters and both Adam moments: ~1/8 per device (a few small tensors,
+  # below fsdp_min_size, stay replicated), in and out of the step.
+  assert eighth <= res['state_bytes_per_device'] < 1.03 * eighth
+  assert res['out_state_bytes_per_device'] == res['state_bytes_per_device']
+  assert res['argument_bytes'] <= (res['state_bytes_per_device']
+                                   + res['batch_bytes_per_device'] + 2**16)
+  assert res['output_bytes'] < 1.03 * eighth + 2**16
+  # XLA's own plan: the whole state is never gathered on one device (scan
+  # gathers one layer's weights at a time).
+  assert res['temp_bytes'] < 0.5 * res['param_bytes']

@@ -1,0 +1,76 @@
+"""A `jax.profiler` trace of a window of train steps.
+
+`--config.profile=<start>,<steps>` traces the steps after `start` steps
+have run: steps start+1 .. start+steps (e.g. `10,5`: steps 11 to 15, after
+compilation and warm-up) into `<workdir>/profile/plugins/profile/<run>/`,
+for TensorBoard's profile plugin (`*.xplane.pb`; `tensorboard
+--logdir=<workdir>/profile`) and Perfetto (`perfetto_trace.json.gz`, open it
+at ui.perfetto.dev). Every process traces
+its own host and devices. '' (the default) traces nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Tuple
+
+import jax
+from absl import logging
+
+EXAMPLE = '10,5 (trace steps 11 to 15)'
+
+
+def parse(spec: Any) -> Optional[Tuple[int, int]]:
+  """(start, steps) of `--config.profile`, or None for '' / None."""
+  if spec is None or (isinstance(spec, str) and not spec.strip()):
+    return None
+  parts = (spec.split(',') if isinstance(spec, str) else list(spec))
+  try:
+    start, steps = (int(str(p).strip()) for p in parts)
+  except ValueError:
+    start = steps = None
+  if start is None or start < 0 or steps < 1:
+    raise ValueError(f'--config.profile={spec!r}: expected <start>,<steps> '
+                     f'with start >= 0 steps already run and steps >= 1, '
+                     f'e.g. {EXAMPLE}; or \'\' for no trace')
+  return start, steps
+
+
+class Window:
+  """Starts the trace before step start+1 and stops it (waiting for the
+  traced steps to finish on the device) after step start+steps."""
+
+  def __init__(self, spec: Any, workdir: str, first_step: int = 0):
+    window = parse(spec)
+    self.directory = os.path.join(workdir, 'profile')
+    self._start, self._stop = (None, None) if window is None else (
+        window[0], window[0] + window[1])
+    self._active = False
+    if window is not None and first_step > self._start:
+      logging.warning('profile window %s starts before step %d, where this '
+                      'run resumes: no trace', spec, first_step)
+      self._start = None
+
+  @property
+  def active(self) -> bool:
+    return self._active
+
+  def before_step(self, done: int) -> None:
+    """Call before running a step, with the number of steps done."""
+    if self._start is not None and done == self._start and not self._active:
+      jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+      self._active = True
+      logging.info('profiling steps %d to %d into %s', done + 1, self._stop,
+                   self.directory)
+
+  def after_step(self, done: int, outputs: Any) -> None:
+    """Call after dispatching a step, with the steps done and its outputs."""
+    if self._active and done >= self._stop:
+      jax.block_until_ready(outputs)
+      self.close()
+
+  def close(self) -> None:
+    if self._active:
+      jax.profiler.stop_trace()
+      self._active = False
+      logging.info('profile trace written to %s', self.directory)
