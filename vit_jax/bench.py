@@ -147,8 +147,9 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
 
   mesh = shd.make_mesh(**(mesh_axes or {}))
   shd.check_batch_size(batch, mesh, '--batch', accum_steps)
-  model = models.create(model_name, num_classes=num_classes,
-                        dtype=jnp.dtype(dtype))
+  # Attention as a training run picks it on this mesh (cuDNN on GPUs).
+  model = models.from_config(dict(name=model_name, dtype=dtype), num_classes,
+                             shd.platform(mesh))
   if optimizer:
     tx, lr_fn = optim.make(optim.Settings(
         name='adam', lr=1e-3, warmup_steps=0, decay='constant',
