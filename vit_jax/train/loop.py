@@ -22,7 +22,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import accounting, evaluators, models
+from vit_jax import accounting, evaluators, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
@@ -110,10 +110,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   shd.check_batch_size(config.input.eval_batch_size, mesh,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
-  num_classes = config.get('num_classes') or info.num_classes
-  pipeline.check_num_classes(config.input, num_classes)
+  mpp = config.get('objective', 'supervised') == 'mpp'
+  if mpp:  # No head, no labels: any images do.
+    num_classes = 0
+  else:
+    num_classes = config.get('num_classes') or info.num_classes
+    pipeline.check_num_classes(config.input, num_classes)
   steps = total_steps(config, info.num_train_examples)
-  model = models.from_config(config.model, num_classes)
+  model = selfsup.model_from_config(config, num_classes)
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
   state, state_sh = step_lib.create_state(
@@ -145,8 +149,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                         config, label_ndim)
   evals = evaluators.build(config, model, mesh, state_sh.params,
                            image_shape[0])
-  fwd = accounting.forward_flops(
-      config.model.name, image_shape[:2], num_classes, **_overrides(config))
+  fwd = (accounting.module_forward_flops(model, image_shape) if mpp else
+         accounting.forward_flops(config.model.name, image_shape[:2],
+                                  num_classes, **_overrides(config)))
   return Run(config=config, workdir=workdir, mesh=mesh,
              num_classes=num_classes, steps=steps, image_shape=image_shape,
              state=state, state_sh=state_sh, ckpt=ckpt, train_it=train_it,
@@ -201,6 +206,7 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             'wall_s': prior_wall + progress.elapsed(),
             'train_metrics': step_metrics}
 
+  keys = step_lib.batch_keys(config)  # MPP: images only, labels unread.
   pending = None  # (step, metrics) of the previous step, checked one late.
   step = run.start
   stops = preemption.StopRequests(ckpt.manager.reached_preemption)
@@ -208,7 +214,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
     with stops, jax.set_mesh(run.mesh):
       while step < run.steps:
         with progress.timed('input_wait', wait_jax_async_dispatch=False):
-          batch = shd.global_batch(next(run.train_it), run.mesh)
+          host = next(run.train_it)
+          batch = shd.global_batch({k: host[k] for k in keys}, run.mesh)
         state, metrics = run.train_fn(state, batch)
         step += 1
         progress(step)
