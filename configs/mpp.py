@@ -102,7 +102,11 @@ def get_config(arg=None):
                   task=f'mpp_{args.target}')
   if args.smoke:
     common.apply_smoke(c)
-    c.input.data = 'digits'
+    if args.data == 'cpu':  # The explicit 28-px ops, at the smoke size.
+      size = c.input.image_size
+      c.input.pp_train = f'decode|resize({size})|flip_lr|value_range(-1,1)'
+      c.input.pp_eval = f'decode|resize({size})|value_range(-1,1)'
+      c.input.eval_split = 'test[:200]'
     if 'fewshot' in c.evals:
       c.evals.fewshot.update(dict(datasets=('digits',), shots=(1, 5),
                                   seeds=2, pool_per_class=5, every=0))

@@ -2,6 +2,7 @@
 
     python -m vit_jax.bench --model=ViT-B/16 --batch=8 [--dtype=bfloat16]
         [--mesh=data=-1,fsdp=1,model=1] [--steps=10] [--json=out.json]
+        [--objective=mpp]  # masked patch prediction's step instead
     python -m vit_jax.bench --input-only --data=imagenet2012 [--data_dir=DIR]
         [--batch=256] [--image_size=224]
 
@@ -33,6 +34,9 @@ flags.DEFINE_integer('steps', 10, 'Timed steps.')
 flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
 flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.')
 flags.DEFINE_integer('num_classes', 1000, 'Head size.')
+flags.DEFINE_enum('objective', 'supervised', ['supervised', 'mpp'],
+                  'Train step objective: supervised or masked patch '
+                  'prediction (3-bit mean colour, 50% corrupted).')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
 flags.DEFINE_alias('input-only', 'input_only')
@@ -99,7 +103,8 @@ def peak_memory_bytes() -> Dict[str, Any]:
 def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                      dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                      warmup: int = 2, accum_steps: int = 1,
-                     num_classes: int = 1000) -> Dict[str, Any]:
+                     num_classes: int = 1000,
+                     objective: str = 'supervised') -> Dict[str, Any]:
   """Measures one configuration; returns the figures as a dict."""
   import jax
   import jax.numpy as jnp
@@ -115,6 +120,9 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
   shd.check_batch_size(batch, mesh, '--batch', accum_steps)
   model = models.create(model_name, num_classes=num_classes,
                         dtype=jnp.dtype(dtype))
+  if objective == 'mpp':
+    from vit_jax import selfsup
+    model = selfsup.from_vit(model)
   tx, lr_fn = optim.make(ml_collections.ConfigDict(dict(
       name='adam', lr=1e-3, warmup_steps=0, decay='constant',
       weight_decay=0.1, grad_clip_norm=1.0)), 1000)
@@ -122,12 +130,14 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
   state, state_sh = step_lib.create_state(model, tx, 0, shape, mesh)
   train = step_lib.compile_train_step(
       model, tx, lr_fn, state_sh, mesh,
-      ml_collections.ConfigDict({'accum_steps': accum_steps}))
+      ml_collections.ConfigDict({'accum_steps': accum_steps,
+                                 'objective': objective}))
   rng = np.random.RandomState(0)
   host = {'image': rng.uniform(-1, 1, (batch, *shape)).astype(np.float32),
           'label': rng.randint(0, num_classes, (batch,)).astype(np.int32)}
   data = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim))
-          for k, v in host.items()}
+          for k, v in host.items() if k in step_lib.batch_keys(
+              ml_collections.ConfigDict({'objective': objective}))}
 
   with jax.set_mesh(mesh):
     t = time.perf_counter()
@@ -144,12 +154,13 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
       times.append(time.perf_counter() - t)
 
   step_s = statistics.median(times)
-  fwd = accounting.forward_flops(model_name, image_size, num_classes)
+  fwd = (accounting.module_forward_flops(model, shape) if objective == 'mpp'
+         else accounting.forward_flops(model_name, image_size, num_classes))
   achieved = 3.0 * fwd * batch / step_s
   peak = matmul_peak(jnp.dtype(dtype))
   hw = accounting.detect_hardware(jax.devices()[0].device_kind)
   out = {
-      'model': model_name, 'batch': batch, 'image_size': image_size,
+      'model': model_name, 'objective': objective, 'batch': batch, 'image_size': image_size,
       'dtype': dtype, 'mesh': dict(mesh.shape), 'devices': jax.device_count(),
       'device_kind': jax.devices()[0].device_kind, 'compile_s': compile_s,
       'step_s_median': step_s, 'step_s_min': min(times),
@@ -203,7 +214,8 @@ def main(argv):
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
-        accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes)
+        accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
+        objective=FLAGS.objective)
   _print_table(res)
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:
