@@ -364,3 +364,28 @@ def test_sigkill_and_resume_matches_the_uninterrupted_mpp_run(mpp_run,
   assert _summary(workdir)['train_loss'] == _summary(mpp_run)['train_loss']
   assert _summary(workdir)['eval_mpp_loss'] == _summary(mpp_run)[
       'eval_mpp_loss']
+
+
+@pytest.mark.slow
+def test_mpp_step_under_a_mesh_matches_one_device():
+  """The corruption (a gather across the sharded batch) and the loss agree
+  between one device and dp2-fsdp2-tp2 over 8 simulated devices."""
+  here = os.path.join(ROOT, 'tests')
+
+  def run(mesh, devices):
+    env = dict(ENV, PYTHONPATH=ROOT, XLA_FLAGS='--xla_force_host_platform_'
+               f'device_count={devices}')
+    out = subprocess.run(
+        [sys.executable, os.path.join(here, 'mesh_steps.py'),
+         json.dumps(mesh), json.dumps({'objective': 'mpp'})],
+        capture_output=True, text=True, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+  one = run({'data': -1}, 1)
+  many = run({'data': 2, 'fsdp': 2, 'model': 2}, 8)
+  assert many['devices'] == 8
+  np.testing.assert_allclose(many['losses'], one['losses'], atol=1e-5)
+  assert one['losses'][-1] < one['losses'][0]
+  for k, v in one['params'].items():
+    np.testing.assert_allclose(many['params'][k], v, atol=1e-5, err_msg=k)
