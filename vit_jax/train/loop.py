@@ -96,7 +96,8 @@ class Run:
   def specs(self) -> Dict[str, Any]:
     """What a checkpoint records about its configuration."""
     return {'model': self.config.model.to_dict(),
-            'optim': self.config.optim.to_dict(), 'total_steps': self.steps}
+            'optim': self.config.optim.to_dict(), 'total_steps': self.steps,
+            **_objective(self.config)}
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
@@ -134,7 +135,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
       process_count=jax.process_count())
   start, restored, saved = ckpt.restore(
       step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh,
-      expect={'model': config.model.to_dict()})
+      expect={'model': config.model.to_dict(), **_objective(config)})
   if start is not None:
     state = restored
     train_it.set_state(saved['input'])
@@ -157,6 +158,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
              state=state, state_sh=state_sh, ckpt=ckpt, train_it=train_it,
              train_fn=train_fn, evals=evals, forward_flops=fwd, start=start,
              saved=saved)
+
+
+def _objective(config) -> Dict[str, Any]:
+  """What a checkpoint records about a self-supervised objective (nothing
+  for supervised runs, whose checkpoints predate the field)."""
+  if config.get('objective', 'supervised') != 'mpp':
+    return {}
+  return {'objective': 'mpp', 'mpp': config.mpp.to_dict()}
 
 
 def _overrides(config) -> Dict[str, Any]:
