@@ -389,3 +389,17 @@ def test_mpp_step_under_a_mesh_matches_one_device():
   assert one['losses'][-1] < one['losses'][0]
   for k, v in one['params'].items():
     np.testing.assert_allclose(many['params'][k], v, atol=1e-5, err_msg=k)
+
+
+def test_few_labels_step_of_the_cpu_pipeline():
+  from vit_jax.configs import cpu_reproduce
+  with pytest.raises(ValueError, match='data_dir='):
+    cpu_reproduce.get_config('step=few_labels')
+  c = cpu_reproduce.get_config('step=few_labels,data_dir=/d,init=/w,steps=90')
+  assert (c.input.data, c.input.data_dir, c.init) == ('folder', '/d', '/w')
+  assert (c.input.train_split, c.input.eval_split) == ('train', 'test')
+  assert c.total_steps == 90 and c.optim.name == 'sgd'
+  assert cpu_reproduce.get_config(
+      'step=few_labels,data_dir=/d').init is None  # From scratch.
+  assert cpu_reproduce.get_config(
+      'step=few_labels,smoke=true').input.data == 'digits'
