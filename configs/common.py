@@ -70,6 +70,14 @@ def base() -> ml_collections.ConfigDict:
   c.total_steps = ml_collections.FieldReference(None, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)
   c.loss = 'softmax'  # or 'sigmoid' (i21k pre-training).
+  # 'supervised' (the labels, `loss`) or 'mpp': masked patch prediction,
+  # self-supervised, labels never read (vit_jax/selfsup, docs/selfsup.md).
+  c.objective = 'supervised'
+  # MPP: target 'colour' (3-bit mean colour, the paper's), 'downsized' (4x4
+  # cells per patch) or 'pixels' (L2); bits per channel; rate: fraction of
+  # patches corrupted; representation: what few-shot reads, 'token' or 'gap'.
+  c.mpp = ml_collections.ConfigDict(dict(target='colour', bits=3, rate=0.5,
+                                         representation='token'))
   c.label_smoothing = 0.0
   c.accum_steps = 1  # Gradient accumulation: micro-batches per step.
   c.optim = ml_collections.ConfigDict(dict(

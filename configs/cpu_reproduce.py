@@ -21,6 +21,10 @@ Steps:
   transfer        fine-tune it on MNIST digits (mnist5k, 4000 train images);
                   `lr=` as in the paper's sweep (default 0.01).
   scratch         the same model, steps and batch on mnist5k from scratch.
+  few_labels      fine-tune on 100 labelled Fashion-MNIST images per class (an
+                  image folder: data_dir=, see docs/selfsup.md), test on the
+                  full 10,000-image test split; init= optional (none: the
+                  same recipe from scratch).
   vit_1ep, bit_1ep
                   equal pre-training compute: the ViT and a small BiT ResNet
                   (R26, width 0.5, at 64 px: 0.118 vs 0.129 forward GFLOPs
@@ -39,7 +43,7 @@ VIT = dict(name='ViT-Ti/16', patch_size=4, hidden_size=128, mlp_dim=512,
 BIT = dict(name='BiT-R50x1', depth=26, width_factor=0.5, dtype='bfloat16')
 VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
 STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
-         'vit_1ep', 'bit_1ep')
+         'few_labels', 'vit_1ep', 'bit_1ep')
 FEWSHOT = dict(type='fewshot', datasets=('mnist5k', 'fashion_mnist'),
                shots=(1, 5, 10, 25), seeds=5, l2_reg=1.0, pool_per_class=100)
 
@@ -66,7 +70,7 @@ def _adam(c, lr: float = 1e-3, warmup: int = 500) -> None:
 
 def get_config(arg=None):
   args = common.parse_arg(arg, step='pretrain', init='', epochs=7.0,
-                          lr=0.0, smoke=False)
+                          lr=0.0, steps=0, data_dir='', smoke=False)
   if args.step not in STEPS:
     raise ValueError(f'step={args.step!r}: expected one of {", ".join(STEPS)}')
   if args.step in ('finetune_hires', 'finetune_same', 'transfer') and not (
@@ -96,6 +100,20 @@ def get_config(arg=None):
     _data(c, 'mnist5k', 28)
     c.total_steps = 300
     common.table4_optim(c, args.lr or 0.01, c.total_steps // 10)
+  elif step == 'few_labels':
+    if not (args.data_dir or args.smoke):
+      raise ValueError('step=few_labels reads an image folder of 100 '
+                       'labelled images per class: pass data_dir=<folder> '
+                       '(docs/selfsup.md writes one)')
+    c.input.data = 'folder'
+    c.input.data_dir = args.data_dir or None
+    c.input.image_size = 28
+    c.input.pp_train = _pp(28, train=True)
+    c.input.pp_eval = _pp(28, train=False)
+    c.input.train_split, c.input.eval_split = 'train', 'test'
+    c.input.num_train_examples = 1000
+    c.total_steps = args.steps or 150
+    common.table4_optim(c, args.lr or 0.01, c.total_steps // 10)
   elif step == 'scratch':
     _data(c, 'mnist5k', 28)
     c.total_steps = 300
@@ -115,8 +133,9 @@ def get_config(arg=None):
     c.eval_every = 0
     c.input.batch_size = 32
     c.input.prepare = False
-    c.input.data = 'digits' if c.input.data == 'fashion_mnist' else (
-        c.input.data)
+    c.input.data = 'digits' if c.input.data in ('fashion_mnist', 'folder') \
+        else c.input.data
+    c.input.data_dir = None
     c.input.train_split = 'train[:256]'
     c.input.eval_split = 'test[:200]'
     c.input.eval_batch_size = 100

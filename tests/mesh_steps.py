@@ -20,7 +20,7 @@ from jax.experimental import multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
-from vit_jax import models  # noqa: E402
+from vit_jax import models, selfsup  # noqa: E402
 from vit_jax.train import optim  # noqa: E402
 from vit_jax import sharding as shd  # noqa: E402
 from vit_jax.train import step as step_lib  # noqa: E402
@@ -47,6 +47,9 @@ def main():
   mesh = shd.make_mesh(**mesh_cfg)
   model = models.create('ViT-test', num_classes=10, hidden_size=32,
                         num_heads=4, mlp_dim=64, patch_size=4)
+  objective = extra.get('objective', 'supervised')
+  if objective == 'mpp':  # Masked patch prediction: images only.
+    model = selfsup.from_vit(model)
   cfg = ml_collections.ConfigDict(dict(
       name='adam', lr=1e-3, warmup_steps=2, decay='cosine', weight_decay=0.1,
       grad_clip_norm=1.0))
@@ -56,14 +59,15 @@ def main():
                                     fsdp_min_size=extra.get('fsdp_min', 1))
   train = step_lib.compile_train_step(
       model, tx, lr_fn, sh, mesh, ml_collections.ConfigDict(
-          {'accum_steps': extra.get('accum', 1)}))
+          {'accum_steps': extra.get('accum', 1), 'objective': objective}))
   losses = []
   n, i = jax.process_count(), jax.process_index()
   with jax.set_mesh(mesh):
     for b in digits_batches(32, steps):
       b = {k: jax.make_array_from_process_local_data(
           shd.batch_sharding(mesh, v.ndim), np.split(v, n)[i])
-           for k, v in b.items()}
+           for k, v in b.items() if k in step_lib.batch_keys(
+               ml_collections.ConfigDict({'objective': objective}))}
       state, m = train(state, b)
       losses.append(float(m['loss']))
   specs = {'/'.join(str(getattr(k, 'key', k)) for k in path): str(

@@ -26,6 +26,7 @@ import numpy as np
 
 from vit_jax import models
 from vit_jax import paper as paper_data
+from vit_jax import selfsup
 from vit_jax.data import registry
 
 SECONDS_PER_DAY = 86400.0
@@ -84,6 +85,31 @@ def forward_flops(name: str, image_size=224, num_classes: int = 1000,
   """
   return _forward_flops(name, image_size, num_classes,
                         tuple(sorted(overrides.items())))
+
+
+def module_forward_flops(model, image_shape: Sequence[int]) -> float:
+  """Forward FLOPs per image of a built module (XLA's cost analysis), e.g.
+  a masked-patch-prediction model, whose per-patch head is part of its
+  forward; `image_shape` is (height, width, channels)."""
+  images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+  params = jax.eval_shape(
+      lambda x: model.init(jax.random.key(0), x), images)['params']
+  cost = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(
+      params, images).cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0]
+  return float(cost['flops'])
+
+
+def mpp_forward_flops(name: str, image_size=224, *, target: str = 'colour',
+                      bits: int = 3, channels: int = 3,
+                      **overrides) -> float:
+  """Forward FLOPs per image of `name` trained by masked patch prediction
+  (encoder plus the per-patch `mpp_head`; no classification head)."""
+  h, w = _hw(image_size)
+  model = selfsup.from_vit(models.create(name, num_classes=0, **overrides),
+                           target=target, bits=bits)
+  return module_forward_flops(model, (h, w, channels))
 
 
 def analytic_forward_flops(name: str, image_size=224,
@@ -255,13 +281,14 @@ def estimate(name: str, examples_seen: float, *, image_size: int = 224,
              hardware_name: str = 'tpu_v3',
              utilization: Optional[float] = None,
              num_devices: Optional[int] = None, num_classes: int = 1000,
-             **overrides) -> Estimate:
-  """Training cost of `examples_seen` images through `name` on `hardware`."""
+             forward: Optional[float] = None, **overrides) -> Estimate:
+  """Training cost of `examples_seen` images through `name` on `hardware`
+  (`forward`: FLOPs per image when not the classifier's, e.g. MPP's)."""
   hw = hardware(hardware_name)
   util = paper_utilization() if utilization is None else utilization
   if not 0 < util <= 1:
     raise ValueError(f'utilization must be in (0, 1], got {util}')
-  fwd = forward_flops(name, image_size, num_classes, **overrides)
+  fwd = forward or forward_flops(name, image_size, num_classes, **overrides)
   total = training_flops(fwd, examples_seen)
   core_days = flops_core_days(total, hw, util)
   wall = None
@@ -286,12 +313,19 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
     raise ValueError('config sets neither total_steps nor total_epochs: '
                      'set one of them to estimate the cost of the run')
   acc = config.get('accounting', {})
+  forward = None
+  if config.get('objective', 'supervised') == 'mpp':
+    mpp = config.get('mpp', {})
+    forward = mpp_forward_flops(
+        name, config.input.image_size, target=mpp.get('target', 'colour'),
+        bits=mpp.get('bits', 3),
+        **{k: v for k, v in model_cfg.items() if v is not None})
   return estimate(
       name, examples, image_size=config.input.image_size,
       hardware_name=hardware_name or acc.get('hardware', 'tpu_v3'),
       utilization=utilization if utilization is not None else acc.get(
           'utilization'),
-      num_devices=num_devices or acc.get('num_devices'),
+      num_devices=num_devices or acc.get('num_devices'), forward=forward,
       num_classes=(config.get('num_classes')
                    or registry.get(config.input.data).num_classes or 1000),
       **{k: v for k, v in model_cfg.items() if v is not None})

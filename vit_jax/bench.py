@@ -2,7 +2,7 @@
 
     python -m vit_jax.bench --model=ViT-B/16 --batch=8 [--dtype=bfloat16]
         [--mode=train|infer] [--mesh=data=-1,fsdp=1,model=1] [--steps=10]
-        [--json=out.json]
+        [--json=out.json] [--objective=mpp]  # MPP's train step instead
     python -m vit_jax.bench --input-only --data=imagenet2012 [--data_dir=DIR]
         [--batch=256] [--image_size=224]
 
@@ -46,6 +46,9 @@ flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.')
 flags.DEFINE_integer('num_classes', 1000, 'Head size.')
 flags.DEFINE_bool('matmul_peak', True, 'Measure the matmul peak for MFU '
                   '(seconds); --nomatmul_peak reports no MFU.')
+flags.DEFINE_enum('objective', 'supervised', ['supervised', 'mpp'],
+                  'Train step objective: supervised or masked patch '
+                  'prediction (3-bit mean colour, 50% corrupted).')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
 flags.DEFINE_alias('input-only', 'input_only')
@@ -133,7 +136,7 @@ def compiled_memory(compiled) -> Dict[str, Any]:
 
 
 def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
-           accum_steps, optimizer: bool):
+           accum_steps, optimizer: bool, objective: str = 'supervised'):
   """(model, mesh, tx, lr_fn, state, state shardings, device batch)."""
   import jax
   import jax.numpy as jnp
@@ -150,6 +153,9 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
   # Attention as a training run picks it on this mesh (cuDNN on GPUs).
   model = models.from_config(dict(name=model_name, dtype=dtype), num_classes,
                              shd.platform(mesh))
+  if objective == 'mpp':
+    from vit_jax import selfsup
+    model = selfsup.from_vit(model)
   if optimizer:
     tx, lr_fn = optim.make(optim.Settings(
         name='adam', lr=1e-3, warmup_steps=0, decay='constant',
@@ -161,8 +167,9 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
   rng = np.random.RandomState(0)
   host = {'image': rng.uniform(-1, 1, (batch, *shape)).astype(np.float32),
           'label': rng.randint(0, num_classes, (batch,)).astype(np.int32)}
+  keys = step_lib.batch_keys({'objective': objective})
   data = {k: jax.device_put(v, shd.batch_sharding(mesh, v.ndim))
-          for k, v in host.items()}
+          for k, v in host.items() if k in keys}
   return model, mesh, tx, lr_fn, state, state_sh, data
 
 
@@ -186,8 +193,8 @@ def _time_steps(compiled, args, steps, warmup, carry: bool):
 def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                      dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                      warmup: int = 2, accum_steps: int = 1,
-                     num_classes: int = 1000,
-                     measure_peak: bool = True) -> Dict[str, Any]:
+                     num_classes: int = 1000, measure_peak: bool = True,
+                     objective: str = 'supervised') -> Dict[str, Any]:
   """Measures the train step of one configuration; returns the figures."""
   import jax
 
@@ -195,9 +202,10 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
 
   model, mesh, tx, lr_fn, state, state_sh, data = _setup(
       model_name, batch, image_size, dtype, mesh_axes, num_classes,
-      accum_steps, optimizer=True)
-  train = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
-                                      {'accum_steps': accum_steps})
+      accum_steps, optimizer=True, objective=objective)
+  train = step_lib.compile_train_step(
+      model, tx, lr_fn, state_sh, mesh,
+      {'accum_steps': accum_steps, 'objective': objective})
   with jax.set_mesh(mesh):
     t = time.perf_counter()
     compiled = train.lower(state, data).compile()
@@ -208,7 +216,8 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
   metrics = runs[-1][1][1]
   return _report('train', model_name, batch, image_size, dtype, num_classes,
                  mesh, compile_s, times, compiled,
-                 {'loss': float(metrics['loss'])}, measure_peak)
+                 {'loss': float(metrics['loss']), 'objective': objective},
+                 measure_peak, model=model if objective == 'mpp' else None)
 
 
 def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
@@ -243,8 +252,8 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
 
 
 def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
-            compile_s, times, compiled, extra, measure_peak=True
-            ) -> Dict[str, Any]:
+            compile_s, times, compiled, extra, measure_peak=True,
+            model=None) -> Dict[str, Any]:
   import jax
   import jax.numpy as jnp
 
@@ -252,7 +261,9 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
   from vit_jax.models import matmul
 
   step_s = statistics.median(times)
-  fwd = accounting.forward_flops(model_name, image_size, num_classes)
+  fwd = (accounting.module_forward_flops(model, (image_size, image_size, 3))
+         if model is not None  # MPP: the model with its head.
+         else accounting.forward_flops(model_name, image_size, num_classes))
   passes = 3.0 if mode == 'train' else 1.0
   achieved = passes * fwd * batch / step_s
   device = jax.devices()[0]
@@ -329,7 +340,7 @@ def main(argv):
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
         accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
-        measure_peak=FLAGS.matmul_peak)
+        measure_peak=FLAGS.matmul_peak, objective=FLAGS.objective)
   _print_table(res)
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:

@@ -9,6 +9,8 @@ the pre-trained weights, adapted to the new model:
   * position embeddings are resized in 2-D (bilinear) when the patch grid
     changes, e.g. 224 -> 384 turns a 14x14 grid into 24x24; the class-token
     row is kept as is;
+  * a masked-patch-prediction model's `mask_token` and `mpp_head` are
+    dropped (logged);
   * everything else must match exactly, else the error lists each missing,
     extra or mis-shaped key.
 """
@@ -21,12 +23,16 @@ from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import logging
 from flax import traverse_util
 
 from vit_jax.checkpoint.layers import is_scanned, stack_blocks, unstack_blocks
 from vit_jax.checkpoint.npz import CheckpointError, check_params, load_npz
 
 POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
+# Parameters only a self-supervised (masked patch prediction) model has:
+# dropped when it initialises a classifier (`vit_jax.selfsup.PARAMS`).
+SELF_SUPERVISED = ('mask_token', 'mpp_head')
 
 
 def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
@@ -54,6 +60,12 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
   loaded = traverse_util.flatten_dict(dict(loaded))
   target = traverse_util.flatten_dict(dict(init_params))
 
+  dropped = sorted({k[0] for k in loaded
+                    if k[0] in SELF_SUPERVISED and k not in target})
+  if dropped:
+    logging.info('%s is a masked-patch-prediction model: dropping its %s '
+                 '(not part of the classifier)', source, ', '.join(dropped))
+    loaded = {k: v for k, v in loaded.items() if k[0] not in dropped}
   out = {}
   for key, init in target.items():
     if key[0] == 'head' and not keep_head:

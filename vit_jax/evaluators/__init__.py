@@ -24,14 +24,19 @@ import ml_collections
 from vit_jax.evaluators.base import Context, Evaluator, get, register
 from vit_jax.evaluators.classification import Classification
 from vit_jax.evaluators.fewshot import FewShot
+from vit_jax.evaluators.mpp import MaskedPatchEval
 
 
 def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
           image_size: int) -> List[Evaluator]:
-  """The run's evaluators: top-1 on input.eval_split, then config.evals."""
+  """The run's evaluators: top-1 on input.eval_split (for
+  `objective='mpp'`: the masked-patch-prediction loss and accuracy there,
+  labels unread), then config.evals."""
   context = Context(config=config, model=model, mesh=mesh,
                     params_sharding=params_sharding, image_size=image_size)
-  out: List[Evaluator] = [Classification('eval', ml_collections.ConfigDict(
+  first = (MaskedPatchEval if config.get('objective', 'supervised') == 'mpp'
+           else Classification)
+  out: List[Evaluator] = [first('eval', ml_collections.ConfigDict(
       dict(every=config.get('eval_every', 0))), context)]
   for name, cfg in sorted(config.get('evals', {}).items()):
     if 'kind' in cfg:
@@ -48,5 +53,6 @@ def run_all(evaluators: List[Evaluator], params: Any) -> Dict[str, float]:
   return metrics
 
 
-__all__ = ['Context', 'Evaluator', 'Classification', 'FewShot', 'build',
+__all__ = ['Context', 'Evaluator', 'Classification', 'FewShot',
+           'MaskedPatchEval', 'build',
            'get', 'register', 'run_all']

@@ -274,39 +274,7 @@ class VisionTransformer(Module):
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
-    if self.classifier not in ('token', 'gap'):
-      raise ValueError(f"classifier must be 'token' or 'gap', got "
-                       f'{self.classifier!r}')
-    check_image_shape(images.shape, self.stride)
-    x = images
-    if self.resnet_layers:
-      x = resnet.hybrid_stem(x, self.resnet_layers, self.resnet_width,
-                             self.dtype, self.param_dtype)
-    p = self.patch_size
-    x = nn.Conv(self.hidden_size, (p, p), strides=(p, p), padding='VALID',
-                dtype=self.dtype, param_dtype=self.param_dtype,
-                kernel_init=with_axes(nn.initializers.lecun_normal(),
-                                      (None, None, None, 'embed')),
-                bias_init=with_axes(nn.initializers.zeros, ('embed',)),
-                name='embedding')(x)
-    n, h, w, c = x.shape
-    x = jnp.reshape(x, (n, h * w, c))
-    if self.classifier == 'token':
-      cls = self.param('cls', with_axes(nn.initializers.zeros,
-                                        (None, None, 'embed')),
-                       (1, 1, c), self.param_dtype)
-      x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], 1)
-
-    x = Encoder(num_layers=self.num_layers, mlp_dim=self.mlp_dim,
-                num_heads=self.num_heads, dropout_rate=self.dropout_rate,
-                attention_dropout_rate=self.attention_dropout_rate,
-                gelu_approximate=self.gelu_approximate,
-                attention_impl=self.attention_impl,
-                capture_attention=self.capture_attention,
-                stochastic_depth=self.stochastic_depth,
-                scan_layers=self.scan_layers, remat=self.remat,
-                dtype=self.dtype, param_dtype=self.param_dtype,
-                name='Transformer')(x, train=train)
+    x = encode(self, embed_patches(self, images), train=train)
     x = x[:, 0] if self.classifier == 'token' else jnp.mean(x, axis=1)
 
     if self.representation_size:
@@ -327,6 +295,55 @@ class VisionTransformer(Module):
                      nn.initializers.constant(self.head_bias_init),
                      ('classes',)))(x)
     return x.astype(jnp.float32)
+
+
+def embed_patches(module: VisionTransformer, images):
+  """The patch tokens (batch, grid_h * grid_w, hidden) of `images`: the
+  hybrid stem (if any) and the `embedding` projection, row-major.
+
+  Call it inside `module`'s compact method (its parameters are created
+  there); `encode` continues. Self-supervised models put their corruption
+  between the two (see `vit_jax.selfsup`).
+  """
+  if module.classifier not in ('token', 'gap'):
+    raise ValueError(f"classifier must be 'token' or 'gap', got "
+                     f'{module.classifier!r}')
+  check_image_shape(images.shape, module.stride)
+  x = images
+  if module.resnet_layers:
+    x = resnet.hybrid_stem(x, module.resnet_layers, module.resnet_width,
+                           module.dtype, module.param_dtype)
+  p = module.patch_size
+  x = nn.Conv(module.hidden_size, (p, p), strides=(p, p), padding='VALID',
+              dtype=module.dtype, param_dtype=module.param_dtype,
+              kernel_init=with_axes(nn.initializers.lecun_normal(),
+                                    (None, None, None, 'embed')),
+              bias_init=with_axes(nn.initializers.zeros, ('embed',)),
+              name='embedding')(x)
+  n, h, w, c = x.shape
+  return jnp.reshape(x, (n, h * w, c))
+
+
+def encode(module: VisionTransformer, x, *, train: bool):
+  """The class token (if any), position embeddings and the `Transformer`
+  encoder over patch tokens `x`; returns every output token (class token
+  first), after the final LayerNorm."""
+  n, _, c = x.shape
+  if module.classifier == 'token':
+    cls = module.param('cls', with_axes(nn.initializers.zeros,
+                                        (None, None, 'embed')),
+                       (1, 1, c), module.param_dtype)
+    x = jnp.concatenate([jnp.tile(cls.astype(x.dtype), (n, 1, 1)), x], 1)
+  return Encoder(num_layers=module.num_layers, mlp_dim=module.mlp_dim,
+                 num_heads=module.num_heads, dropout_rate=module.dropout_rate,
+                 attention_dropout_rate=module.attention_dropout_rate,
+                 gelu_approximate=module.gelu_approximate,
+                 attention_impl=module.attention_impl,
+                 capture_attention=module.capture_attention,
+                 stochastic_depth=module.stochastic_depth,
+                 scan_layers=module.scan_layers, remat=module.remat,
+                 dtype=module.dtype, param_dtype=module.param_dtype,
+                 name='Transformer')(x, train=train)
 
 
 def vit_flops(spec, h: int, w: int, num_classes: int) -> float:

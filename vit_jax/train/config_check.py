@@ -12,6 +12,10 @@ from typing import Any, Callable, Iterator, Tuple
 import ml_collections
 
 from vit_jax.train import profiling
+from vit_jax import models, selfsup
+
+# MPP colour bits per channel the head can take (2**15 RGB classes at 5).
+MPP_MAX_BITS = 5
 
 # key: (predicate, what a valid value is). Absent or None keys are skipped
 # (the defaults apply); keys are dotted paths into the config.
@@ -48,6 +52,8 @@ _RULES: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ('mesh.fsdp', lambda v: v == -1 or v >= 1, '-1 (fill) or a device count'),
     ('mesh.model', lambda v: v == -1 or v >= 1,
      '-1 (fill) or a device count'),
+    ('mpp.rate', lambda v: 0 < v <= 1,
+     'the fraction of patches corrupted, in (0, 1], e.g. 0.5'),
 )
 
 
@@ -82,8 +88,67 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            'e.g. --config.total_steps=1000')
 
 
+def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
+  """Masked patch prediction: the options, a model with patch embeddings
+  and an image size the patches tile."""
+  objective = config.get('objective', 'supervised')
+  if objective not in selfsup.OBJECTIVES:
+    yield (f'--config.objective={objective!r} cannot work; expected one of '
+           f'{", ".join(selfsup.OBJECTIVES)}')
+    return
+  if objective != 'mpp':
+    return
+  mpp = config.get('mpp', {})
+  target = mpp.get('target', 'colour')
+  bits = mpp.get('bits', 3)
+  if target not in selfsup.TARGETS:
+    yield (f'--config.mpp.target={target!r} cannot work; expected one of '
+           f'{", ".join(selfsup.TARGETS)} (the paper reports colour)')
+  if target != 'pixels' and (isinstance(bits, bool) or not isinstance(
+      bits, int) or not 1 <= bits <= MPP_MAX_BITS):
+    yield (f'--config.mpp.bits={bits!r} is out of range; expected an integer '
+           f'from 1 to {MPP_MAX_BITS} (2**(3*bits) classes per RGB '
+           'prediction: 512 at the paper\'s 3 bits)')
+  rep = mpp.get('representation', 'token')
+  if rep not in selfsup.REPRESENTATIONS:
+    yield (f'--config.mpp.representation={rep!r} cannot work; expected '
+           'token (the class token) or gap (mean of the patch tokens)')
+  if config.get('input', {}).get('mixup'):
+    yield ('--config.input.mixup mixes labels, which objective=mpp never '
+           'reads: unset it (--config.input.mixup=None)')
+  name = config.model.get('name')
+  if name not in models.names():
+    return  # The model zoo names the problem when the model is built.
+  module = models.spec(name)['cls']
+  if not issubclass(module, models.VisionTransformer):
+    yield (f'--config.model.name={name!r} has no patch embeddings '
+           f'({module.__name__}: no patch tokens to mask), so '
+           'objective=mpp cannot work; pick a ViT or R50+ViT hybrid, e.g. '
+           '--config.model.name=ViT-B/16')
+    return
+  if config.model.get('representation_size'):
+    yield ('--config.model.representation_size is set, but masked patch '
+           'prediction trains no pre_logits layer: unset it '
+           '(--config.model.representation_size=None) and add it when '
+           'fine-tuning')
+  try:
+    stride = models.from_config(config.model, 0).stride
+  except (TypeError, ValueError):
+    return  # A bad model option: building the model names it.
+  size = config.get('input', {}).get('image_size')
+  if isinstance(size, int) and size % stride:
+    yield (f'--config.input.image_size={size} is not divisible by the patch '
+           f'size {stride} of {name}, so the patches (and their MPP targets) '
+           f'do not tile the image; use a multiple of {stride}, e.g. '
+           f'{max(stride, size // stride * stride)}')
+  if target == 'downsized' and stride % selfsup.model.DOWNSIZED:
+    yield (f'--config.mpp.target=downsized needs a patch size divisible by '
+           f'{selfsup.model.DOWNSIZED}; {name} has {stride}: use '
+           '--config.mpp.target=colour')
+
+
 def check(config: ml_collections.ConfigDict) -> None:
   """Raises ValueError listing every value that cannot work."""
-  found = list(problems(config))
+  found = list(problems(config)) + list(_mpp_problems(config))
   if found:
     raise ValueError('invalid config:\n  ' + '\n  '.join(found))

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import evaluators, models
+from vit_jax import evaluators, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
@@ -93,10 +93,13 @@ def _evaluate(config: ml_collections.ConfigDict,
   shd.check_batch_size(config.input.eval_batch_size, mesh,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
-  num_classes = config.get('num_classes') or info.num_classes
-  pipeline.check_num_classes(config.input, num_classes)
-  model = models.from_config(config.model, num_classes,
-                             shd.platform(mesh))
+  if config.get('objective', 'supervised') == 'mpp':
+    num_classes = 0  # An MPP model: no head, labels unread.
+  else:
+    num_classes = config.get('num_classes') or info.num_classes
+    pipeline.check_num_classes(config.input, num_classes)
+  model = selfsup.model_from_config(config, num_classes,
+                                     shd.platform(mesh))
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)
   params, params_sh = _load(config, source, model, image_shape, mesh)

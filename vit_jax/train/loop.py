@@ -22,7 +22,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import accounting, evaluators, models
+from vit_jax import accounting, evaluators, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
@@ -97,7 +97,8 @@ class Run:
   def specs(self) -> Dict[str, Any]:
     """What a checkpoint records about its configuration."""
     return {'model': self.config.model.to_dict(),
-            'optim': self.config.optim.to_dict(), 'total_steps': self.steps}
+            'optim': self.config.optim.to_dict(), 'total_steps': self.steps,
+            **_objective(self.config)}
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
@@ -111,11 +112,15 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   shd.check_batch_size(config.input.eval_batch_size, mesh,
                        'input.eval_batch_size')
   info = pipeline.dataset_info(config.input)
-  num_classes = config.get('num_classes') or info.num_classes
-  pipeline.check_num_classes(config.input, num_classes)
+  mpp = config.get('objective', 'supervised') == 'mpp'
+  if mpp:  # No head, no labels: any images do.
+    num_classes = 0
+  else:
+    num_classes = config.get('num_classes') or info.num_classes
+    pipeline.check_num_classes(config.input, num_classes)
   steps = total_steps(config, info.num_train_examples)
-  model = models.from_config(config.model, num_classes,
-                             shd.platform(mesh))
+  model = selfsup.model_from_config(config, num_classes,
+                                     shd.platform(mesh))
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
   state, state_sh = step_lib.create_state(
@@ -132,7 +137,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
       process_count=jax.process_count())
   start, restored, saved = ckpt.restore(
       step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh,
-      expect={'model': config.model.to_dict()})
+      expect={'model': config.model.to_dict(), **_objective(config)})
   if start is not None:
     state = restored
     train_it.set_state(saved['input'])
@@ -148,13 +153,22 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                         config, label_ndim)
   evals = evaluators.build(config, model, mesh, state_sh.params,
                            image_shape[0])
-  fwd = accounting.forward_flops(
-      config.model.name, image_shape[:2], num_classes, **_overrides(config))
+  fwd = (accounting.module_forward_flops(model, image_shape) if mpp else
+         accounting.forward_flops(config.model.name, image_shape[:2],
+                                  num_classes, **_overrides(config)))
   return Run(config=config, workdir=workdir, mesh=mesh,
              num_classes=num_classes, steps=steps, image_shape=image_shape,
              state=state, state_sh=state_sh, ckpt=ckpt, train_it=train_it,
              train_fn=train_fn, evals=evals, forward_flops=fwd, start=start,
              saved=saved)
+
+
+def _objective(config) -> Dict[str, Any]:
+  """What a checkpoint records about a self-supervised objective (nothing
+  for supervised runs, whose checkpoints predate the field)."""
+  if config.get('objective', 'supervised') != 'mpp':
+    return {}
+  return {'objective': 'mpp', 'mpp': config.mpp.to_dict()}
 
 
 def _overrides(config) -> Dict[str, Any]:
@@ -206,6 +220,7 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             'wall_s': prior_wall + progress.elapsed(),
             'train_metrics': step_metrics}
 
+  keys = step_lib.batch_keys(config)  # MPP: images only, labels unread.
   pending = None  # (step, metrics) of the previous step, checked one late.
   step = run.start
   stops = preemption.StopRequests(ckpt.manager.reached_preemption)
@@ -215,7 +230,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
       while step < run.steps:
         profile.before_step(step)
         with progress.timed('input_wait', wait_jax_async_dispatch=False):
-          batch = shd.global_batch(next(run.train_it), run.mesh)
+          host = next(run.train_it)
+          batch = shd.global_batch({k: host[k] for k in keys}, run.mesh)
         # 'step': dispatching this step and waiting for the previous one
         # (its metrics are checked one step late, so the input of this
         # step overlaps the device's work on the previous one).

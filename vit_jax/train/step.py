@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from vit_jax import selfsup
 from vit_jax import sharding as shd
 
 LOSSES = ('softmax', 'sigmoid')
@@ -95,20 +96,35 @@ def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
 def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
                model: nn.Module, tx: optax.GradientTransformation,
                lr_fn: Callable[[Any], Any], loss: str = 'softmax',
-               label_smoothing: float = 0.0, accum_steps: int = 1
+               label_smoothing: float = 0.0, accum_steps: int = 1,
+               objective: str = 'supervised'
                ) -> Tuple[TrainState, Dict[str, jax.Array]]:
-  """One optimiser step on a global batch (split in `accum_steps` parts)."""
+  """One optimiser step on a global batch (split in `accum_steps` parts).
+
+  `objective='supervised'`: `loss` on the model's logits and `batch['label']`;
+  `'mpp'`: masked patch prediction (`model` is a
+  `selfsup.MaskedPatchPrediction`; only `batch['image']` is read).
+  """
   rng = jax.random.fold_in(state.rng, state.step)
 
-  def loss_of(params, images, labels, rng):
+  def loss_of(params, mb, rng):
+    if objective == 'mpp':
+      dropout_rng, mpp_rng = jax.random.split(rng)
+      with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+        outputs, selected = model.apply(
+            {'params': params}, mb['image'], train=True,
+            rngs={'dropout': dropout_rng, 'mpp': mpp_rng})
+      return selfsup.loss_and_metrics(
+          outputs, selected, mb['image'], target=model.target,
+          stride=model.stride, bits=model.bits)
     with nn.logical_axis_rules(shd.ACTIVATION_RULES):
-      logits = model.apply({'params': params}, images, train=True,
+      logits = model.apply({'params': params}, mb['image'], train=True,
                            rngs={'dropout': rng})
-    return loss_fn(logits, labels, loss, label_smoothing)
+    return loss_fn(logits, mb['label'], loss, label_smoothing), {}
 
-  grad_fn = jax.value_and_grad(loss_of)
+  grad_fn = jax.value_and_grad(loss_of, has_aux=True)
   if accum_steps == 1:
-    value, grads = grad_fn(state.params, batch['image'], batch['label'], rng)
+    (value, aux), grads = grad_fn(state.params, batch, rng)
   else:
     # Micro-batch i takes examples i, i + accum, ...: every device keeps
     # feeding every micro-batch from its own shard.
@@ -121,15 +137,19 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
 
     def body(carry, xs):
       i, mb = xs
-      v, g = grad_fn(state.params, mb['image'], mb['label'],
-                     jax.random.fold_in(rng, i))
-      return jax.tree.map(jnp.add, carry, (v, g)), None
+      (v, a), g = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+      return jax.tree.map(jnp.add, carry, (v, a, g)), None
 
+    aux_shape = jax.eval_shape(
+        lambda: grad_fn(state.params, jax.tree.map(lambda x: x[0], micro),
+                        rng)[0][1])
     zeros = (jnp.zeros((), jnp.float32),
+             jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), aux_shape),
              jax.tree.map(jnp.zeros_like, state.params))
-    (value, grads), _ = jax.lax.scan(body, zeros,
-                                     (jnp.arange(accum_steps), micro))
-    value, grads = jax.tree.map(lambda x: x / accum_steps, (value, grads))
+    (value, aux, grads), _ = jax.lax.scan(body, zeros,
+                                          (jnp.arange(accum_steps), micro))
+    value, aux, grads = jax.tree.map(lambda x: x / accum_steps,
+                                     (value, aux, grads))
 
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -138,9 +158,15 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
   # state may be checkpointed (the loop checks it before every save).
   metrics = {'loss': value, 'grad_norm': optax.tree.norm(grads),
              'param_norm': optax.tree.norm(params),
-             'lr': jnp.asarray(lr_fn(state.step), jnp.float32)}
+             'lr': jnp.asarray(lr_fn(state.step), jnp.float32), **aux}
   return state.replace(step=state.step + 1, params=params,
                        opt_state=opt_state), metrics
+
+
+def batch_keys(cfg: Mapping[str, Any]) -> Tuple[str, ...]:
+  """The batch entries the train step reads: MPP never reads labels."""
+  return (('image',) if cfg.get('objective', 'supervised') == 'mpp'
+          else ('image', 'label'))
 
 
 def compile_train_step(model, tx, lr_fn, state_sh, mesh,
@@ -149,16 +175,21 @@ def compile_train_step(model, tx, lr_fn, state_sh, mesh,
 
   `label_ndim` is 1 for class ids, 2 for soft or multi-hot training labels;
   `cfg` is the run's config or any mapping with its `loss`,
-  `label_smoothing` and `accum_steps` keys (defaults where absent).
+  `label_smoothing`, `accum_steps` and `objective` keys (defaults where
+  absent). With `objective='mpp'` the batch is `{'image': ...}` only (see
+  `batch_keys`).
   """
   img = shd.batch_sharding(mesh, 4)
   lab = shd.batch_sharding(mesh, label_ndim)
   rep = shd.replicated(mesh)
+  objective = cfg.get('objective', 'supervised')
+  batch_sh = {k: {'image': img, 'label': lab}[k] for k in batch_keys(cfg)}
   train = jax.jit(
       functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
                         loss=cfg.get('loss', 'softmax'),
                         label_smoothing=cfg.get('label_smoothing', 0.0),
-                        accum_steps=cfg.get('accum_steps', 1)),
-      in_shardings=(state_sh, {'image': img, 'label': lab}),
+                        accum_steps=cfg.get('accum_steps', 1),
+                        objective=objective),
+      in_shardings=(state_sh, batch_sh),
       out_shardings=(state_sh, rep), donate_argnums=(0,))
   return train

@@ -1,0 +1,60 @@
+"""The corruption of masked patch prediction (BERT's recipe on patches).
+
+`rate` of the patch positions of each image are selected (exactly
+`round(rate * N)` per image, uniformly at random); each selected position
+is independently replaced by the `[mask]` embedding (80%), by the embedding
+of a random other patch of the batch (10%: any image, never itself) or left
+unchanged (10%). Unselected positions are never changed.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+
+MASK, RANDOM = 0.8, 0.1  # The rest (0.1) of selected positions: unchanged.
+
+
+def check_rate(rate: float) -> None:
+  if not 0.0 < rate <= 1.0:
+    raise ValueError(f'rate={rate!r}: expected the fraction of patches to '
+                     'select, in (0, 1] (the paper uses 0.5; BERT 0.15)')
+
+
+def num_selected(num_patches: int, rate: float) -> int:
+  """Positions selected per image: round(rate * N), at least one."""
+  check_rate(rate)
+  return min(num_patches, max(1, int(rate * num_patches + 0.5)))
+
+
+def corrupt(rng: jax.Array, tokens: jax.Array, mask_token: jax.Array,
+            rate: float = 0.5) -> Tuple[jax.Array, jax.Array]:
+  """(corrupted tokens, bool (batch, N) selection) of `tokens` (batch, N, D).
+
+  A pure function of `rng`: the same key gives the same corruption.
+  """
+  if tokens.ndim != 3 or mask_token.shape != tokens.shape[-1:]:
+    raise ValueError(f'tokens must be (batch, N, D) and mask_token (D,), got '
+                     f'{tuple(tokens.shape)} and {tuple(mask_token.shape)}')
+  b, n, d = tokens.shape
+  k = num_selected(n, rate)
+  r_select, r_kind, r_other = jax.random.split(rng, 3)
+  order = jnp.argsort(jax.random.uniform(r_select, (b, n)), axis=1)[:, :k]
+  selected = jnp.zeros((b, n), bool).at[
+      jnp.arange(b)[:, None], order].set(True)
+  kind = jax.random.uniform(r_kind, (b, n))
+  use_mask = selected & (kind < MASK)
+  use_other = selected & (kind >= MASK) & (kind < MASK + RANDOM)
+  out = jnp.where(use_mask[..., None], mask_token.astype(tokens.dtype)[None,
+                                                                       None],
+                  tokens)
+  if b * n > 1:
+    # A uniform index over the other b * n - 1 patches of the batch.
+    flat = jnp.reshape(tokens, (b * n, d))
+    own = jnp.arange(b * n).reshape(b, n)
+    other = jax.random.randint(r_other, (b, n), 0, b * n - 1)
+    other = other + (other >= own)
+    out = jnp.where(use_other[..., None], flat[other], out)
+  return out, selected
