@@ -67,9 +67,11 @@ def test_bf16_train_step_exports_for_accelerators(bf16_step, platforms,
   finally:
     matmul.reset_cpu_form()
   assert 'optimization_barrier' not in text
-  # Every ViT matmul (q, k, v, out, q.k, attention.v, MLP x 2) runs as
-  # bf16 x bf16 -> f32, forward and backward; none was upcast to float32.
-  assert len(BF16_DOT.findall(text)) >= 8 * 3 * 2, text[:2000]
+  # Every dense matmul of the blocks (q, k, v, out, MLP x 2) runs as
+  # bf16 x bf16 -> f32, forward and backward (2 layers); none was upcast to
+  # float32. (Attention's q.k and weights.v are jax.nn.dot_product_attention's
+  # own, also accumulated in float32.)
+  assert len(BF16_DOT.findall(text)) >= 6 * 3 * 2, text[:2000]
 
 
 def test_cpu_export_keeps_its_cpu_form(bf16_step, monkeypatch):

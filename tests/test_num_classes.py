@@ -68,9 +68,9 @@ def test_smoke_config_takes_the_class_count_from_the_dataset(tmp_path,
   heads = []
   from_config = models.from_config
 
-  def spy(model_config, num_classes):
+  def spy(model_config, num_classes, *args):
     heads.append(num_classes)
-    return from_config(model_config, num_classes)
+    return from_config(model_config, num_classes, *args)
 
   monkeypatch.setattr(models, 'from_config', spy)
   summary = loop.train_and_evaluate(config, str(tmp_path / 'work'))
