@@ -71,6 +71,19 @@ class Evaluator(abc.ABC):
 TYPES: Dict[str, Type[Evaluator]] = {}
 
 
+def eval_input(cfg: ml_collections.ConfigDict,
+               context: Context) -> ml_collections.ConfigDict:
+  """The run's `input` config, re-aimed at the evaluator's `data` (another
+  dataset: its own splits, not the training data's) and `pp`, if set."""
+  inp = ml_collections.ConfigDict(context.config.input.to_dict())
+  if cfg.get('data', inp.data) != inp.data:
+    inp.data = cfg.data
+    inp.train_split = inp.eval_split = None
+  if cfg.get('pp'):
+    inp.pp_eval = cfg.pp
+  return inp
+
+
 def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:
   """Class decorator: `config.evals.<name>.type=type_name` builds the class."""
   def add(cls: Type[Evaluator]) -> Type[Evaluator]:

@@ -71,13 +71,7 @@ class Classification(base.Evaluator):
     self._split: Optional[str] = cfg.get('split')
     self._real_only = bool(cfg.get('real_only', False))
     self._mesh = context.mesh
-    inp = ml_collections.ConfigDict(context.config.input.to_dict())
-    if cfg.get('data', inp.data) != inp.data:
-      # Another dataset: its own splits, not the training data's.
-      inp.data = cfg.data
-      inp.train_split = inp.eval_split = None
-    if cfg.get('pp'):
-      inp.pp_eval = cfg.pp
+    inp = base.eval_input(cfg, context)
     self._input = inp
     spec = registry.get(inp.data)
     if self._real_only and not spec.real_label_key:

@@ -56,12 +56,7 @@ class MaskedPatchEval(base.Evaluator):
     self._split: Optional[str] = cfg.get('split')
     self._seed = int(cfg.get('seed', 0))
     self._mesh = context.mesh
-    inp = ml_collections.ConfigDict(context.config.input.to_dict())
-    if cfg.get('data', inp.data) != inp.data:
-      inp.data = cfg.data
-      inp.train_split = inp.eval_split = None
-    if cfg.get('pp'):
-      inp.pp_eval = cfg.pp
+    inp = base.eval_input(cfg, context)
     self._input = inp
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
     rep = shd.replicated(context.mesh)
