@@ -51,6 +51,11 @@ flags.DEFINE_enum('objective', 'supervised', ['supervised', 'mpp'],
                   'prediction (3-bit mean colour, 50% corrupted).')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
+flags.DEFINE_string('pp', None, '--input_only: the train pre-processing (a '
+                    'preset or op string; default: the dataset\'s, '
+                    '"inception" for jpeg_records), e.g. '
+                    '"decode|inception_crop(224)|flip_lr|randaug(2,15)|'
+                    'value_range(-1,1)"')
 flags.DEFINE_alias('input-only', 'input_only')
 flags.DEFINE_string('data', 'imagenet2012', 'Dataset for --input_only; '
                     '"jpeg_records": 4096 JPEG photo crops (skimage) written '
@@ -303,11 +308,14 @@ def _bench_input() -> Dict[str, Any]:
   from vit_jax.data import input_bench as data_bench
   cfg = dict(data=FLAGS.data, data_dir=FLAGS.data_dir,
              batch_size=FLAGS.batch, image_size=FLAGS.image_size)
+  if FLAGS.pp:
+    cfg['pp_train'] = FLAGS.pp
   if FLAGS.data != 'jpeg_records':
     return data_bench.measure_input(ml_collections.ConfigDict(cfg),
                                     FLAGS.steps)
   with tempfile.TemporaryDirectory(prefix='jpeg_records_') as tmp:
-    cfg.update(data='tfrecord', num_classes=1000, pp_train='inception',
+    cfg.update(data='tfrecord', num_classes=1000,
+               pp_train=FLAGS.pp or 'inception',
                data_dir=data_bench.synthetic_jpeg_records(tmp, 4096))
     return data_bench.measure_input(ml_collections.ConfigDict(cfg),
                                     FLAGS.steps)
