@@ -140,7 +140,9 @@ def _run(workdir, spec, *flags):
     'configs/pretrain.py:model=BiT-R50x1,data=jft,opt=sgd,smoke=true',
     'configs/pretrain.py:model=R50+ViT-B/32,data=i1k,smoke=true',
     'configs/vtab.py:task=dtd,smoke=true',
-    'configs/cpu_reproduce.py:step=bit_1ep,smoke=true',
+    # BiT training is the R50x1 row's above; this one runs with -m slow.
+    pytest.param('configs/cpu_reproduce.py:step=bit_1ep,smoke=true',
+                 marks=pytest.mark.slow),
 ])
 def test_smoke_variant_trains(tmp_path, spec):
   summary = _run(str(tmp_path), spec)
