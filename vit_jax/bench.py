@@ -144,7 +144,6 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
            accum_steps, optimizer: bool, objective: str = 'supervised'):
   """(model, mesh, tx, lr_fn, state, state shardings, device batch)."""
   import jax
-  import jax.numpy as jnp
   import numpy as np
   import optax
 

@@ -95,7 +95,7 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
   # Attention, batch by batch: distances over all images, rollout for some.
   layers = model.num_layers
   total = np.zeros((layers, model.num_heads))
-  roll, roll_layers = [], []
+  roll = []
   for start in range(0, len(images), batch):
     x = images[start:start + batch]
     w = analysis.attention_weights(model, params, x)

@@ -22,7 +22,7 @@ otherwise silently train everything).
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
