@@ -90,7 +90,15 @@ def base() -> ml_collections.ConfigDict:
       # frozen parameters, ((regex, lr multiplier), ...), layer-wise decay.
       frozen=ml_collections.FieldReference(None, field_type=str),
       lr_mults=ml_collections.FieldReference(None, field_type=object),
-      layer_decay=ml_collections.FieldReference(None, field_type=float)))
+      layer_decay=ml_collections.FieldReference(None, field_type=float),
+      # Polyak averaging / EMA of the parameters (None: off), e.g. 0.9999;
+      # warm-up: decay min(ema_decay, (1+t)/(10+t)) at step t (optim.py).
+      ema_decay=ml_collections.FieldReference(None, field_type=float),
+      ema_warmup=True))
+  # With optim.ema_decay: evaluate the averages ('ema'), the raw parameters
+  # ('raw'), or both (raw metrics as 'raw/<name>'); summaries, tables and
+  # mode=eval read the 'ema' ones.
+  c.eval_ema = 'ema'
   # Device mesh (-1 fills): batch over data x fsdp, heads/MLP over model.
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, model=1))
   c.fsdp_min_size = 2**18  # Smaller tensors stay replicated under FSDP.

@@ -251,6 +251,7 @@ def _free_port():
     return s.getsockname()[1]
 
 
+@pytest.mark.slow  # ~90 s; multi-process training runs by default (test_train_step).
 def test_two_processes_evaluate_like_one(tmp_path):
   """A 2-process run (gloo, one CPU device each) evaluates top-1 and
   few-shot; one process re-evaluating its checkpoint gets the same numbers

@@ -17,7 +17,7 @@ runs, not an evaluator of one run: see `configs/vtab.py` and
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import ml_collections
 
@@ -53,6 +53,34 @@ def run_all(evaluators: List[Evaluator], params: Any) -> Dict[str, float]:
   return metrics
 
 
+# config.eval_ema: which parameters a run with Polyak averages evaluates.
+EMA_MODES = ('ema', 'raw', 'both')
+RAW_PREFIX = 'raw/'
+
+
+def run_with_ema(evaluators: List[Evaluator], params: Any,
+                 ema_params: Optional[Any] = None,
+                 mode: str = 'ema') -> Dict[str, float]:
+  """`run_all` on the parameters `config.eval_ema` names.
+
+  'ema' (the default): the averages when there are any, else `params`;
+  'raw': `params`; 'both': the averages under the usual metric names (what
+  summaries and tables read) and `params` under 'raw/<name>'.
+  """
+  if mode not in EMA_MODES:
+    raise ValueError(f'eval_ema={mode!r}: expected one of {EMA_MODES}')
+  if ema_params is None or mode == 'raw':
+    if mode == 'both':
+      raise ValueError('eval_ema=both but there are no EMA parameters: set '
+                       'optim.ema_decay (e.g. 0.9999), or eval_ema=raw')
+    return run_all(evaluators, params)
+  metrics = run_all(evaluators, ema_params)
+  if mode == 'both':
+    metrics.update({RAW_PREFIX + k: v
+                    for k, v in run_all(evaluators, params).items()})
+  return metrics
+
+
 __all__ = ['Context', 'Evaluator', 'Classification', 'FewShot',
            'MaskedPatchEval', 'build',
-           'get', 'register', 'run_all']
+           'get', 'register', 'run_all', 'run_with_ema', 'EMA_MODES']

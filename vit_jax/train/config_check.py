@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Tuple
 import ml_collections
 
 from vit_jax.train import profiling
-from vit_jax import models, selfsup
+from vit_jax import evaluators, models, selfsup
 
 # MPP colour bits per channel the head can take (2**15 RGB classes at 5).
 MPP_MAX_BITS = 5
@@ -48,6 +48,8 @@ _RULES: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ('optim.b2', lambda v: 0 <= v < 1, 'in [0, 1), e.g. 0.999'),
     ('optim.eps', lambda v: v > 0, 'e.g. 1e-8'),
     ('optim.momentum', lambda v: 0 <= v < 1, 'in [0, 1), e.g. 0.9'),
+    ('optim.ema_decay', lambda v: 0 <= v < 1,
+     'unset or 0 (off), or in (0, 1), e.g. 0.9999 (the paper\'s Polyak)'),
     ('mesh.data', lambda v: v == -1 or v >= 1, '-1 (fill) or a device count'),
     ('mesh.fsdp', lambda v: v == -1 or v >= 1, '-1 (fill) or a device count'),
     ('mesh.model', lambda v: v == -1 or v >= 1,
@@ -82,6 +84,14 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
     profiling.parse(config.get('profile'))
   except ValueError as e:
     yield str(e)
+  eval_ema = config.get('eval_ema', 'ema')
+  if eval_ema not in evaluators.EMA_MODES:
+    yield (f'--config.eval_ema={eval_ema!r} cannot work; expected one of '
+           f'{", ".join(evaluators.EMA_MODES)}')
+  elif (eval_ema == 'both' and config.get('mode', 'train') == 'train'
+        and not _get(config, 'optim.ema_decay')):
+    yield ('--config.eval_ema=both but optim.ema_decay is unset: there are no '
+           'averages to evaluate; set e.g. --config.optim.ema_decay=0.9999')
   if (config.get('mode', 'train') == 'train' and not config.get('total_steps')
       and not config.get('total_epochs')):
     yield ('the config sets neither total_steps nor total_epochs; set one, '

@@ -55,7 +55,9 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
   return source, True
 
 
-def _load(config, source: str, model, image_shape, mesh):
+def _load(config, source: str, model, image_shape, mesh, ema=None):
+  """(params, their shardings) of `source` on the mesh; `ema` as in
+  `orbax_state.load_params` (ignored for .npz files)."""
   init = functools.partial(model.init, train=False)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
                             jnp.zeros((1, *image_shape), jnp.float32))
@@ -65,7 +67,7 @@ def _load(config, source: str, model, image_shape, mesh):
       rules=config.get('sharding_rules', ()),
       overrides=config.get('sharding_overrides', ()))
   loaded = (source if source.endswith('.npz')
-            else orbax_state.load_params(source))
+            else orbax_state.load_params(source, ema=ema))
   host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                       abstract['params'])
   params = jax.device_put(load_pretrained(loaded, host, keep_head=True),
@@ -102,11 +104,20 @@ def _evaluate(config: ml_collections.ConfigDict,
                                      shd.platform(mesh))
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)
-  params, params_sh = _load(config, source, model, image_shape, mesh)
+  mode = config.get('eval_ema', 'ema')
+  # 'ema': the averages when the checkpoint has them; 'both' requires them.
+  params, params_sh = _load(config, source, model, image_shape, mesh,
+                            ema={'ema': None, 'raw': False,
+                                 'both': True}[mode])
+  raw = (_load(config, source, model, image_shape, mesh, ema=False)[0]
+         if mode == 'both' else None)
   logging.info('evaluating %s at %s', source, image_shape)
   evals = evaluators.build(config, model, mesh, params_sh, image_shape[0])
   with jax.set_mesh(mesh):
-    metrics = evaluators.run_all(evals, params)
+    if raw is None:
+      metrics = evaluators.run_all(evals, params)
+    else:
+      metrics = evaluators.run_with_ema(evals, raw, params, 'both')
   last = source.rstrip('/').rsplit('/', 1)[-1]
   step = int(last) if last.isdigit() else 0
   result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],

@@ -54,9 +54,11 @@ def _init_params(config, state, state_sh):
   if not source.endswith('.npz'):
     source = orbax_state.load_params(source)
   params = load_pretrained(source, host)
-  params = jax.device_put(params, state_sh.params)
   logging.info('initialised from %s', config.init)
-  return state.replace(params=params)
+  if state.ema_params is not None:  # The averages start at the init too.
+    return state.replace(params=jax.device_put(params, state_sh.params),
+                         ema_params=jax.device_put(params, state_sh.params))
+  return state.replace(params=jax.device_put(params, state_sh.params))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,
@@ -123,11 +125,12 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                      shd.platform(mesh))
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
+  ema = bool(config.optim.get('ema_decay'))
   state, state_sh = step_lib.create_state(
       model, tx, config.seed, image_shape, mesh,
       config.get('fsdp_min_size', 2**18),
       rules=config.get('sharding_rules', ()),
-      overrides=config.get('sharding_overrides', ()))
+      overrides=config.get('sharding_overrides', ()), ema=ema)
   ckpt = orbax_state.Checkpointer(
       workdir, every=config.get('checkpoint_every', 1000),
       keep=config.get('keep_checkpoints', 3),
@@ -136,7 +139,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
       config.input, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
   start, restored, saved = ckpt.restore(
-      step_lib.abstract_state(model, tx, image_shape, config.seed), state_sh,
+      step_lib.abstract_state(model, tx, image_shape, config.seed, ema=ema),
+      state_sh,
       expect={'model': config.model.to_dict(), **_objective(config)})
   if start is not None:
     state = restored
@@ -251,7 +255,7 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
         due = [e for e in run.evals if e.due(step, run.steps)]
         if due:
           with progress.timed('eval', wait_jax_async_dispatch=False):
-            writer.write_scalars(step, evaluators.run_all(due, state.params))
+            writer.write_scalars(step, _evaluate(config, due, state))
         stop = stops.requested(step)
         if ckpt.due(step) or stop:
           last_metrics = _check_finite(*pending, ckpt)  # Never save NaNs.
@@ -264,12 +268,19 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
       if pending:
         last_metrics = _check_finite(*pending, ckpt)
       ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
-      eval_metrics = evaluators.run_all(run.evals, state.params)
+      eval_metrics = _evaluate(config, run.evals, state)
       writer.write_scalars(step, eval_metrics)
   finally:
     profile.close()
     writer.close()
   return step, last_metrics, eval_metrics, prior_wall + progress.elapsed()
+
+
+def _evaluate(config, evals, state) -> Dict[str, float]:
+  """The evaluators on the raw parameters and / or their Polyak averages,
+  as `config.eval_ema` says (see `evaluators.run_with_ema`)."""
+  return evaluators.run_with_ema(evals, state.params, state.ema_params,
+                                 config.get('eval_ema', 'ema'))
 
 
 def summarise(run: Run, step: int, train_metrics: Dict[str, float],

@@ -206,6 +206,15 @@ def _check_layout(step_dir: str, abstract_state: Any) -> None:
       k for k in saved if saved[k] != ours[k])
   if diff:
     key = diff[0]
+    if all(k.startswith('ema_params/') for k in diff):
+      there = 'holds' if key in saved else 'has no'
+      raise ConfigChangedError(
+          f'{step_dir} {there} EMA parameters and this config '
+          f'{"does not set" if key in saved else "sets"} optim.ema_decay: '
+          'averages cannot be added to or dropped from a run on resume. '
+          'Keep the setting, or use a new --workdir with '
+          '--config.init=<this workdir> (it starts from the averages when '
+          'the run has them)')
     raise ConfigChangedError(
         f'{step_dir} is intact but holds another model or optimiser layout '
         f'({len(diff)} arrays differ, e.g. {key}: {saved.get(key, "absent")} '
@@ -237,10 +246,25 @@ def _restore_on_host(state_dir: str) -> Any:
   return jax.tree.map(np.asarray, state)
 
 
-def load_params(path: str) -> Any:
+def load_params(path: str, ema: Optional[bool] = None) -> Any:
   """Parameters from a training workdir, its checkpoints dir or one step dir
-  (see `resolve`). Returns a nested dict of host arrays."""
-  return _restore_on_host(resolve(path) + '/state')['params']
+  (see `resolve`). Returns a nested dict of host arrays.
+
+  A run with `optim.ema_decay` saved Polyak averages beside its parameters:
+  `ema=None` returns the averages when there are any (what fine-tuning,
+  prediction and export start from), True requires them, False returns the
+  raw parameters.
+  """
+  step_dir = resolve(path)
+  state = _restore_on_host(step_dir + '/state')
+  averages = state.get('ema_params')
+  if ema is False or (ema is None and averages is None):
+    return state['params']
+  if averages is None:
+    raise ValueError(f'{step_dir} holds no EMA parameters (its run did not '
+                     'set optim.ema_decay): load its raw parameters instead')
+  logging.info('%s: using its EMA (Polyak-averaged) parameters', step_dir)
+  return averages
 
 
 def load_run_state(path: str) -> dict:

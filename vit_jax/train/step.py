@@ -8,7 +8,7 @@ inputs; the loop jits it once with explicit shardings (see
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, Mapping, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import flax
 import flax.linen as nn
@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vit_jax import selfsup
 from vit_jax import sharding as shd
+from vit_jax.train import optim
 
 LOSSES = ('softmax', 'sigmoid')
 
@@ -29,6 +30,9 @@ class TrainState:
   params: Any
   opt_state: Any
   rng: jax.Array  # uint32[2]: dropout/mixup randomness, folded with `step`.
+  # Polyak averages of `params` (optim.ema_decay), sharded like them; None
+  # without EMA (the checkpoints of such runs have no such entry).
+  ema_params: Any = None
 
 
 def loss_fn(logits: jax.Array, labels: jax.Array, kind: str = 'softmax',
@@ -49,14 +53,15 @@ def loss_fn(logits: jax.Array, labels: jax.Array, kind: str = 'softmax',
 
 def create_state(model: nn.Module, tx: optax.GradientTransformation,
                  seed: int, image_shape, mesh: jax.sharding.Mesh,
-                 fsdp_min_size: int = 2**18, *, rules=(), overrides=()
-                 ) -> Tuple[TrainState, Any]:
+                 fsdp_min_size: int = 2**18, *, rules=(), overrides=(),
+                 ema: bool = False) -> Tuple[TrainState, Any]:
   """A fresh state, created already sharded; returns (state, shardings).
 
   Parameters are placed by the model's logical-axis annotations, `rules`
-  and `overrides` (see `sharding.param_shardings`).
+  and `overrides` (see `sharding.param_shardings`). `ema`: the state keeps
+  Polyak averages of the parameters, starting equal to them.
   """
-  init = functools.partial(_init_state, model, tx, image_shape)
+  init = functools.partial(_init_state, model, tx, image_shape, ema=ema)
   abstract = jax.eval_shape(init, seed)
   shardings = state_shardings(
       abstract, tx, mesh, fsdp_min_size,
@@ -67,17 +72,20 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation,
   return state, shardings
 
 
-def _init_state(model, tx, image_shape, seed):
+def _init_state(model, tx, image_shape, seed, ema=False):
   params_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
   params = model.init(params_rng, jnp.zeros((1, *image_shape), jnp.float32),
                       train=False)['params']
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state=tx.init(params), rng=step_rng)
+                    opt_state=tx.init(params), rng=step_rng,
+                    ema_params=jax.tree.map(jnp.copy, params) if ema
+                    else None)
 
 
-def abstract_state(model, tx, image_shape, seed: int = 0) -> TrainState:
-  return jax.eval_shape(functools.partial(_init_state, model, tx, image_shape),
-                        seed)
+def abstract_state(model, tx, image_shape, seed: int = 0, *,
+                   ema: bool = False) -> TrainState:
+  return jax.eval_shape(
+      functools.partial(_init_state, model, tx, image_shape, ema=ema), seed)
 
 
 def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
@@ -90,21 +98,31 @@ def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
       tx, lambda _, s: s, abstract.opt_state, params,
       transform_non_params=lambda _: rep,
       is_leaf=lambda x: isinstance(x, NamedSharding))
-  return TrainState(step=rep, params=params, opt_state=opt, rng=rep)
+  ema = params if abstract.ema_params is not None else None
+  return TrainState(step=rep, params=params, opt_state=opt, rng=rep,
+                    ema_params=ema)
 
 
 def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
                model: nn.Module, tx: optax.GradientTransformation,
                lr_fn: Callable[[Any], Any], loss: str = 'softmax',
                label_smoothing: float = 0.0, accum_steps: int = 1,
-               objective: str = 'supervised'
+               objective: str = 'supervised',
+               ema: Optional[Mapping[str, Any]] = None,
                ) -> Tuple[TrainState, Dict[str, jax.Array]]:
   """One optimiser step on a global batch (split in `accum_steps` parts).
+
+  A state with `ema_params` also updates them, with the decay of
+  `optim.ema_decay_at(ema, step)` (`ema`: the optim config's ema_decay and
+  ema_warmup).
 
   `objective='supervised'`: `loss` on the model's logits and `batch['label']`;
   `'mpp'`: masked patch prediction (`model` is a
   `selfsup.MaskedPatchPrediction`; only `batch['image']` is read).
   """
+  if state.ema_params is not None and not (ema or {}).get('ema_decay'):
+    raise ValueError('the train state holds EMA parameters but no ema_decay '
+                     'was given: pass the optim config as `ema`')
   rng = jax.random.fold_in(state.rng, state.step)
 
   def loss_of(params, mb, rng):
@@ -159,8 +177,12 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
   metrics = {'loss': value, 'grad_norm': optax.tree.norm(grads),
              'param_norm': optax.tree.norm(params),
              'lr': jnp.asarray(lr_fn(state.step), jnp.float32), **aux}
+  ema_params = state.ema_params
+  if ema_params is not None:
+    ema_params = optim.ema_update(ema_params, params,
+                                  optim.ema_decay_at(ema, state.step))
   return state.replace(step=state.step + 1, params=params,
-                       opt_state=opt_state), metrics
+                       opt_state=opt_state, ema_params=ema_params), metrics
 
 
 def batch_keys(cfg: Mapping[str, Any]) -> Tuple[str, ...]:
@@ -169,15 +191,22 @@ def batch_keys(cfg: Mapping[str, Any]) -> Tuple[str, ...]:
           else ('image', 'label'))
 
 
+def _ema_settings(cfg: Mapping[str, Any]) -> Dict[str, Any]:
+  """The optim config's EMA fields, as the train step reads them."""
+  o = cfg.get('optim') or {}
+  return {'ema_decay': o.get('ema_decay') or 0.0,
+          'ema_warmup': o.get('ema_warmup', True)}
+
+
 def compile_train_step(model, tx, lr_fn, state_sh, mesh,
                        cfg: Mapping[str, Any], label_ndim: int = 1):
   """The jitted train step with explicit shardings; the state is donated.
 
   `label_ndim` is 1 for class ids, 2 for soft or multi-hot training labels;
   `cfg` is the run's config or any mapping with its `loss`,
-  `label_smoothing`, `accum_steps` and `objective` keys (defaults where
-  absent). With `objective='mpp'` the batch is `{'image': ...}` only (see
-  `batch_keys`).
+  `label_smoothing`, `accum_steps`, `objective` and `optim` (its
+  `ema_decay`, `ema_warmup`) keys (defaults where absent). With
+  `objective='mpp'` the batch is `{'image': ...}` only (see `batch_keys`).
   """
   img = shd.batch_sharding(mesh, 4)
   lab = shd.batch_sharding(mesh, label_ndim)
@@ -189,7 +218,7 @@ def compile_train_step(model, tx, lr_fn, state_sh, mesh,
                         loss=cfg.get('loss', 'softmax'),
                         label_smoothing=cfg.get('label_smoothing', 0.0),
                         accum_steps=cfg.get('accum_steps', 1),
-                        objective=objective),
+                        objective=objective, ema=_ema_settings(cfg)),
       in_shardings=(state_sh, batch_sh),
       out_shardings=(state_sh, rep), donate_argnums=(0,))
   return train
