@@ -43,6 +43,25 @@ def test_randaug_is_a_function_of_its_seed():
   assert len({o.tobytes() for o in outs}) >= 5
 
 
+def test_magnitudes_above_10_extrapolate_like_the_reference():
+  """AugReg's randaug(2, 15) / (2, 20) are stronger than (2, 10), as in
+  big_vision's implementation (15 rotates by 45 degrees, 10 by 30)."""
+  x = tf.cast(tf.constant(PHOTO), tf.float32)
+  at = {level: randaug.OPERATIONS['rotate'](x, level, 1.0).numpy()
+        for level in (1.0, 1.5, 3.0)}
+  assert not np.array_equal(at[1.0], at[1.5])
+  for level in (1.5, 3.0):  # Every operation stays in range beyond 10.
+    for name, fn in randaug.OPERATIONS.items():
+      args = (x, level, -1.0) + ((tf.constant([3, 4]),)
+                                  if name == 'cutout' else ())
+      out = fn(*args).numpy()
+      assert out.min() >= 0 and out.max() <= 255, (name, level)
+  seeds = [(i, 2) for i in range(8)]
+  strong = [_run('randaug(2, 15)', seed=s) for s in seeds]
+  light = [_run('randaug(2, 10)', seed=s) for s in seeds]
+  assert sum(not np.array_equal(a, b) for a, b in zip(strong, light)) >= 3
+
+
 def test_randaug_on_float_images_and_in_a_full_pipeline():
   out = _run('resize(64)|randaug(3, 15)|value_range(-1,1)')
   assert out.shape == (64, 64, 3) and out.dtype == np.float32

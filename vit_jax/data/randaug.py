@@ -3,9 +3,15 @@ pre-processing ops, in TensorFlow image ops inside tf.data.
 
 `randaug(num_layers=2, magnitude=10)`: `num_layers` times, one operation
 drawn uniformly from OPERATIONS is applied with probability drawn uniformly
-from [0.2, 0.8], at strength `magnitude` in [0, 10] (the scale of the
-AutoAugment / AugReg implementations big_vision uses; AugReg's recipes use
-randaug(2, 10) or (2, 15), where 15 is clipped to the same maximum). Signed
+from [0.2, 0.8], at strength `magnitude` on the scale of the AutoAugment /
+AugReg implementation big_vision uses: each operation's strength is
+linear in magnitude / 10, and, as there, magnitudes above 10 extrapolate
+(AugReg's recipes use randaug(2, 10), (2, 15) and (2, 20): 15 rotates by up
+to 45 degrees where 10 rotates by 30). Differences from that
+implementation: colour factors are 1 +- 0.9 * magnitude / 10 in a random
+direction (theirs: 0.1 + 1.8 * magnitude / 10), and posterize keeps
+8 - round(0.4 * magnitude) bits (theirs keeps int(0.4 * magnitude), so
+there magnitude 0 blacks the image out). Signed
 operations (rotate, shear, translate, colour factors) flip their direction
 at random. Geometric operations fill with grey (128), as the reference does.
 Translate and cutout sizes are fractions of the image side (the reference's
@@ -98,7 +104,8 @@ def _rotate(image, level, sign):
 
 
 def _posterize(image, level, sign):
-  shift = tf.cast(tf.round(level * 4.0), tf.int32)  # Keep 8 - shift bits.
+  shift = tf.cast(tf.round(tf.minimum(level * 4.0, 8.0)), tf.int32)  # Keep
+  # 8 - shift bits.
   x = tf.cast(tf.round(image), tf.int32)
   return tf.cast(tf.bitwise.left_shift(tf.bitwise.right_shift(x, shift),
                                        shift), tf.float32)
@@ -200,7 +207,7 @@ def _apply(image, seed, magnitude: float):
   prob = tf.random.stateless_uniform([], seeds[1], 0.2, 0.8)
   apply = tf.random.stateless_uniform([], seeds[2]) < prob
   sign = tf.where(tf.random.stateless_uniform([], seeds[3]) < 0.5, -1.0, 1.0)
-  level = min(magnitude, MAX_MAGNITUDE) / MAX_MAGNITUDE
+  level = magnitude / MAX_MAGNITUDE  # Above 1: extrapolated, as theirs.
   branches = []
   for name, fn in OPERATIONS.items():
     if name == 'cutout':
@@ -219,8 +226,8 @@ def randaug(num_layers: int = 2, magnitude: float = 10) -> ops.OpFn:
                      'operations >= 0 (AugReg: 2)')
   if not 0 <= magnitude <= 30:
     raise ValueError(f'randaug(magnitude={magnitude!r}): a strength in '
-                     f'[0, 30] (full strength at {MAX_MAGNITUDE:g}; AugReg: '
-                     '10 or 15)')
+                     f'[0, 30] (the reference scale: {MAX_MAGNITUDE:g} rotates by '
+                     '30 degrees; AugReg uses 10, 15 or 20)')
 
   def fn(image, seed):
     dtype = image.dtype
