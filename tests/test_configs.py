@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from vit_jax.configs import common, cpu_reproduce, finetune, pretrain, smoke, vtab
+from vit_jax.configs import augreg, common, cpu_recipes, cpu_reproduce
+from vit_jax.configs import finetune, pretrain, smoke, vtab
 from vit_jax import models, paper
 from vit_jax.data import registry
 
@@ -106,6 +107,12 @@ def test_vtab_one_setting_for_all_tasks():
     (vtab.get_config, 'task=mnist', 'expected one of'),
     (cpu_reproduce.get_config, 'step=transfer', 'pass init='),
     (smoke.get_config, 'steps=ten', 'invalid literal'),
+    (augreg.get_config, 'variant=H/14', 'expected one of Ti/16'),
+    (augreg.get_config, 'aug=heavy', 'expected one of none, light1'),
+    (finetune.get_config, 'model=ViT-B/16,data=i1k,table2=true',
+     'table2=true is ImageNet fine-tuning of ViT-L/16 or ViT-H/14'),
+    (cpu_recipes.get_config, 'ingredients=randaug+cutout',
+     'expected names from randaug, mixup'),
 ])
 def test_bad_config_args_say_what_is_allowed(make, arg, match):
   with pytest.raises(ValueError, match=match):
@@ -121,6 +128,55 @@ def test_smoke_shrinks_every_model_keeping_its_family(model):
   assert c.input.image_size % m.stride == 0
   assert c.input.image_size // m.stride == 2
   assert c.input.data == 'digits' and c.total_steps == 10
+
+
+@pytest.mark.parametrize('data', sorted(augreg.RECIPES))
+def test_augreg_rows_carry_the_recipe_of_their_source(data):
+  for variant, (aug, wd, dropout, sd) in augreg.RECIPES[data].items():
+    c = augreg.get_config(f'variant={variant},data={data}')
+    randaug, mixup = augreg.AUG[aug]
+    assert c.model.name == 'ViT-' + variant
+    if randaug is None:
+      assert 'randaug' not in c.input.pp_train, (variant, c.input.pp_train)
+    else:
+      assert f'randaug({randaug[0]}, {randaug[1]})' in c.input.pp_train
+    assert (c.input.mixup or 0.0) == mixup
+    assert c.optim.weight_decay == wd and c.optim.lr == 1e-3
+    assert c.model.get('dropout_rate', 0.0) == dropout
+    assert c.model.get('stochastic_depth', 0.0) == sd
+    assert c.loss == ('sigmoid' if data == 'i21k' else 'softmax')
+    assert c.total_epochs == 300 and c.input.batch_size == 4096
+  # Their own big_vision picks, e.g. B/16: medium1 (i21k), medium2 (i1k).
+  c = augreg.get_config(f'variant=B/16,data={data}')
+  assert 'randaug(2, 15)' in c.input.pp_train
+  assert c.input.mixup == (0.2 if data == 'i21k' else 0.5)
+  c = augreg.get_config(f'variant=L/16,data={data},aug=strong2')
+  assert 'randaug(2, 20)' in c.input.pp_train and c.input.mixup == 0.8
+
+
+def test_table2_finetuning_rows_use_polyak_at_the_papers_resolution():
+  for model, res in paper.TABLE2_FINETUNE_RES.items():
+    c = finetune.get_config(f'model={model},data=imagenet2012,table2=true')
+    assert c.input.image_size == res and c.total_steps == 20_000
+    assert c.optim.ema_decay == paper.TABLE2_POLYAK == 0.9999
+    assert c.optim.ema_warmup is False and c.eval_ema == 'ema'
+  c = finetune.get_config('model=ViT-B/16,data=cifar10,ema=0.999')
+  assert c.optim.ema_decay == 0.999 and c.optim.ema_warmup is True
+  assert finetune.get_config('model=ViT-B/16').optim.ema_decay is None
+
+
+def test_cpu_recipe_ingredients_change_only_what_they_name():
+  base = cpu_recipes.get_config('ingredients=none')
+  assert base.to_dict() | {'report': None} == cpu_reproduce.get_config(
+      'step=pretrain').to_dict() | {'report': None}
+  c = cpu_recipes.get_config('ingredients=randaug+reg')
+  assert c.input.pp_train == base.input.pp_train.replace(
+      '|flip_lr', '|flip_lr|randaug(2, 10)')
+  assert (c.model.dropout_rate, c.model.stochastic_depth) == (0.1, 0.1)
+  assert c.input.mixup is None and c.optim.ema_decay is None
+  c = cpu_recipes.get_config('ingredients=mixup+ema')
+  assert c.input.mixup == 0.2 and c.optim.ema_decay == 0.999
+  assert c.eval_ema == 'both' and c.input.pp_train == base.input.pp_train
 
 
 def _run(workdir, spec, *flags):
@@ -140,6 +196,11 @@ def _run(workdir, spec, *flags):
     'configs/pretrain.py:model=BiT-R50x1,data=jft,opt=sgd,smoke=true',
     'configs/pretrain.py:model=R50+ViT-B/32,data=i1k,smoke=true',
     'configs/vtab.py:task=dtd,smoke=true',
+    'configs/augreg.py:variant=B/16,data=i21k,smoke=true',
+    pytest.param('configs/finetune.py:model=ViT-L/16,data=imagenet2012,'
+                 'table2=true,smoke=true', marks=pytest.mark.slow),
+    pytest.param('configs/cpu_recipes.py:ingredients=randaug+mixup+cutmix+'
+                 'reg+ema,smoke=true', marks=pytest.mark.slow),
     # BiT training is the R50x1 row's above; this one runs with -m slow.
     pytest.param('configs/cpu_reproduce.py:step=bit_1ep,smoke=true',
                  marks=pytest.mark.slow),

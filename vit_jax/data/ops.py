@@ -119,6 +119,13 @@ def _sample_crop(shape: tf.Tensor, seed: tf.Tensor, area: Tuple[float, float],
   return begin, size
 
 
+def _keep_channels(crop: tf.Tensor, image: tf.Tensor) -> tf.Tensor:
+  """A dynamic-size crop keeps `image`'s static channel count (later ops,
+  e.g. randaug, read it)."""
+  crop.set_shape([None, None, image.shape[-1]])
+  return crop
+
+
 def _check_area(area_min: float, area_max: float) -> None:
   if not 0 < area_min <= area_max <= 1:
     raise ValueError(f'inception_crop needs 0 < area_min <= area_max <= 1, '
@@ -141,7 +148,7 @@ def inception_crop(size: Optional[int] = None, area_min: float = 0.05,
   def fn(image, seed):
     begin, crop = _sample_crop(tf.shape(image), seed, (area_min, area_max),
                                (aspect_min, aspect_max))
-    image = tf.slice(image, begin, crop)
+    image = _keep_channels(tf.slice(image, begin, crop), image)
     return _resize(image, size, size) if size else image
   return on_image(fn)
 
@@ -163,7 +170,7 @@ def decode_jpeg_and_inception_crop(
   def unfused(image, seed):
     image = decode_image(image, channels)
     begin, crop = _sample_crop(tf.shape(image), seed, area, aspect)
-    return tf.slice(image, begin, crop)
+    return _keep_channels(tf.slice(image, begin, crop), image)
 
   def fn(data, seed):
     if data.dtype != tf.string:
