@@ -4,6 +4,11 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+# The bf16 CPU matmul form measured once per test session (and worker), not
+# read from or written to this machine's cache (vit_jax/models/matmul.py).
+os.environ.setdefault('VIT_JAX_CPU_MATMUL_CACHE', os.path.join(
+    __import__('tempfile').gettempdir(),
+    f'vit_jax_tests_cpu_matmul_{os.getppid()}.json'))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

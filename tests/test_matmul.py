@@ -117,10 +117,11 @@ def test_cpu_form_from_environment(monkeypatch):
     matmul.reset_cpu_form()
 
 
-def test_cpu_form_auto_measures_inside_a_trace(monkeypatch):
+def test_cpu_form_auto_measures_inside_a_trace(monkeypatch, tmp_path):
   """'auto' times both forms in a thread of its own: tracing a jitted
   function that triggers it leaks no tracer."""
   monkeypatch.delenv(matmul.ENV, raising=False)
+  monkeypatch.setenv(matmul.CACHE_ENV, str(tmp_path / 'cpu_matmul.json'))
   monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: {'avx512_bf16'})
   monkeypatch.setattr(matmul, '_time_forms', lambda: (
       jax.block_until_ready(jax.jit(lambda a: a @ a)(jnp.ones((8, 8)))),
@@ -133,6 +134,15 @@ def test_cpu_form_auto_measures_inside_a_trace(monkeypatch):
                                           w.astype(jnp.bfloat16))
     assert matmul.cpu_form() == 'f32'
     assert matmul.MEASURED == {'bf16': 2.0, 'f32': 1.0}
+    # Later processes on this machine reuse the choice without measuring:
+    # a busy machine cannot flip a resumed run's numerics.
+    matmul.reset_cpu_form()
+    monkeypatch.setattr(matmul, '_time_forms', lambda: {'bf16': 1.0,
+                                                        'f32': 2.0})
+    assert matmul.cpu_form() == 'f32' and not matmul.MEASURED
+    (tmp_path / 'cpu_matmul.json').unlink()  # Forgotten: measured again.
+    matmul.reset_cpu_form()
+    assert matmul.cpu_form() == 'bf16'
     monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: set())
     matmul.reset_cpu_form()
     assert matmul.cpu_form() == 'f32' and not matmul.MEASURED

@@ -31,12 +31,18 @@ host for TPU or GPU carries no CPU-only construct):
     `avx512_bf16`, `amx_bf16`) and otherwise times both forms once per
     process on a ViT-B/16 MLP-shaped matmul, forward and backward, and keeps
     the faster. The choice applies to programs this process compiles for
-    the CPU it runs on.
+    the CPU it runs on. The measured choice is remembered per machine (CPU
+    model, its bf16 flags, jax version) in `VIT_JAX_CPU_MATMUL_CACHE`
+    (default ~/.cache/vit_jax/cpu_matmul.json), so that every later process
+    there runs the same numerics: a run resumed on a busy machine stays
+    bitwise the uninterrupted one (the two forms round differently). Delete
+    the file to measure again.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import os
 import threading
@@ -55,6 +61,7 @@ BF16 = jnp.bfloat16
 NAME, BATCHED_NAME = 'bf16_matmul', 'bf16_batched_matmul'
 
 ENV = 'VIT_JAX_CPU_MATMUL'
+CACHE_ENV = 'VIT_JAX_CPU_MATMUL_CACHE'
 CPU_FORMS = ('bf16', 'f32')
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
 
@@ -189,8 +196,53 @@ def _decide() -> str:
   flags = cpu_bf16_flags()
   if flags is not None and not flags:
     return 'f32'  # No bf16 dot instructions: bf16 matmuls are upcast anyway.
+  key = _machine_key(flags)
+  cached = _read_cache().get(key)
+  if cached in CPU_FORMS:
+    return cached
   times = _measure_forms()
-  return min(CPU_FORMS, key=lambda f: (times[f], f != 'f32'))
+  form = min(CPU_FORMS, key=lambda f: (times[f], f != 'f32'))
+  _write_cache(key, form)
+  return form
+
+
+def _cache_path() -> str:
+  return os.environ.get(CACHE_ENV) or os.path.join(
+      os.path.expanduser('~'), '.cache', 'vit_jax', 'cpu_matmul.json')
+
+
+def _machine_key(flags) -> str:
+  model = ''
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8', errors='replace') as f:
+      model = next((line.split(':', 1)[1].strip() for line in f
+                    if line.startswith('model name')), '')
+  except OSError:
+    pass
+  return f'{model}|{",".join(sorted(flags or ()))}|jax {jax.__version__}'
+
+
+def _read_cache() -> Dict[str, str]:
+  try:
+    with open(_cache_path(), encoding='utf-8') as f:
+      data = json.load(f)
+    return data if isinstance(data, dict) else {}
+  except (OSError, ValueError):
+    return {}
+
+
+def _write_cache(key: str, form: str) -> None:
+  """Best effort (a read-only home only costs a re-measurement)."""
+  path = _cache_path()
+  try:
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    data = {**_read_cache(), key: form}
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      json.dump(data, f, indent=1)
+    os.replace(tmp, path)
+  except OSError:
+    pass
 
 
 def _measure_forms() -> Dict[str, float]:
