@@ -118,6 +118,11 @@ def test_ema_is_checkpointed_resumed_exactly_and_evaluated(tmp_path):
                                                           ema=False)),
                   jax.tree.leaves(a['params'])):
     np.testing.assert_array_equal(x, y)
+  # What predict, export and inspect load (vit_jax.trained): the averages.
+  from vit_jax import trained
+  for x, y in zip(jax.tree.leaves(trained.load(straight).params),
+                  jax.tree.leaves(a['ema_params'])):
+    np.testing.assert_array_equal(x, y)
   # mode=eval: the same numbers from the checkpoint alone.
   c = _config(6)
   c.mode = 'eval'
