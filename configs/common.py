@@ -91,6 +91,9 @@ def base() -> ml_collections.ConfigDict:
       frozen=ml_collections.FieldReference(None, field_type=str),
       lr_mults=ml_collections.FieldReference(None, field_type=object),
       layer_decay=ml_collections.FieldReference(None, field_type=float),
+      # ((regex, {lr, warmup_steps, decay, linear_end}), ...): schedules of
+      # their own for the matching parameters (param_groups.py).
+      schedules=ml_collections.FieldReference(None, field_type=object),
       # Polyak averaging / EMA of the parameters (None: off), e.g. 0.9999;
       # warm-up: decay min(ema_decay, (1+t)/(10+t)) at step t (optim.py).
       ema_decay=ml_collections.FieldReference(None, field_type=float),

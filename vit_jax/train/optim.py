@@ -13,9 +13,9 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
   grad_clip_norm  global-norm clipping (None: off)
   mu_dtype        dtype of Adam's first moment / SGD's trace ('bfloat16' saves
                   memory; None: the parameters' dtype)
-  frozen, lr_mults, layer_decay
-                  per-parameter learning rates and freezing by regex on
-                  parameter paths (param_groups.py)
+  frozen, lr_mults, layer_decay, schedules
+                  per-parameter learning rates, schedules and freezing by
+                  regex on parameter paths (param_groups.py)
   ema_decay       Polyak averaging / EMA of the parameters (None or 0: off;
                   the paper's Table 2 fine-tuning uses 0.9999), kept in the
                   train state beside them (`ema_update`)
@@ -88,26 +88,47 @@ def make(cfg: Any, total_steps: int
   if cfg.lr <= 0:
     raise ValueError(f'optim.lr={cfg.lr} must be positive')
   lr = schedule(cfg, total_steps)
-  mu_dtype = cfg.get('mu_dtype')
-  mu_dtype = jnp.dtype(mu_dtype) if mu_dtype else None
   parts = []
-  if cfg.get('grad_clip_norm'):
+  if cfg.get('grad_clip_norm'):  # Over every trained parameter at once.
     parts.append(optax.clip_by_global_norm(cfg.grad_clip_norm))
-  if cfg.name == 'adam':
-    parts.append(optax.adamw(
-        lr, b1=cfg.get('b1', 0.9), b2=cfg.get('b2', 0.999),
-        eps=cfg.get('eps', 1e-8), mu_dtype=mu_dtype,
-        weight_decay=cfg.get('weight_decay', 0.0), mask=kernel_mask))
-  else:
-    if cfg.get('weight_decay'):
-      parts.append(optax.masked(
-          optax.add_decayed_weights(cfg.weight_decay), kernel_mask))
-    parts.append(optax.sgd(lr, momentum=cfg.get('momentum', 0.9) or None,
-                           nesterov=cfg.get('nesterov', False),
-                           accumulator_dtype=mu_dtype))
+  groups = param_groups.schedule_groups(cfg)
+  if groups:  # Each group: the same optimiser, with its own schedule.
+    fields = {k: cfg.get(k) for k in cfg.keys()}
+    txs = {param_groups.DEFAULT_GROUP: optax.chain(*_optimizer(cfg, lr))}
+    for i, (_, over) in enumerate(groups):
+      own = Settings({**fields, **over})
+      if own.lr <= 0:
+        raise ValueError(f'optim.schedules[{i}] lr={own.lr} must be '
+                         'positive')
+      txs[param_groups.group_name(i)] = optax.chain(*_optimizer(
+          own, schedule(own, total_steps)))
+    parts.append(optax.multi_transform(
+        txs, param_groups.schedule_labels(groups)))
+  else:  # One flat chain: the state layout of earlier checkpoints.
+    parts.extend(_optimizer(cfg, lr))
   # Per-parameter learning rates and freezing (param_groups.py).
   return param_groups.wrap(optax.chain(*parts), cfg), lr
 
+
+def _optimizer(cfg: Any, lr: optax.Schedule
+               ) -> list[optax.GradientTransformation]:
+  """Adam(W) or SGD with decoupled weight decay on kernels, at `lr`, as
+  the parts of a chain."""
+  mu_dtype = cfg.get('mu_dtype')
+  mu_dtype = jnp.dtype(mu_dtype) if mu_dtype else None
+  if cfg.name == 'adam':
+    return [optax.adamw(
+        lr, b1=cfg.get('b1', 0.9), b2=cfg.get('b2', 0.999),
+        eps=cfg.get('eps', 1e-8), mu_dtype=mu_dtype,
+        weight_decay=cfg.get('weight_decay', 0.0), mask=kernel_mask)]
+  parts = []
+  if cfg.get('weight_decay'):
+    parts.append(optax.masked(
+        optax.add_decayed_weights(cfg.weight_decay), kernel_mask))
+  parts.append(optax.sgd(lr, momentum=cfg.get('momentum', 0.9) or None,
+                         nesterov=cfg.get('nesterov', False),
+                         accumulator_dtype=mu_dtype))
+  return parts
 
 
 def ema_decay_at(cfg: Any, step: Any) -> jax.Array:

@@ -13,6 +13,12 @@ with `scan_layers`). `config.optim` fields:
   layer_decay  MAE / BEiT layer-wise decay d: encoder block i of L gets
                d ** (L - i), the patch/position embeddings and class token
                d ** (L + 1), the final norm and head 1; multiplies lr_mults
+  schedules    ((regex, {lr, warmup_steps, decay, linear_end}), ...): the
+               first match gives that parameter a schedule of its own (the
+               fields it names replace optim's; big_vision's `schedule`
+               list), e.g. a head without warm-up beside a warmed-up body:
+               (('^head/', {'warmup_steps': 0}),). Each group gets its own
+               optimiser state; unmatched parameters keep optim's schedule
 
 Gradient clipping and the optimiser see only the trained parameters. A
 regex that matches no parameter is an error naming it (a typo would
@@ -36,9 +42,66 @@ _EMBEDDING = re.compile(r'^(embedding|cls|conv_root|gn_root|block\d+|'
 _BLOCK = re.compile(r'^Transformer/encoderblock(_(\d+))?/')
 
 
+# What a `schedules` entry may set (the rest of optim is shared).
+SCHEDULE_FIELDS = ('lr', 'warmup_steps', 'decay', 'linear_end')
+DEFAULT_GROUP = 'default'
+
+
 def enabled(cfg) -> bool:
   return bool(cfg.get('frozen') or cfg.get('lr_mults') or
-              cfg.get('layer_decay'))
+              cfg.get('layer_decay') or cfg.get('schedules'))
+
+
+def schedule_groups(cfg) -> Tuple[Tuple[str, Dict[str, object]], ...]:
+  """`optim.schedules` as ((regex, overrides), ...), checked."""
+  out = []
+  for entry in cfg.get('schedules') or ():
+    try:
+      rx, over = entry
+      over = dict(over)
+    except (TypeError, ValueError):
+      raise ValueError(
+          f'optim.schedules entry {entry!r}: expected (regex, dict of '
+          f'{", ".join(SCHEDULE_FIELDS)}), e.g. '
+          "('^head/', {'warmup_steps': 0})") from None
+    bad = sorted(set(over) - set(SCHEDULE_FIELDS))
+    if bad or not over:
+      raise ValueError(
+          f'optim.schedules entry {rx!r}: {bad or "no fields"}; a group '
+          f'schedule sets some of {", ".join(SCHEDULE_FIELDS)}')
+    re.compile(rx)
+    out.append((rx, over))
+  return tuple(out)
+
+
+def group_name(i: int) -> str:
+  return f'schedule{i}'
+
+
+def schedule_labels(groups):
+  """A function params -> tree of group names (first matching regex;
+  `DEFAULT_GROUP` for the rest), for `optax.multi_transform`. A regex that
+  matches no (trained) parameter is an error."""
+  rxs = [re.compile(rx) for rx, _ in groups]
+
+  def labels(params):
+    # Dict traversal, like `trainable`: leaves may be placeholders (optax's
+    # tree_map_params) or MaskedNodes (frozen parameters), not arrays.
+    paths = _paths(params)
+    flat = {k: next((group_name(i) for i, rx in enumerate(rxs)
+                     if rx.search(p)), DEFAULT_GROUP)
+            for k, p in paths.items()}
+    trained = {k for k, v in traverse_util.flatten_dict(params).items()
+               if not isinstance(v, optax.MaskedNode)}
+    used = {flat[k] for k in trained}
+    unused = [rx for i, (rx, _) in enumerate(groups)
+              if group_name(i) not in used]
+    if unused:
+      raise ValueError(f'optim.schedules regex(es) {unused} match no trained '
+                       f'parameter (or an earlier entry takes them); paths '
+                       f'look like {sorted(paths.values())[:3]}')
+    return traverse_util.unflatten_dict(flat)
+  return labels
 
 
 def _paths(params) -> Dict[Tuple[str, ...], str]:

@@ -94,13 +94,41 @@ def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
   params = shd.param_shardings(abstract.params, mesh, fsdp_min_size,
                                axes=axes, rules=rules, overrides=overrides)
   rep = shd.replicated(mesh)
-  opt = optax.tree_map_params(
-      tx, lambda _, s: s, abstract.opt_state, params,
-      transform_non_params=lambda _: rep,
-      is_leaf=lambda x: isinstance(x, NamedSharding))
+  opt = _like_params(abstract.opt_state, abstract.params, params, rep)
   ema = params if abstract.ema_params is not None else None
   return TrainState(step=rep, params=params, opt_state=opt, rng=rep,
                     ema_params=ema)
+
+
+def _dict_path(path) -> Tuple[str, ...]:
+  """The trailing dict keys of a key path: a parameter's path inside any
+  optimiser-state wrapper (chain index, field name, multi_transform group,
+  masked subtree)."""
+  keys = []
+  for k in reversed(path):
+    if not isinstance(k, jax.tree_util.DictKey):
+      break
+    keys.append(str(k.key))
+  return tuple(reversed(keys))
+
+
+def _like_params(opt_state, abstract_params, param_sh, default):
+  """Shardings of an optimiser state: each slot that mirrors a parameter
+  (same path and shape: Adam's mu / nu, momentum) is sharded like it, the
+  rest (counts, scalars) gets `default`. Matching by path, not by calling
+  the optimiser's init on placeholders, works for every wrapper: frozen or
+  scheduled groups (multi_transform) and masks included."""
+  by_path = {}
+  for (path, a), (_, sh) in zip(
+      jax.tree_util.tree_flatten_with_path(abstract_params)[0],
+      jax.tree_util.tree_flatten_with_path(
+          param_sh, is_leaf=lambda x: isinstance(x, NamedSharding))[0]):
+    by_path[_dict_path(path)] = (tuple(a.shape), sh)
+
+  def one(path, leaf):
+    hit = by_path.get(_dict_path(path))
+    return hit[1] if hit and hit[0] == tuple(leaf.shape) else default
+  return jax.tree_util.tree_map_with_path(one, opt_state)
 
 
 def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
