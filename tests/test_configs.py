@@ -238,34 +238,27 @@ def test_smoke_cpu_reproduce_pretrain_fewshot_and_transfer(tmp_path):
   assert transfer['dataset'] == 'mnist5k'
 
 
-def test_vtab_driver_runs_tasks_and_reports_means(tmp_path):
-  out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.vtab', '--config_args=smoke=true',
-       f'--workdir={tmp_path}', '--tasks=dtd,eurosat'],
-      cwd=ROOT, capture_output=True, text=True,
-      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
+  """Runs tasks and reports means; re-running skips finished tasks; other
+  settings in the same workdir are an error rather than a silently reused
+  result."""
+  cmd = [sys.executable, '-m', 'vit_jax.vtab', f'--workdir={tmp_path}']
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  out = subprocess.run(cmd + ['--config_args=smoke=true',
+                              '--tasks=dtd,eurosat'],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
   assert out.returncode == 0, out.stderr[-4000:]
   assert sorted(os.listdir(tmp_path)) == ['dtd', 'eurosat']
   assert 'dtd' in out.stdout and 'eurosat' in out.stdout
+  again = subprocess.run(cmd + ['--config_args=smoke=true', '--tasks=dtd'],
+                         cwd=ROOT, capture_output=True, text=True, env=env)
+  assert again.returncode == 0 and 'finished earlier, skipped' in again.stderr
+  other = subprocess.run(cmd + ['--config_args=smoke=true,lr=0.03',
+                                '--tasks=dtd'],
+                         cwd=ROOT, capture_output=True, text=True, env=env)
+  assert other.returncode != 0 and 'other settings (lr' in other.stderr
 
 
 def test_common_parse_arg_types():
   args = common.parse_arg('a=2,b=true,c=x', a=1, b=False, c='y', d=0.5)
   assert (args.a, args.b, args.c, args.d) == (2, True, 'x', 0.5)
-
-
-def test_vtab_driver_refuses_a_workdir_of_other_settings(tmp_path):
-  """Re-running skips finished tasks; other settings in the same workdir are
-  an error rather than a silently reused result."""
-  cmd = [sys.executable, '-m', 'vit_jax.vtab', f'--workdir={tmp_path}',
-         '--tasks=dtd']
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  first = subprocess.run(cmd + ['--config_args=smoke=true'], cwd=ROOT,
-                         capture_output=True, text=True, env=env)
-  assert first.returncode == 0, first.stderr[-3000:]
-  again = subprocess.run(cmd + ['--config_args=smoke=true'], cwd=ROOT,
-                         capture_output=True, text=True, env=env)
-  assert again.returncode == 0 and 'finished earlier, skipped' in again.stderr
-  other = subprocess.run(cmd + ['--config_args=smoke=true,lr=0.03'],
-                         cwd=ROOT, capture_output=True, text=True, env=env)
-  assert other.returncode != 0 and 'other settings (lr' in other.stderr

@@ -181,22 +181,29 @@ def test_fewshot_errors_name_the_fix(digits_model):
 
 
 def test_mode_eval_evaluates_a_finished_run(tmp_path):
-  """Train briefly, then `--config.mode=eval` with a few-shot evaluator
-  added: metrics merge into summary.json, the trained head is kept."""
+  """Train briefly, then `mode=eval` with a few-shot evaluator added:
+  metrics merge into summary.json, the trained head is kept. (In-process;
+  main.py's dispatch to eval_run runs in the test below.)"""
+  from vit_jax.configs import smoke
+  from vit_jax.train import eval_run, loop
+
+  def config(extra='', **fields):
+    c = smoke.get_config('data=digits,steps=30,batch=32' + extra)
+    c.async_checkpoints = False
+    for k, v in fields.items():
+      node, *rest = k.split('__')
+      if rest:
+        c[node][rest[0]] = v
+      else:
+        c[k] = v
+    return c
+
   workdir = str(tmp_path)
-  base = [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
-          '--config=configs/smoke.py:data=digits,steps=30,batch=32',
-          '--config.async_checkpoints=false']
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  out = subprocess.run(base, cwd=ROOT, capture_output=True, text=True,
-                       env=env)
-  assert out.returncode == 0, out.stderr[-3000:]
-  trained = json.load(open(os.path.join(workdir, 'summary.json')))
-  base[-2] = base[-2] + ',fewshot=digits'
-  out = subprocess.run(base + ['--config.mode=eval'], cwd=ROOT,
-                       capture_output=True, text=True, env=env)
-  assert out.returncode == 0, out.stderr[-3000:]
-  evaluated = json.load(open(os.path.join(workdir, 'eval_summary.json')))
+  trained = loop.train_and_evaluate(config(), workdir)
+  evaluated = eval_run.evaluate_run(config(',fewshot=digits', mode='eval'),
+                                    workdir)
+  assert json.load(open(os.path.join(workdir, 'eval_summary.json'))) == (
+      json.loads(json.dumps(evaluated)))
   assert evaluated['evaluated_checkpoint'].endswith('checkpoints/30')
   # Same checkpoint, same eval split: the same top-1 as the run's own eval.
   assert evaluated['eval_accuracy'] == pytest.approx(
@@ -207,31 +214,25 @@ def test_mode_eval_evaluates_a_finished_run(tmp_path):
   assert summary['steps'] == 30  # Keys of the training summary are kept.
 
   # At another resolution: eval_summary.json only; the run's results stay.
-  out = subprocess.run(base + ['--config.mode=eval',
-                               '--config.input.image_size=24'], cwd=ROOT,
-                       capture_output=True, text=True, env=env)
-  assert out.returncode == 0, out.stderr[-3000:]
+  eval_run.evaluate_run(config(',fewshot=digits', mode='eval',
+                               input__image_size=24), workdir)
   assert json.load(open(os.path.join(workdir, 'eval_summary.json')))[
       'image_size'] == 24
   assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
 
-  # A different model than the checkpoint's: refused.
   # No checkpoint in a new workdir: config.init is evaluated, into
   # eval_summary.json only (it is not that workdir's run).
   fresh = os.path.join(workdir, 'new')
-  out = subprocess.run(
-      [a if not a.startswith('--workdir=') else f'--workdir={fresh}'
-       for a in base] + ['--config.mode=eval', f'--config.init={workdir}'],
-      cwd=ROOT, capture_output=True, text=True, env=env)
-  assert out.returncode == 0, out.stderr[-3000:]
+  eval_run.evaluate_run(config(',fewshot=digits', mode='eval',
+                               init=workdir), fresh)
   assert sorted(os.listdir(fresh)) == ['eval_summary.json']
   assert json.load(open(os.path.join(fresh, 'eval_summary.json')))[
       'eval_accuracy'] == pytest.approx(trained['eval_accuracy'])
 
-  out = subprocess.run(base + ['--config.mode=eval',
-                               '--config.model.name=ViT-Ti/16'], cwd=ROOT,
-                       capture_output=True, text=True, env=env)
-  assert out.returncode != 0 and 'is a checkpoint of model' in out.stderr
+  # A different model than the checkpoint's: refused.
+  with pytest.raises(ValueError, match='is a checkpoint of model'):
+    eval_run.evaluate_run(config(',fewshot=digits', mode='eval',
+                                 model__name='ViT-Ti/16'), workdir)
 
 
 def test_mode_eval_without_checkpoint_explains(tmp_path):
