@@ -55,9 +55,10 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
   return source, True
 
 
-def _load(config, source: str, model, image_shape, mesh, ema=None):
-  """(params, their shardings) of `source` on the mesh; `ema` as in
-  `orbax_state.load_params` (ignored for .npz files)."""
+def _load(config, source: str, model, image_shape, mesh, ema: bool):
+  """(params, Polyak averages or None, their shardings) of `source` on the
+  mesh; the averages only with `ema` and where the checkpoint has them
+  (never for .npz files)."""
   init = functools.partial(model.init, train=False)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
                             jnp.zeros((1, *image_shape), jnp.float32))
@@ -66,13 +67,16 @@ def _load(config, source: str, model, image_shape, mesh, ema=None):
       axes=shd.logical_axes(model, image_shape),
       rules=config.get('sharding_rules', ()),
       overrides=config.get('sharding_overrides', ()))
-  loaded = (source if source.endswith('.npz')
-            else orbax_state.load_params(source, ema=ema))
+  loaded, averages = ((source, None) if source.endswith('.npz')
+                      else orbax_state.load_weights(source))
   host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                       abstract['params'])
-  params = jax.device_put(load_pretrained(loaded, host, keep_head=True),
+
+  def place(tree):
+    return jax.device_put(load_pretrained(tree, host, keep_head=True),
                           params_sh)
-  return params, params_sh
+  return (place(loaded), place(averages) if ema and averages is not None
+          else None, params_sh)
 
 
 def evaluate_run(config: ml_collections.ConfigDict,
@@ -105,19 +109,12 @@ def _evaluate(config: ml_collections.ConfigDict,
   image_shape = tuple(info.eval_image_shape)
   source, own = _source(config, workdir)
   mode = config.get('eval_ema', 'ema')
-  # 'ema': the averages when the checkpoint has them; 'both' requires them.
-  params, params_sh = _load(config, source, model, image_shape, mesh,
-                            ema={'ema': None, 'raw': False,
-                                 'both': True}[mode])
-  raw = (_load(config, source, model, image_shape, mesh, ema=False)[0]
-         if mode == 'both' else None)
+  params, averages, params_sh = _load(config, source, model, image_shape,
+                                      mesh, ema=mode != 'raw')
   logging.info('evaluating %s at %s', source, image_shape)
   evals = evaluators.build(config, model, mesh, params_sh, image_shape[0])
   with jax.set_mesh(mesh):
-    if raw is None:
-      metrics = evaluators.run_all(evals, params)
-    else:
-      metrics = evaluators.run_with_ema(evals, raw, params, 'both')
+    metrics = evaluators.run_with_ema(evals, params, averages, mode)
   last = source.rstrip('/').rsplit('/', 1)[-1]
   step = int(last) if last.isdigit() else 0
   result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],

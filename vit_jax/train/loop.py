@@ -55,10 +55,11 @@ def _init_params(config, state, state_sh):
     source = orbax_state.load_params(source)
   params = load_pretrained(source, host)
   logging.info('initialised from %s', config.init)
-  if state.ema_params is not None:  # The averages start at the init too.
-    return state.replace(params=jax.device_put(params, state_sh.params),
-                         ema_params=jax.device_put(params, state_sh.params))
-  return state.replace(params=jax.device_put(params, state_sh.params))
+  def place():  # A buffer of its own each: the state is donated.
+    return jax.device_put(params, state_sh.params)
+  # The averages, if any, start at the init too.
+  return state.replace(params=place(), ema_params=(
+      place() if state.ema_params is not None else None))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,

@@ -246,6 +246,14 @@ def _restore_on_host(state_dir: str) -> Any:
   return jax.tree.map(np.asarray, state)
 
 
+def load_weights(path: str) -> Tuple[Any, Optional[Any]]:
+  """(parameters, their Polyak averages or None) of a training workdir, its
+  checkpoints dir or one step dir (see `resolve`), as host arrays, from one
+  read of the checkpoint."""
+  state = _restore_on_host(resolve(path) + '/state')
+  return state['params'], state.get('ema_params')
+
+
 def load_params(path: str, ema: Optional[bool] = None) -> Any:
   """Parameters from a training workdir, its checkpoints dir or one step dir
   (see `resolve`). Returns a nested dict of host arrays.
@@ -255,15 +263,14 @@ def load_params(path: str, ema: Optional[bool] = None) -> Any:
   prediction and export start from), True requires them, False returns the
   raw parameters.
   """
-  step_dir = resolve(path)
-  state = _restore_on_host(step_dir + '/state')
-  averages = state.get('ema_params')
+  params, averages = load_weights(path)
   if ema is False or (ema is None and averages is None):
-    return state['params']
+    return params
   if averages is None:
-    raise ValueError(f'{step_dir} holds no EMA parameters (its run did not '
-                     'set optim.ema_decay): load its raw parameters instead')
-  logging.info('%s: using its EMA (Polyak-averaged) parameters', step_dir)
+    raise ValueError(f'{resolve(path)} holds no EMA parameters (its run did '
+                     'not set optim.ema_decay): load its raw parameters '
+                     'instead')
+  logging.info('%s: using its EMA (Polyak-averaged) parameters', path)
   return averages
 
 
