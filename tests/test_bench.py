@@ -32,7 +32,9 @@ _SCRIPT = textwrap.dedent('''
       flags.FLAGS(['bench', '--model=ViT-test', '--batch=2',
                    '--image_size=28', '--num_classes=10', '--steps=1',
                    '--warmup=0', '--nomatmul_peak', f'--mode={mode}',
-                   f'--json={sys.argv[1]}'])
+                   f'--json={sys.argv[1]}'] +
+                  (['--model_option=scan_layers=True'] if mode == 'infer'
+                   else []))
       bench.main(['bench'])
       out[mode] = json.load(open(sys.argv[1]))
     out['loaded'] = sorted(m for m in sys.modules
@@ -56,6 +58,8 @@ def test_bench_runs_without_tensorflow_clu_ml_collections(tmp_path):
   for r in (train, infer):
     assert r['peak_host_memory_gb'] > 0.1
     assert r['compiled_argument_gb'] > 0
+  assert infer['model_options'] == 'scan_layers=True'
+  assert 'model_options' not in train
   # The train step holds Adam's two moments besides the parameters.
   assert train['compiled_argument_gb'] > 2.5 * infer['compiled_argument_gb']
 
@@ -83,3 +87,17 @@ def test_peers_table_ratios_per_round():
           in text)
   assert 'timm: unavailable (import timm fails)' in text
   assert 'a CPU' in text and 'load average 1.0 before, 2.0 after' in text
+
+
+def test_model_options_parsed_and_bad_ones_named():
+  import pytest
+  from absl import app
+  from vit_jax import bench
+  assert bench._parse_options(['remat=dots_saveable', 'scan_layers=True',
+                               'stochastic_depth=0.1', 'num_layers=2',
+                               'representation_size=none']) == {
+      'remat': 'dots_saveable', 'scan_layers': True,
+      'stochastic_depth': 0.1, 'num_layers': 2,
+      'representation_size': None}
+  with pytest.raises(app.UsageError, match='remat.*key=value'):
+    bench._parse_options(['remat'])

@@ -3,6 +3,7 @@
     python -m vit_jax.bench --model=ViT-B/16 --batch=8 [--dtype=bfloat16]
         [--mode=train|infer] [--mesh=data=-1,fsdp=1,model=1] [--steps=10]
         [--json=out.json] [--objective=mpp]  # MPP's train step instead
+        [--model_option=remat=dots_saveable ...]  # model options, repeatable
     python -m vit_jax.bench --input-only --data=imagenet2012 [--data_dir=DIR]
         [--batch=256] [--image_size=224]
 
@@ -49,6 +50,9 @@ flags.DEFINE_bool('matmul_peak', True, 'Measure the matmul peak for MFU '
 flags.DEFINE_enum('objective', 'supervised', ['supervised', 'mpp'],
                   'Train step objective: supervised or masked patch '
                   'prediction (3-bit mean colour, 50% corrupted).')
+flags.DEFINE_multi_string('model_option', [], 'A model option as key=value '
+                          '(repeatable), e.g. remat=dots_saveable, '
+                          'recompute_internals=False, scan_layers=True.')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
 flags.DEFINE_string('pp', None, '--input_only: the train pre-processing (a '
@@ -64,6 +68,24 @@ flags.DEFINE_string('data', 'imagenet2012', 'Dataset for --input_only; '
 flags.DEFINE_string('data_dir', None, 'tfds data dir for --input_only.')
 
 MODES = ('train', 'infer')
+
+
+def _parse_options(items) -> Dict[str, Any]:
+  """['remat=dots_saveable', 'scan_layers=True'] -> their values (True /
+  False / None / numbers parsed, anything else a string)."""
+  out = {}
+  for item in items:
+    key, sep, text = item.partition('=')
+    if not sep or not key:
+      raise app.UsageError(f'--model_option {item!r}: expected key=value, '
+                           'e.g. remat=dots_saveable')
+    lowered = {'true': True, 'false': False, 'none': None}
+    try:
+      out[key] = lowered[text.lower()] if text.lower() in lowered else (
+          float(text) if '.' in text else int(text))
+    except ValueError:
+      out[key] = text
+  return out
 
 
 def _parse_mesh(spec: str) -> Dict[str, int]:
@@ -141,7 +163,8 @@ def compiled_memory(compiled) -> Dict[str, Any]:
 
 
 def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
-           accum_steps, optimizer: bool, objective: str = 'supervised'):
+           accum_steps, optimizer: bool, objective: str = 'supervised',
+           model_options=None):
   """(model, mesh, tx, lr_fn, state, state shardings, device batch)."""
   import jax
   import numpy as np
@@ -155,8 +178,9 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
   mesh = shd.make_mesh(**(mesh_axes or {}))
   shd.check_batch_size(batch, mesh, '--batch', accum_steps)
   # Attention as a training run picks it on this mesh (cuDNN on GPUs).
-  model = models.from_config(dict(name=model_name, dtype=dtype), num_classes,
-                             shd.platform(mesh))
+  model = models.from_config(
+      dict(model_options or {}, name=model_name, dtype=dtype), num_classes,
+      shd.platform(mesh))
   if objective == 'mpp':
     from vit_jax import selfsup
     model = selfsup.from_vit(model)
@@ -198,15 +222,18 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                      dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                      warmup: int = 2, accum_steps: int = 1,
                      num_classes: int = 1000, measure_peak: bool = True,
-                     objective: str = 'supervised') -> Dict[str, Any]:
-  """Measures the train step of one configuration; returns the figures."""
+                     objective: str = 'supervised',
+                     model_options=None) -> Dict[str, Any]:
+  """Measures the train step of one configuration; returns the figures.
+  `model_options`: model options beside the zoo's (e.g. {'remat': True})."""
   import jax
 
   from vit_jax.train import step as step_lib
 
   model, mesh, tx, lr_fn, state, state_sh, data = _setup(
       model_name, batch, image_size, dtype, mesh_axes, num_classes,
-      accum_steps, optimizer=True, objective=objective)
+      accum_steps, optimizer=True, objective=objective,
+      model_options=model_options)
   train = step_lib.compile_train_step(
       model, tx, lr_fn, state_sh, mesh,
       {'accum_steps': accum_steps, 'objective': objective})
@@ -227,7 +254,8 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
 def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
                 dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                 warmup: int = 2, num_classes: int = 1000,
-                measure_peak: bool = True) -> Dict[str, Any]:
+                measure_peak: bool = True,
+                model_options=None) -> Dict[str, Any]:
   """Measures the eval forward pass (logits of a batch, `train=False`)."""
   import jax
   import flax.linen as nn
@@ -236,7 +264,7 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
 
   model, mesh, _, _, state, state_sh, data = _setup(
       model_name, batch, image_size, dtype, mesh_axes, num_classes, 1,
-      optimizer=False)
+      optimizer=False, model_options=model_options)
 
   def forward(params, images):
     with nn.logical_axis_rules(shd.ACTIVATION_RULES):
@@ -340,14 +368,18 @@ def main(argv):
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
-        num_classes=FLAGS.num_classes, measure_peak=FLAGS.matmul_peak)
+        num_classes=FLAGS.num_classes, measure_peak=FLAGS.matmul_peak,
+        model_options=_parse_options(FLAGS.model_option))
   else:
     res = bench_train_step(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
         accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
-        measure_peak=FLAGS.matmul_peak, objective=FLAGS.objective)
+        measure_peak=FLAGS.matmul_peak, objective=FLAGS.objective,
+        model_options=_parse_options(FLAGS.model_option))
+  if FLAGS.model_option:
+    res['model_options'] = ' '.join(FLAGS.model_option)
   _print_table(res)
   if FLAGS.json:
     with open(FLAGS.json, 'w', encoding='utf-8') as f:

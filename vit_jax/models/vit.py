@@ -18,6 +18,7 @@ Placement of the paper's pieces:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional, Sequence
 
 import flax.linen as nn
@@ -73,17 +74,43 @@ def depth_rates(max_rate: float, num_layers: int):
   return [max_rate * i / (num_layers - 1) for i in range(num_layers)]
 
 
+class LayerNorm(nn.Module):
+  """flax's LayerNorm (epsilon 1e-6, same parameters and numbers); with
+  `recompute`, its backward pass recomputes the statistics from the input
+  instead of keeping the centred and scaled copies (see
+  `Encoder.recompute_internals`)."""
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+  recompute: bool = True
+
+  @nn.compact
+  def __call__(self, x):
+    features = (x.shape[-1],)
+    scale = self.param('scale', nn.initializers.ones, features,
+                       self.param_dtype)
+    bias = self.param('bias', nn.initializers.zeros, features,
+                      self.param_dtype)
+    norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
+                        param_dtype=self.param_dtype, parent=None)
+    fn = lambda x, s, b: norm.apply({'params': {'scale': s, 'bias': b}}, x)
+    return (jax.checkpoint(fn) if self.recompute else fn)(
+        x, scale, bias)
+
+
 class MlpBlock(nn.Module):
   """Dense -> GELU -> dropout -> Dense -> dropout.
 
   `gelu_approximate`: the tanh approximation of the public JAX checkpoints
   (True) or the exact erf GELU of Hugging Face's `hidden_act="gelu"` (False).
+  `recompute_internals`: the GELU keeps only its input for the backward pass
+  (see `Encoder`).
   """
   mlp_dim: int
   dropout_rate: float = 0.0
   gelu_approximate: bool = True
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  recompute_internals: bool = True
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
@@ -95,7 +122,8 @@ class MlpBlock(nn.Module):
     out_dim = x.shape[-1]
     x = dense(self.mlp_dim, ('embed', 'mlp'))(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
-    x = nn.gelu(x, approximate=self.gelu_approximate)
+    gelu = functools.partial(nn.gelu, approximate=self.gelu_approximate)
+    x = (jax.checkpoint(gelu) if self.recompute_internals else gelu)(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
     x = dense(out_dim, ('mlp', 'embed'))(x)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
@@ -117,15 +145,16 @@ class Encoder1DBlock(nn.Module):
   capture_attention: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  recompute_internals: bool = True
 
   @nn.compact
   def __call__(self, x, deterministic: bool, drop_path=0.0):
-    norm = lambda: nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
-                                param_dtype=self.param_dtype)
+    norm = lambda i: LayerNorm(self.dtype, self.param_dtype,
+                               self.recompute_internals, name=f'LayerNorm_{i}')
     # Logical activation axes: no-ops unless the caller sets axis rules
     # (the train step maps 'batch' to the data axes, 'mlp' to 'model').
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
-    y = norm()(x)
+    y = norm(0)(x)
     y = nn.MultiHeadDotProductAttention(
         num_heads=self.num_heads, dtype=self.dtype,
         param_dtype=self.param_dtype,
@@ -137,14 +166,16 @@ class Encoder1DBlock(nn.Module):
         out_bias_init=with_axes(nn.initializers.zeros, ('embed',)),
         qkv_dot_general=matmul.dot_general,
         out_dot_general=matmul.dot_general,
-        attention_fn=attention.attention_fn(self.attention_impl),
+        attention_fn=attention.attention_fn(
+            self.attention_impl, recompute=self.recompute_internals),
         broadcast_dropout=False, dropout_rate=self.attention_dropout_rate,
         deterministic=deterministic)(y, y, sow_weights=self.capture_attention)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + DropPath()(y, drop_path, deterministic=deterministic)
-    y = norm()(x)
+    y = norm(1)(x)
     y = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate,
-                 self.dtype, self.param_dtype)(y, deterministic=deterministic)
+                 self.dtype, self.param_dtype, self.recompute_internals)(
+                     y, deterministic=deterministic)
     return x + DropPath()(y, drop_path, deterministic=deterministic)
 
 
@@ -165,6 +196,14 @@ class Encoder(nn.Module):
   each block's activations in the backward pass to save memory (True or a
   policy name from `vit_jax.models.remat.POLICIES`); `stochastic_depth` is
   the last block's drop-path rate (`depth_rates`).
+
+  `recompute_internals` (default True): LayerNorm, GELU and XLA attention keep
+  only their inputs for the backward pass and recompute their intermediate
+  values there (statistics, the GELU's polynomial, the attention logits and
+  softmax), as PyTorch's autograd keeps about that much; False keeps every
+  intermediate (jax's default: the same numbers with several times the
+  activation memory, docs/performance.md). Independent of `remat`, which
+  recomputes whole blocks.
   """
   num_layers: int
   mlp_dim: int
@@ -179,6 +218,7 @@ class Encoder(nn.Module):
   remat: bool | str = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  recompute_internals: bool = True
 
   @nn.compact
   def __call__(self, x, *, train: bool):
@@ -190,7 +230,8 @@ class Encoder(nn.Module):
               gelu_approximate=self.gelu_approximate,
               attention_impl=self.attention_impl,
               capture_attention=self.capture_attention,
-              dtype=self.dtype, param_dtype=self.param_dtype)
+              dtype=self.dtype, param_dtype=self.param_dtype,
+              recompute_internals=self.recompute_internals)
     policy = remat_lib.policy(self.remat)
     rates = depth_rates(self.stochastic_depth, self.num_layers)
     # Drop-path rates are static Python floats, except under nn.scan with
@@ -216,8 +257,8 @@ class Encoder(nn.Module):
         block = nn.remat(block, static_argnums=(2, 3), policy=policy)
       for i in range(self.num_layers):
         x = block(name=f'encoderblock_{i}', **kw)(x, not train, rates[i])
-    return nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
-                        param_dtype=self.param_dtype, name='encoder_norm')(x)
+    return LayerNorm(self.dtype, self.param_dtype, self.recompute_internals,
+                     name='encoder_norm')(x)
 
 
 class VisionTransformer(Module):
@@ -242,6 +283,8 @@ class VisionTransformer(Module):
       earlier ones (0: off; DeiT / AugReg use 0.1 for ViT-B).
     scan_layers / remat: see `Encoder` (same numbers, less compile time and
       memory for deep models).
+    recompute_internals: see `Encoder` (same numbers; False keeps every
+      LayerNorm/GELU/attention intermediate for the backward pass).
     dtype: compute dtype of every layer; param_dtype: storage dtype of params.
   """
   num_classes: Optional[int]
@@ -265,6 +308,7 @@ class VisionTransformer(Module):
   remat: bool | str = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
+  recompute_internals: bool = True
 
   @property
   def stride(self) -> int:
@@ -343,6 +387,7 @@ def encode(module: VisionTransformer, x, *, train: bool):
                  stochastic_depth=module.stochastic_depth,
                  scan_layers=module.scan_layers, remat=module.remat,
                  dtype=module.dtype, param_dtype=module.param_dtype,
+                 recompute_internals=module.recompute_internals,
                  name='Transformer')(x, train=train)
 
 
