@@ -54,10 +54,11 @@ setup(
         # CPU PyTorch + Hugging Face transformers, for weight interop.
         # Pinned: an unpinned torch resolves to a multi-GB CUDA build.
         'torch': ['torch==2.13.0', 'transformers>=4.40'],
-        # python -m vit_jax.export: ONNX (jax2onnx, checked with
-        # onnxruntime). SavedModel and StableHLO need nothing beyond the
-        # base install; --format=hf needs the torch extra too.
+        # python -m vit_jax.export, every format: ONNX (jax2onnx, checked
+        # with onnxruntime) and hf (safetensors, checked with transformers
+        # on CPU PyTorch). SavedModel and StableHLO need nothing beyond the
+        # base install.
         'export': ['onnx>=1.17', 'onnxruntime>=1.20', 'jax2onnx>=0.13',
-                   'safetensors>=0.4'],
+                   'safetensors>=0.4', 'torch==2.13.0', 'transformers>=4.40'],
     },
 )

@@ -123,6 +123,12 @@ def test_ema_is_checkpointed_resumed_exactly_and_evaluated(tmp_path):
   for x, y in zip(jax.tree.leaves(trained.load(straight).params),
                   jax.tree.leaves(a['ema_params'])):
     np.testing.assert_array_equal(x, y)
+  raw = trained.load(straight, ema=False)  # inspect --raw.
+  assert raw.source.endswith('(raw parameters)')
+  for x, y in zip(jax.tree.leaves(raw.params), jax.tree.leaves(a['params'])):
+    np.testing.assert_array_equal(x, y)
+  with pytest.raises(trained.TrainedModelError, match='not a training workd'):
+    trained.load(str(tmp_path / 'public.npz'), model='ViT-B/16', ema=False)
   # mode=eval: the same numbers from the checkpoint alone.
   c = _config(6)
   c.mode = 'eval'

@@ -99,8 +99,7 @@ def exports(trained, tmp_path_factory):
 FAST = ['hf', 'savedmodel', 'stablehlo']
 
 
-@pytest.mark.parametrize('fmt', FAST + [
-    pytest.param('onnx', marks=pytest.mark.slow)])  # jax2onnx: ~20 s.
+@pytest.mark.parametrize('fmt', FAST + ['onnx'])  # jax2onnx: ~20 s.
 def test_format_round_trips_the_workdir(trained, exports, fmt):
   _needs(fmt)
   out, manifest = exports(fmt)

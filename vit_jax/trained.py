@@ -132,7 +132,8 @@ class Trained:
 def load(init: str, *, model: Optional[str] = None,
          labels: Optional[str] = None,
          image_size: Optional[int] = None,
-         require_head: bool = True) -> Trained:
+         require_head: bool = True,
+         ema: Optional[bool] = None) -> Trained:
   """The trained model at `init` (workdir, .npz or Hugging Face directory).
 
   Args:
@@ -144,10 +145,17 @@ def load(init: str, *, model: Optional[str] = None,
       position embeddings' (ViT .npz); ViT position embeddings are resized.
     require_head: refuse checkpoints without a classification head (e.g.
       a self-supervised pre-training); False loads them without one.
+    ema: for workdirs of runs with Polyak averaging: None (default) loads
+      the averages, False the raw parameters (`orbax_state.load_params`).
   """
   if not init:
     raise TrainedModelError('--init is required: a training workdir, an .npz '
                             'checkpoint or a Hugging Face directory')
+  if ema is not None and (init.startswith(HF_PREFIX) or init.endswith('.npz')
+                          or _is_hf_dir(init)):
+    raise TrainedModelError(f'{init} is not a training workdir: only runs '
+                            'with optim.ema_decay have raw and averaged '
+                            'parameters to choose from')
   if init.startswith(HF_PREFIX):
     init = init[len(HF_PREFIX):]
     if not _is_hf_dir(init):
@@ -159,7 +167,7 @@ def load(init: str, *, model: Optional[str] = None,
   elif _is_hf_dir(init):
     trained = _from_hf(init, model, require_head)
   else:
-    trained = _from_workdir(init, model, require_head)
+    trained = _from_workdir(init, model, require_head, ema)
   if image_size and image_size != trained.image_size:
     trained = resized(trained, image_size)
   trained.labels = _labels(labels, trained)
@@ -199,7 +207,8 @@ def reinitialised(trained: Trained, seed: int = 0) -> Trained:
 
 
 def _from_workdir(path: str, model: Optional[str],
-                  require_head: bool = True) -> Trained:
+                  require_head: bool = True,
+                  ema: Optional[bool] = None) -> Trained:
   from vit_jax.train import orbax_state, reporting
   try:
     source = orbax_state.resolve(path)
@@ -233,7 +242,12 @@ def _from_workdir(path: str, model: Optional[str],
   for key in ('scan_layers', 'remat'):
     spec.pop(key, None)
   options = {k: v for k, v in spec.items() if v is not None}
-  params = orbax_state.load_params(source)
+  try:
+    params = orbax_state.load_params(source, ema=ema)
+  except ValueError as e:  # ema=True on a run without averages.
+    raise TrainedModelError(str(e)) from None
+  if ema is False:
+    source += ' (raw parameters)'
   num_classes = _head_classes(params, source, require_head)
   inp = dict(config.get('input') or {})
   data = inp.get('data') or run.get('dataset')

@@ -2,7 +2,7 @@ r"""`python -m vit_jax.inspect`: the paper's analysis figures for a checkpoint.
 
     python -m vit_jax.inspect --init=<workdir | file.npz | hf:DIR> \
         [--model=ViT-B/16] --data=<dataset name | image folder> \
-        [--images=128] [--image_size=224] --out=DIR
+        [--images=128] [--image_size=224] [--raw] --out=DIR
 
 Writes filters.png, position_similarity.png, attention_distance.png,
 rollout.png, rollout_layers.png and inspect.json into --out (docs/inspect.md).
@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
                  "fresh random initialisation of the checkpoint's model (the "
                  'untrained baseline)')
   p.add_argument('--seed', type=int, default=0, help='seed of --random_init')
+  p.add_argument('--raw', action='store_true', help='a run with Polyak '
+                 'averaging (optim.ema_decay): its raw parameters instead of '
+                 'the averages')
   return p
 
 
@@ -59,7 +62,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                split=args.split, batch=args.batch,
                rollout_images=args.rollout_images,
                layer_images=args.layer_images, random_init=args.random_init,
-               seed=args.seed)
+               seed=args.seed, raw=args.raw)
   except (FileNotFoundError, ValueError) as e:
     print(f'vit_jax.inspect: {e}', file=sys.stderr)
     return 1
