@@ -252,3 +252,38 @@ def test_cli_on_a_public_layout_vit_b16_npz_at_another_resolution(tmp_path):
   assert np.shape(info['attention_distance']['per_layer_per_head']) == (12, 12)
   for name in report.FILES:
     assert (out / name).exists(), name
+
+
+@pytest.mark.parametrize('name,options,size', [
+    ('ViT-test', dict(classifier='gap'), 28),
+    ('R50+ViT-B/16', dict(resnet_layers=(1, 1, 1), resnet_width=0.5,
+                          hidden_size=32, mlp_dim=64, num_heads=2,
+                          num_layers=2), 64),
+])
+def test_gap_and_hybrid_models_say_what_they_show(name, options, size,
+                                                  tmp_path):
+  """gap models: the rollout is the mean of all tokens' rows, and the figure
+  says so; hybrids: distances in input pixels (the stem's stride x patch),
+  filters.png skipped with its reason."""
+  from vit_jax import trained as trained_lib
+  model = models.create(name, num_classes=5, **options)
+  params = perturb(jax.jit(model.init)(jax.random.key(0), jnp.asarray(
+      _images(1, size)))['params'], scale=0.2)
+  t = trained_lib._build(name, options, 5, size, trained_lib.NPZ_PP, params,
+                         'test', 'npz')
+  out = str(tmp_path / 'o')
+  info = report.inspect_model(t, _images(3, size), ['a', 'b', 'c'], out,
+                              rollout_images=2, layer_images=1)
+  grid = info['grid']
+  if options.get('classifier') == 'gap':
+    assert info['rollout']['method'].startswith('mean over all tokens')
+    assert grid == [7, 7] and info['pixels_per_token'] == 4
+  else:
+    assert info['pixels_per_token'] == 16 and grid == [4, 4]
+    assert 'filters.png' in info['skipped']
+    assert not os.path.exists(os.path.join(out, 'filters.png'))
+    assert info['rollout']['method'] == 'class-token row'
+  # Distances in input pixels: bounded by the image's diagonal.
+  d = np.asarray(info['attention_distance']['per_layer_per_head'])
+  assert 0 < d.min() and d.max() < size * np.sqrt(2)
+  assert np.shape(info['rollout']['maps']) == (2, *grid)
