@@ -256,9 +256,10 @@ def test_cli_on_a_public_layout_vit_b16_npz_at_another_resolution(tmp_path):
 
 @pytest.mark.parametrize('name,options,size', [
     ('ViT-test', dict(classifier='gap'), 28),
-    ('R50+ViT-B/16', dict(resnet_layers=(1, 1, 1), resnet_width=0.5,
-                          hidden_size=32, mlp_dim=64, num_heads=2,
-                          num_layers=2), 64),
+    pytest.param('R50+ViT-B/16', dict(
+        resnet_layers=(1, 1, 1), resnet_width=0.5, hidden_size=32,
+        mlp_dim=64, num_heads=2, num_layers=2), 64,
+                 marks=pytest.mark.slow),  # ~10 s of ResNet compiles.
 ])
 def test_gap_and_hybrid_models_say_what_they_show(name, options, size,
                                                   tmp_path):

@@ -225,7 +225,8 @@ def test_named_remat_policies_give_the_same_gradients(rng, policy):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+@pytest.mark.parametrize('dtype', [
+    'float32', pytest.param('bfloat16', marks=pytest.mark.slow)])
 def test_recomputed_internals_give_the_same_numbers_with_less_memory(
     rng, dtype):
   """LayerNorm / GELU / attention recomputed in the backward pass: the same
