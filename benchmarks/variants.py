@@ -31,10 +31,6 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Interleaved timing rounds.')
 _STEPS = flags.DEFINE_integer('steps', 4, 'Timed steps per round.')
 
 
-def _value(text):
-  return {'True': True, 'False': False, 'None': None}.get(text, text)
-
-
 def _step(name, batch, dtype, option, value):
   import jax
   import jax.numpy as jnp
@@ -62,7 +58,8 @@ def _step(name, batch, dtype, option, value):
 def main(_):
   import jax
   import numpy as np
-  values = [_value(v) for v in _VALUES.value]
+  from vit_jax.bench import parse_value
+  values = [parse_value(v) for v in _VALUES.value]
   option = _OPTION.value
   print(f'memory: {_MODEL.value}, batch {_BATCH.value}, {_DTYPE.value}, '
         f'scan_layers, compiled for {jax.devices()[0].device_kind}')

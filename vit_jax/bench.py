@@ -70,21 +70,27 @@ flags.DEFINE_string('data_dir', None, 'tfds data dir for --input_only.')
 MODES = ('train', 'infer')
 
 
+def parse_value(text: str):
+  """A model option's value from text: True / False / None, a number, or
+  the string itself."""
+  named = {'true': True, 'false': False, 'none': None}
+  if text.lower() in named:
+    return named[text.lower()]
+  try:
+    return float(text) if '.' in text else int(text)
+  except ValueError:
+    return text
+
+
 def _parse_options(items) -> Dict[str, Any]:
-  """['remat=dots_saveable', 'scan_layers=True'] -> their values (True /
-  False / None / numbers parsed, anything else a string)."""
+  """['remat=dots_saveable', 'scan_layers=True'] -> {name: parse_value}."""
   out = {}
   for item in items:
     key, sep, text = item.partition('=')
     if not sep or not key:
       raise app.UsageError(f'--model_option {item!r}: expected key=value, '
                            'e.g. remat=dots_saveable')
-    lowered = {'true': True, 'false': False, 'none': None}
-    try:
-      out[key] = lowered[text.lower()] if text.lower() in lowered else (
-          float(text) if '.' in text else int(text))
-    except ValueError:
-      out[key] = text
+    out[key] = parse_value(text)
   return out
 
 
@@ -359,6 +365,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  options = _parse_options(FLAGS.model_option)
   if FLAGS.input_only:
     res = _bench_input()
   elif FLAGS.mode == 'infer':
@@ -369,7 +376,7 @@ def main(argv):
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
         num_classes=FLAGS.num_classes, measure_peak=FLAGS.matmul_peak,
-        model_options=_parse_options(FLAGS.model_option))
+        model_options=options)
   else:
     res = bench_train_step(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
@@ -377,7 +384,7 @@ def main(argv):
         steps=FLAGS.steps, warmup=FLAGS.warmup,
         accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
         measure_peak=FLAGS.matmul_peak, objective=FLAGS.objective,
-        model_options=_parse_options(FLAGS.model_option))
+        model_options=options)
   if FLAGS.model_option:
     res['model_options'] = ' '.join(FLAGS.model_option)
   _print_table(res)

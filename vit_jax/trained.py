@@ -239,7 +239,7 @@ def _from_workdir(path: str, model: Optional[str],
   spec.pop('param_dtype', None)
   # How the run executed, not what it computes: exported and predicting
   # models use the plain layout (load_pretrained unstacks scanned blocks).
-  for key in ('scan_layers', 'remat'):
+  for key in ('scan_layers', 'remat', 'recompute_internals'):
     spec.pop(key, None)
   options = {k: v for k, v in spec.items() if v is not None}
   try:
