@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import matmul
+from vit_jax.models import recompute
 
 IMPLEMENTATIONS = ('xla', 'cudnn', 'explicit')
 CHOICES = ('auto',) + IMPLEMENTATIONS
@@ -56,7 +57,7 @@ def _xla(query, key, value, mask):
 # Keeps only q, k, v for the backward pass, which recomputes the logits and
 # softmax (flash attention's trade: 2% more FLOPs for ViT-B/16, no
 # (heads, tokens, tokens) arrays kept per layer).
-_xla_recomputed = jax.checkpoint(_xla)
+_xla_recomputed = recompute.recompute(_xla)
 
 
 def attention_fn(impl: str, recompute: bool = False):

@@ -25,7 +25,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import attention, matmul, registry, remat as remat_lib
+from vit_jax.models import attention, matmul, recompute, registry
+from vit_jax.models import remat as remat_lib
 from vit_jax.models import resnet
 from vit_jax.models.partitioning import Module, with_axes
 from vit_jax.models.inputs import check_image_shape
@@ -93,8 +94,26 @@ class LayerNorm(nn.Module):
     norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                         param_dtype=self.param_dtype, parent=None)
     fn = lambda x, s, b: norm.apply({'params': {'scale': s, 'bias': b}}, x)
-    return (jax.checkpoint(fn) if self.recompute else fn)(
+    return (recompute.recompute(fn) if self.recompute else fn)(
         x, scale, bias)
+
+
+class _DenseParams(nn.Module):
+  """The kernel and bias an `nn.Dense` with these settings would create,
+  under this module's name, for a caller that applies the Dense as a
+  function of them (`MlpBlock`)."""
+  features: int
+  kernel_init: Any
+  bias_init: Any
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, in_features: int):
+    kernel = self.param('kernel', self.kernel_init,
+                        (in_features, self.features), self.param_dtype)
+    bias = self.param('bias', self.bias_init, (self.features,),
+                      self.param_dtype)
+    return kernel, bias
 
 
 class MlpBlock(nn.Module):
@@ -102,8 +121,10 @@ class MlpBlock(nn.Module):
 
   `gelu_approximate`: the tanh approximation of the public JAX checkpoints
   (True) or the exact erf GELU of Hugging Face's `hidden_act="gelu"` (False).
-  `recompute_internals`: the GELU keeps only its input for the backward pass
-  (see `Encoder`).
+  `recompute_internals`: the GELU and the second Dense keep only the GELU's
+  input for the backward pass, which recomputes the GELU's output for the
+  Dense's weight gradient (without dropout; with it, the GELU alone; see
+  `Encoder`).
   """
   mlp_dim: int
   dropout_rate: float = 0.0
@@ -114,18 +135,32 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
-    dense = lambda n, axes: nn.Dense(
-        n, dtype=self.dtype, param_dtype=self.param_dtype,
-        dot_general=matmul.dot_general,
-        kernel_init=with_axes(nn.initializers.xavier_uniform(), axes),
-        bias_init=with_axes(nn.initializers.normal(stddev=1e-6), axes[1:]))
+    def dense(n, axes, **kw):
+      return nn.Dense(
+          n, dtype=self.dtype, param_dtype=self.param_dtype,
+          dot_general=matmul.dot_general,
+          kernel_init=with_axes(nn.initializers.xavier_uniform(), axes),
+          bias_init=with_axes(nn.initializers.normal(stddev=1e-6), axes[1:]),
+          **kw)
     out_dim = x.shape[-1]
     x = dense(self.mlp_dim, ('embed', 'mlp'))(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
+    # The second Dense, applied as a function of its parameters (the same
+    # names and numbers as the module) so it can be recomputed with the GELU.
+    out = dense(out_dim, ('mlp', 'embed'), parent=None)
+    kernel, bias = _DenseParams(out_dim, out.kernel_init, out.bias_init,
+                                self.param_dtype, name='Dense_1')(
+                                    self.mlp_dim)
     gelu = functools.partial(nn.gelu, approximate=self.gelu_approximate)
-    x = (jax.checkpoint(gelu) if self.recompute_internals else gelu)(x)
-    x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
-    x = dense(out_dim, ('mlp', 'embed'))(x)
+    project = lambda y, k, b: out.apply({'params': {'kernel': k, 'bias': b}},
+                                        y)
+    maybe = recompute.recompute if self.recompute_internals else (lambda f: f)
+    if self.dropout_rate > 0.0 and not deterministic:
+      x = nn.Dropout(rate=self.dropout_rate)(maybe(gelu)(x),
+                                             deterministic=False)
+      x = project(x, kernel, bias)
+    else:
+      x = maybe(lambda y, k, b: project(gelu(y), k, b))(x, kernel, bias)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -197,11 +232,12 @@ class Encoder(nn.Module):
   policy name from `vit_jax.models.remat.POLICIES`); `stochastic_depth` is
   the last block's drop-path rate (`depth_rates`).
 
-  `recompute_internals` (default True): LayerNorm, GELU and XLA attention keep
-  only their inputs for the backward pass and recompute their intermediate
-  values there (statistics, the GELU's polynomial, the attention logits and
-  softmax), as PyTorch's autograd keeps about that much; False keeps every
-  intermediate (jax's default: the same numbers with several times the
+  `recompute_internals` (default True): LayerNorm, XLA attention and the
+  MLP's GELU + second Dense keep only their inputs for the backward pass and
+  recompute their intermediate values there, once the cotangent has arrived
+  (`vit_jax.models.recompute`): statistics, attention logits and softmax, the
+  GELU's output. That is less than PyTorch's autograd keeps. False keeps
+  every intermediate (jax's default: the same numbers with about twice the
   activation memory, docs/performance.md). Independent of `remat`, which
   recomputes whole blocks.
   """
