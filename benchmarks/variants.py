@@ -58,8 +58,8 @@ def _step(name, batch, dtype, option, value):
 def main(_):
   import jax
   import numpy as np
-  from vit_jax.bench import parse_value
-  values = [parse_value(v) for v in _VALUES.value]
+  from vit_jax.models.registry import parse_option
+  values = [parse_option(v) for v in _VALUES.value]
   option = _OPTION.value
   print(f'memory: {_MODEL.value}, batch {_BATCH.value}, {_DTYPE.value}, '
         f'scan_layers, compiled for {jax.devices()[0].device_kind}')

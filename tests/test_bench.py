@@ -101,3 +101,18 @@ def test_model_options_parsed_and_bad_ones_named():
       'representation_size': None}
   with pytest.raises(app.UsageError, match='remat.*key=value'):
     bench._parse_options(['remat'])
+
+
+def test_variants_benchmark_runs():
+  """`python -m benchmarks.variants` (docs/models.md's remat table): memory
+  of each value, then interleaved timing rounds."""
+  out = subprocess.run(
+      [sys.executable, '-m', 'benchmarks.variants', '--option=remat',
+       '--values=False,nothing_saveable', '--model=ViT-test', '--batch=2',
+       '--time_model=ViT-test', '--time_batch=2', '--rounds=1', '--steps=1'],
+      capture_output=True, text=True, cwd=ROOT,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  for v in ('False', 'nothing_saveable'):
+    assert f'remat={v}' in out.stdout and 'temporaries' in out.stdout
+  assert 'img/s per round' in out.stdout

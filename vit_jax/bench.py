@@ -70,27 +70,16 @@ flags.DEFINE_string('data_dir', None, 'tfds data dir for --input_only.')
 MODES = ('train', 'infer')
 
 
-def parse_value(text: str):
-  """A model option's value from text: True / False / None, a number, or
-  the string itself."""
-  named = {'true': True, 'false': False, 'none': None}
-  if text.lower() in named:
-    return named[text.lower()]
-  try:
-    return float(text) if '.' in text else int(text)
-  except ValueError:
-    return text
-
-
 def _parse_options(items) -> Dict[str, Any]:
-  """['remat=dots_saveable', 'scan_layers=True'] -> {name: parse_value}."""
+  """['remat=dots_saveable', 'scan_layers=True'] -> {name: value}."""
+  from vit_jax.models import registry
   out = {}
   for item in items:
     key, sep, text = item.partition('=')
     if not sep or not key:
       raise app.UsageError(f'--model_option {item!r}: expected key=value, '
                            'e.g. remat=dots_saveable')
-    out[key] = parse_value(text)
+    out[key] = registry.parse_option(text)
   return out
 
 

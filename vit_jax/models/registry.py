@@ -99,3 +99,15 @@ def options(name: str, **overrides) -> Spec:
   del kw['cls']
   kw.update(overrides)
   return kw
+
+
+def parse_option(text: str):
+  """A model option's value from command-line text: True / False / None, a
+  number, or the string itself (`--model_option=remat=dots_saveable`)."""
+  named = {'true': True, 'false': False, 'none': None}
+  if text.lower() in named:
+    return named[text.lower()]
+  try:
+    return float(text) if '.' in text else int(text)
+  except ValueError:
+    return text
