@@ -15,24 +15,82 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import re
 import tempfile
 import time
 
 
-def category(name: str) -> str:
+MATMUL = 'matmul (library kernel / dot)'
+REDUCTION = 'fusion with a reduction (LayerNorm, softmax, sums)'
+CONVERT = 'dtype conversion'
+TRANSPOSE = 'transpose / copy'
+ELEMENTWISE = 'other element-wise fusion'
+
+
+def category(name: str, body_ops: frozenset = frozenset()) -> str:
+  """An op's category from what its fused computation does (`body_ops`, the
+  HLO opcodes in it, from `fused_ops`), else from its name."""
+  if body_ops:
+    if body_ops & {'dot', 'convolution'}:
+      return MATMUL if 'dot' in body_ops else 'convolution'
+    if body_ops & {'reduce', 'reduce-window'}:
+      return REDUCTION
+    if body_ops <= {'convert', 'bitcast', 'parameter', 'reshape',
+                    'broadcast', 'constant'}:
+      return CONVERT if 'convert' in body_ops else TRANSPOSE
+    if body_ops <= {'transpose', 'copy', 'bitcast', 'parameter', 'reshape',
+                    'slice', 'concatenate', 'convert', 'broadcast'}:
+      return TRANSPOSE
+    return ELEMENTWISE
   base = name.split('.')[0]
   if 'ynn' in base or 'xnn' in base or base.startswith('dot'):
-    return 'matmul (library kernel / dot)'
+    return MATMUL
   if base.startswith('convolution'):
     return 'convolution'
   if 'reduce' in base:
-    return 'fusion with a reduction (LayerNorm, softmax, sums)'
+    return REDUCTION
   if base.startswith(('wrapped_convert', 'convert_convert', 'convert_bitcast',
                       'convert')) and base.count('_') <= 2:
-    return 'dtype conversion'
+    return CONVERT
   if 'transpose' in base or 'copy' in base:
-    return 'transpose / copy'
-  return 'other element-wise fusion'
+    return TRANSPOSE
+  return ELEMENTWISE
+
+
+_HEADER = re.compile(r'^(?:ENTRY )?%?([\w.\-]+) \(.*\{$')
+_INSTR = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) '
+                    r'([a-z][a-z0-9\-]*)\(')
+
+
+def fused_ops(hlo_text: str) -> dict:
+  """{instruction name: frozenset of the HLO opcodes it computes} from a
+  compiled module's text (`as_text()`): a fusion's are those of the
+  computation it calls. YNNPACK fusions hold reductions as well as dots, so
+  fusion names alone mislead."""
+  bodies, current, instrs = {}, None, []
+  for line in hlo_text.splitlines():
+    header = _HEADER.match(line)
+    if header:
+      current = bodies.setdefault(header.group(1), set())
+      continue
+    instr = _INSTR.match(line)
+    if instr:
+      if current is not None:
+        current.add(instr.group(2))
+      calls = re.search(r'calls=%?([\w.\-]+)', line)
+      instrs.append((instr.group(1), instr.group(2),
+                     calls.group(1) if calls else None))
+  skip = {'parameter', 'tuple', 'get-tuple-element'}
+  return {name: frozenset((bodies.get(calls, set()) if op == 'fusion'
+                           else {op}) - skip)
+          for name, op, calls in instrs}
+
+
+def _source(hlo_text: str, name: str) -> str:
+  """The jax operation an HLO instruction came from (its op_name's tail)."""
+  m = re.search(r'%?' + re.escape(name) + r' = [^\n]*op_name="([^"]*)"',
+                hlo_text)
+  return '/'.join(m.group(1).split('/')[-3:]) if m else '?'
 
 
 def main(argv=None):
@@ -77,17 +135,24 @@ def main(argv=None):
           if '::' not in ev.name:  # XLA ops, not the runtime's own events.
             per_op[ev.name] += ev.duration_ns / args.steps
   total = sum(per_op.values())
+  hlo = compiled.as_text()
+  ops = fused_ops(hlo)
   by_cat = collections.Counter()
   for name, ns in per_op.items():
-    by_cat[category(name)] += ns
+    by_cat[category(name, ops.get(name, frozenset()))] += ns
   print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype}: '
         f'{wall:.3f} s/step wall, {total / 1e9:.3f} s of op time (all '
         'threads), per step')
   for cat, ns in by_cat.most_common():
     print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
+    top = [(n, t) for n, t in per_op.most_common()
+           if category(n, ops.get(n, frozenset())) == cat][:3]
+    print('             ' + '; '.join(
+        f'{n} {t / 1e6:.1f} ms ({_source(hlo, n)})' for n, t in top))
   print(f'top {args.top} ops:')
   for name, ns in per_op.most_common(args.top):
-    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}')
+    what = ','.join(sorted(ops.get(name, ())))
+    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}  [{what}]')
 
 
 if __name__ == '__main__':

@@ -116,3 +116,22 @@ def test_variants_benchmark_runs():
   for v in ('False', 'nothing_saveable'):
     assert f'remat={v}' in out.stdout and 'temporaries' in out.stdout
   assert 'img/s per round' in out.stdout
+
+
+def test_op_profile_categorises_ops_by_what_they_compute():
+  """XLA:CPU names reductions it hands to YNNPACK `ynn_fusion` like its
+  matmuls; the profile's categories come from the compiled HLO instead."""
+  import jax
+  import jax.numpy as jnp
+  from benchmarks import op_profile
+  y = jnp.ones((8, 197, 64))
+  text = jax.jit(lambda y: y.sum((0, 1))).lower(y).compile().as_text()
+  ops = op_profile.fused_ops(text)
+  reductions = {n: o for n, o in ops.items() if 'reduce' in o}
+  assert any(n.startswith('ynn_fusion') for n in reductions)  # The trap.
+  assert reductions and all(op_profile.category(n, o) == op_profile.REDUCTION
+                            for n, o in reductions.items())
+  text = jax.jit(lambda a, b: a @ b).lower(y[0], y[0].T).compile().as_text()
+  ops = op_profile.fused_ops(text)
+  assert op_profile.MATMUL in {op_profile.category(n, o)
+                               for n, o in ops.items()}
