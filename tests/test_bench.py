@@ -104,17 +104,17 @@ def test_model_options_parsed_and_bad_ones_named():
 
 
 def test_variants_benchmark_runs():
-  """`python -m benchmarks.variants` (docs/models.md's remat table): memory
-  of each value, then interleaved timing rounds."""
+  """`python -m benchmarks.variants` (docs/models.md's remat table) runs:
+  the memory of each value (timing skipped: compiles only)."""
   out = subprocess.run(
       [sys.executable, '-m', 'benchmarks.variants', '--option=remat',
        '--values=nothing_saveable', '--model=ViT-test', '--batch=2',
-       '--time_model=ViT-test', '--time_batch=2', '--rounds=1', '--steps=1'],
+       '--time_model='],
       capture_output=True, text=True, cwd=ROOT,
       env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode == 0, out.stderr[-3000:]
   assert 'remat=nothing_saveable' in out.stdout
-  assert 'temporaries' in out.stdout and 'img/s per round' in out.stdout
+  assert 'temporaries' in out.stdout
 
 
 def test_op_profile_categorises_ops_by_what_they_compute():

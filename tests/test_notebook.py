@@ -4,6 +4,8 @@ fine-tuning from it, accounting, tables, loading the result, .npz export."""
 import json
 import os
 
+import pytest
+
 import nbclient
 import nbformat
 
@@ -13,6 +15,7 @@ NOTEBOOK = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'docs', 'colab.ipynb')
 
 
+@pytest.mark.slow  # ~60 s; suite budget (the same APIs run in test_docs).
 def test_colab_notebook_smoke_on_cpu(tmp_path, monkeypatch):
   nb = nbformat.read(NOTEBOOK, as_version=4)
   code = [c for c in nb.cells if c.cell_type == 'code']
