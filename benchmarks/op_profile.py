@@ -137,16 +137,16 @@ def main(argv=None):
   total = sum(per_op.values())
   hlo = compiled.as_text()
   ops = fused_ops(hlo)
+  cats = {name: category(name, ops.get(name, frozenset())) for name in per_op}
   by_cat = collections.Counter()
   for name, ns in per_op.items():
-    by_cat[category(name, ops.get(name, frozenset()))] += ns
+    by_cat[cats[name]] += ns
   print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype}: '
         f'{wall:.3f} s/step wall, {total / 1e9:.3f} s of op time (all '
         'threads), per step')
   for cat, ns in by_cat.most_common():
     print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
-    top = [(n, t) for n, t in per_op.most_common()
-           if category(n, ops.get(n, frozenset())) == cat][:3]
+    top = [(n, t) for n, t in per_op.most_common() if cats[n] == cat][:3]
     print('             ' + '; '.join(
         f'{n} {t / 1e6:.1f} ms ({_source(hlo, n)})' for n, t in top))
   print(f'top {args.top} ops:')

@@ -18,8 +18,8 @@ pass reaches it. It also can never be merged with the forward pass's
 identical ops. A NaN or infinite cotangent makes the gradient NaN, which it
 would be anyway.
 
-Callers: the encoder's LayerNorm, GELU and XLA attention
-(`recompute_internals`, `vit_jax.models.vit`).
+Callers: the encoder's LayerNorm, XLA attention and the MLP's GELU +
+second Dense (`recompute_internals`, `vit_jax.models.vit`).
 """
 
 from __future__ import annotations
