@@ -109,11 +109,11 @@ def test_hybrid_needs_multiple_of_16():
 
 
 def _dtypes_of_intermediates(model, params, x):
-  from vit_jax.models.vit import _DenseParams  # Returns parameters (float32).
+  from vit_jax.models.dense import DenseParams  # Returns parameters (float32).
   _, state = model.apply(
       {'params': params}, x, mutable=['intermediates'],
       capture_intermediates=lambda m, method: (
-          method == '__call__' and not isinstance(m, _DenseParams)))
+          method == '__call__' and type(m) is not DenseParams))
   out = {}
   for path, v in jax.tree_util.tree_flatten_with_path(
       state['intermediates'])[0]:
@@ -352,3 +352,30 @@ def test_weight_standardisation_matches_reference_formula(bit):
   got = conv.apply({'params': {'kernel': jnp.asarray(k, jnp.float32)}}, x)
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
   assert np.abs(np.asarray(want)).max() > 1  # Not a degenerate kernel.
+
+
+@pytest.mark.parametrize('features,in_axes', [(6, 1), ((2, 3), 1), (5, 2)])
+def test_dense_has_flax_parameters_and_a_float32_bias_gradient(features,
+                                                               in_axes):
+  """`models.dense.Dense` is flax's DenseGeneral (same parameters from the
+  same key, same outputs); in bf16 its bias gradient is the float32 sum of
+  the cotangent, not a bf16 one."""
+  from vit_jax.models import dense
+  x = jax.random.normal(jax.random.key(1), (3, 7, 4, 2))
+  init = dict(kernel_init=nn.initializers.xavier_uniform(),
+              bias_init=nn.initializers.normal(stddev=0.5))
+  names = (None,) * (in_axes + len(np.atleast_1d(features)))
+  ours = dense.Dense(features, names, in_axes=in_axes, **init)
+  theirs = nn.DenseGeneral(features, axis=tuple(range(-in_axes, 0)), **init)
+  params = ours.init(jax.random.key(0), x)
+  chex.assert_trees_all_equal(nn.meta.unbox(params),
+                              theirs.init(jax.random.key(0), x))
+  np.testing.assert_allclose(ours.apply(params, x), theirs.apply(params, x),
+                             rtol=1e-6)
+  kernel, bias = nn.meta.unbox(params)['params'].values()
+  g = jax.random.normal(jax.random.key(2), (3, 7, 4, 2)[:4 - in_axes] +
+                        np.shape(bias)).astype(jnp.bfloat16)
+  xb = x.astype(jnp.bfloat16)
+  _, vjp = jax.vjp(lambda b: dense.apply(xb, kernel, b, jnp.bfloat16), bias)
+  lead = tuple(range(g.ndim - np.ndim(bias)))
+  np.testing.assert_array_equal(vjp(g)[0], g.astype(jnp.float32).sum(lead))

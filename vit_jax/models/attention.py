@@ -19,14 +19,19 @@ exported on a CPU host for a TPU is the TPU program.
 
 from __future__ import annotations
 
+import functools
 import logging
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.models import dense
 from vit_jax.models import matmul
 from vit_jax.models import recompute
+
+Dtype = Any
 
 IMPLEMENTATIONS = ('xla', 'cudnn', 'explicit')
 CHOICES = ('auto',) + IMPLEMENTATIONS
@@ -88,3 +93,48 @@ def attention_fn(impl: str, recompute: bool = False):
     return (_xla_recomputed if recompute else _xla)(query, key, value, mask)
 
   return fn
+
+
+class MultiHeadDotProductAttention(nn.Module):
+  """Multi-head self-attention with flax's `nn.MultiHeadDotProductAttention`
+  parameters (`query`, `key`, `value`: kernel (embed, heads, head_dim), bias
+  (heads, head_dim); `out`: kernel (heads, head_dim, embed), bias (embed))
+  and numbers, its projections applied by `vit_jax.models.dense` (float32
+  bias gradients).
+
+  `impl`: a resolved implementation (`attention_fn`); `sow_weights=True`
+  sows the softmax weights into `intermediates` as `attention_weights`
+  (flax's name, read by `vit_jax.inspect`).
+  """
+  num_heads: int
+  impl: str = 'xla'
+  recompute: bool = False
+  dropout_rate: float = 0.0
+  kernel_init: Callable = nn.initializers.xavier_uniform()
+  bias_init: Callable = nn.initializers.zeros
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, *, deterministic: bool, sow_weights: bool = False):
+    width = x.shape[-1]
+    if width % self.num_heads:
+      raise ValueError(f'hidden size {width} is not divisible by '
+                       f'num_heads={self.num_heads}')
+    heads = (self.num_heads, width // self.num_heads)
+    project = functools.partial(
+        dense.Dense, heads, ('embed', 'heads', 'kv'),
+        kernel_init=self.kernel_init, bias_init=self.bias_init,
+        dtype=self.dtype, param_dtype=self.param_dtype)
+    query, key, value = (project(name=n)(x) for n in ('query', 'key', 'value'))
+    dropout = self.dropout_rate > 0.0 and not deterministic
+    fn = attention_fn(self.impl, self.recompute)
+    y = fn(query, key, value,
+           dropout_rng=self.make_rng('dropout') if dropout else None,
+           dropout_rate=self.dropout_rate, broadcast_dropout=False,
+           deterministic=not dropout, dtype=self.dtype,
+           module=self if sow_weights else None)
+    return dense.Dense(width, ('heads', 'kv', 'embed'), in_axes=2,
+                       kernel_init=self.kernel_init,
+                       bias_init=self.bias_init, dtype=self.dtype,
+                       param_dtype=self.param_dtype, name='out')(y)

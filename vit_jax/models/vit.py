@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models import attention, matmul, recompute, registry
+from vit_jax.models import attention, dense, matmul, recompute, registry
 from vit_jax.models import remat as remat_lib
 from vit_jax.models import resnet
 from vit_jax.models.partitioning import Module, with_axes
@@ -98,24 +98,6 @@ class LayerNorm(nn.Module):
         x, scale, bias)
 
 
-class _DenseParams(nn.Module):
-  """The kernel and bias an `nn.Dense` with these settings would create,
-  under this module's name, for a caller that applies the Dense as a
-  function of them (`MlpBlock`)."""
-  features: int
-  kernel_init: Any
-  bias_init: Any
-  param_dtype: Dtype = jnp.float32
-
-  @nn.compact
-  def __call__(self, in_features: int):
-    kernel = self.param('kernel', self.kernel_init,
-                        (in_features, self.features), self.param_dtype)
-    bias = self.param('bias', self.bias_init, (self.features,),
-                      self.param_dtype)
-    return kernel, bias
-
-
 class MlpBlock(nn.Module):
   """Dense -> GELU -> dropout -> Dense -> dropout.
 
@@ -135,25 +117,20 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
-    def dense(n, axes, **kw):
-      return nn.Dense(
-          n, dtype=self.dtype, param_dtype=self.param_dtype,
-          dot_general=matmul.dot_general,
-          kernel_init=with_axes(nn.initializers.xavier_uniform(), axes),
-          bias_init=with_axes(nn.initializers.normal(stddev=1e-6), axes[1:]),
-          **kw)
+    def layer(n, axes, name, cls=dense.Dense):
+      return cls(n, axes, kernel_init=nn.initializers.xavier_uniform(),
+                         bias_init=nn.initializers.normal(stddev=1e-6),
+                         dtype=self.dtype, param_dtype=self.param_dtype,
+                         name=name)
     out_dim = x.shape[-1]
-    x = dense(self.mlp_dim, ('embed', 'mlp'))(x)
+    x = layer(self.mlp_dim, ('embed', 'mlp'), 'Dense_0')(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
-    # The second Dense, applied as a function of its parameters (the same
-    # names and numbers as the module) so it can be recomputed with the GELU.
-    out = dense(out_dim, ('mlp', 'embed'), parent=None)
-    kernel, bias = _DenseParams(out_dim, out.kernel_init, out.bias_init,
-                                self.param_dtype, name='Dense_1')(
-                                    self.mlp_dim)
+    # The second Dense's parameters, applied by a function of them so that
+    # it can be recomputed with the GELU.
+    kernel, bias = layer(out_dim, ('mlp', 'embed'), 'Dense_1',
+                         dense.DenseParams)(x.shape[-1:])
     gelu = functools.partial(nn.gelu, approximate=self.gelu_approximate)
-    project = lambda y, k, b: out.apply({'params': {'kernel': k, 'bias': b}},
-                                        y)
+    project = functools.partial(dense.apply, dtype=self.dtype)
     maybe = recompute.recompute if self.recompute_internals else (lambda f: f)
     if self.dropout_rate > 0.0 and not deterministic:
       x = nn.Dropout(rate=self.dropout_rate)(maybe(gelu)(x),
@@ -190,21 +167,13 @@ class Encoder1DBlock(nn.Module):
     # (the train step maps 'batch' to the data axes, 'mlp' to 'model').
     x = nn.with_logical_constraint(x, ('batch', 'length', 'embed'))
     y = norm(0)(x)
-    y = nn.MultiHeadDotProductAttention(
-        num_heads=self.num_heads, dtype=self.dtype,
-        param_dtype=self.param_dtype,
-        kernel_init=with_axes(nn.initializers.xavier_uniform(),
-                              ('embed', 'heads', 'kv')),
-        bias_init=with_axes(nn.initializers.zeros, ('heads', 'kv')),
-        out_kernel_init=with_axes(nn.initializers.xavier_uniform(),
-                                  ('heads', 'kv', 'embed')),
-        out_bias_init=with_axes(nn.initializers.zeros, ('embed',)),
-        qkv_dot_general=matmul.dot_general,
-        out_dot_general=matmul.dot_general,
-        attention_fn=attention.attention_fn(
-            self.attention_impl, recompute=self.recompute_internals),
-        broadcast_dropout=False, dropout_rate=self.attention_dropout_rate,
-        deterministic=deterministic)(y, y, sow_weights=self.capture_attention)
+    y = attention.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, impl=self.attention_impl,
+        recompute=self.recompute_internals,
+        dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
+        param_dtype=self.param_dtype)(
+            y, deterministic=deterministic,
+            sow_weights=self.capture_attention)
     y = nn.Dropout(rate=self.dropout_rate)(y, deterministic=deterministic)
     x = x + DropPath()(y, drop_path, deterministic=deterministic)
     y = norm(1)(x)

@@ -1,0 +1,126 @@
+"""Dense layers with a float32 bias gradient: flax's `nn.Dense` /
+`nn.DenseGeneral` parameters, applied by our own function.
+
+`Dense` creates exactly the parameters flax's `DenseGeneral` would under the
+same name (`kernel` of shape in_shape + features, `bias` of shape features,
+the initialisers applied to the flattened 2-D / 1-D shapes, the same
+random keys), so checkpoints and converters see no difference. It applies
+them with `apply`: the kernel product through the project's mixed-precision
+`matmul.dot_general`, then `add_bias`.
+
+Why not flax's own: flax adds a bf16 bias (cast from the float32 parameter)
+to the bf16 product, so autodiff sums the bias gradient over batch x tokens
+in bf16. XLA:CPU runs such bf16 reductions as slow loops (ViT-B/16 batch 8:
+~18 ms for one MLP bias, against 1.5 ms for the same sum in float32, ~0.4 s
+of a 3.6 s bf16 train step, docs/performance.md) and bf16 accumulation over
+thousands of terms loses precision. `add_bias` computes the same forward
+sum, and in the backward pass sums the cotangent in float32 (what TPUs and
+GPUs accumulate in anyway). For float32 activations it is plain autodiff.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from vit_jax.models import matmul
+from vit_jax.models.partitioning import with_axes
+
+Dtype = Any
+
+
+@jax.custom_vjp
+def add_bias(y, bias):
+  """y + bias (broadcast over y's leading axes, cast to y's dtype); the bias
+  gradient is summed in float32 and cast to the bias's dtype."""
+  return y + bias.astype(y.dtype)
+
+
+def _add_bias_fwd(y, bias):
+  return add_bias(y, bias), bias
+
+
+def _add_bias_bwd(bias, g):
+  lead = tuple(range(g.ndim - bias.ndim))
+  return g, jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias.dtype)
+
+
+add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+
+
+def apply(x, kernel, bias, dtype: Optional[Dtype] = None):
+  """flax DenseGeneral's computation: x's trailing `kernel.ndim - bias.ndim`
+  axes contracted with the kernel's leading ones, then the bias; operands
+  cast to `dtype` (the kernel and bias dtypes' promotion with x's if None)."""
+  dtype = dtype or jnp.result_type(x, kernel, bias)
+  n = kernel.ndim - (bias.ndim if bias is not None else 0)
+  contract = tuple(range(x.ndim - n, x.ndim))
+  y = matmul.dot_general(x.astype(dtype), kernel.astype(dtype),
+                         ((contract, tuple(range(n))), ((), ())))
+  return y if bias is None else add_bias(y, bias)
+
+
+def _flat(init: Callable, n_in: int) -> Callable:
+  """`init` applied to the (prod(in), prod(out)) shape (1-D for a bias:
+  n_in=0) and reshaped, as flax's DenseGeneral initialises."""
+
+  def flat(key, shape, dtype=jnp.float32):
+    shape = tuple(shape)
+    if n_in:
+      two_d = (math.prod(shape[:n_in]), math.prod(shape[n_in:]))
+    else:
+      two_d = (math.prod(shape),)
+    return jnp.reshape(init(key, two_d, dtype), shape)
+  return flat
+
+
+class DenseParams(nn.Module):
+  """The kernel and bias `nn.DenseGeneral(features, axis=(-in_axes..-1))`
+  would create (same names, shapes, initialisation), returned as
+  (kernel, bias) for a caller that applies them with `apply` inside a
+  function of its own (`vit.MlpBlock` recomputes its second Dense).
+
+  `axes`: logical names of the kernel's axes (input axes, then features);
+  the bias takes the features' names.
+  """
+  features: Union[int, Sequence[int]]
+  axes: Sequence[Optional[str]]
+  kernel_init: Callable = nn.initializers.lecun_normal()
+  bias_init: Callable = nn.initializers.zeros
+  in_axes: int = 1
+  dtype: Optional[Dtype] = None
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, in_shape: Sequence[int]) -> Tuple[jax.Array, jax.Array]:
+    return self._create(tuple(in_shape))
+
+  def _create(self, in_shape):
+    features = ((self.features,) if isinstance(self.features, int)
+                else tuple(self.features))
+    if len(in_shape) != self.in_axes or len(self.axes) != self.in_axes + len(
+        features):
+      raise ValueError(f'Dense {self.name}: {len(self.axes)} axis names '
+                       f'{tuple(self.axes)} for a kernel of shape '
+                       f'{in_shape + features} ({self.in_axes} input axes)')
+    kernel = self.param(
+        'kernel', with_axes(_flat(self.kernel_init, self.in_axes), self.axes),
+        in_shape + features, self.param_dtype)
+    bias = self.param(
+        'bias', with_axes(_flat(self.bias_init, 0), self.axes[self.in_axes:]),
+        features, self.param_dtype)
+    return kernel, bias
+
+
+class Dense(DenseParams):
+  """`nn.DenseGeneral(features, axis=(-in_axes..-1))` with the same
+  parameters and numbers, applied by `apply` (float32 bias gradient)."""
+
+  @nn.compact
+  def __call__(self, x):  # pylint: disable=arguments-renamed
+    kernel, bias = self._create(tuple(x.shape[x.ndim - self.in_axes:]))
+    return apply(x, kernel, bias, self.dtype)
