@@ -119,9 +119,8 @@ class MlpBlock(nn.Module):
   def __call__(self, x, *, deterministic: bool):
     def layer(n, axes, name, cls=dense.Dense):
       return cls(n, axes, kernel_init=nn.initializers.xavier_uniform(),
-                         bias_init=nn.initializers.normal(stddev=1e-6),
-                         dtype=self.dtype, param_dtype=self.param_dtype,
-                         name=name)
+                 bias_init=nn.initializers.normal(stddev=1e-6),
+                 dtype=self.dtype, param_dtype=self.param_dtype, name=name)
     out_dim = x.shape[-1]
     x = layer(self.mlp_dim, ('embed', 'mlp'), 'Dense_0')(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
@@ -129,7 +128,9 @@ class MlpBlock(nn.Module):
     # it can be recomputed with the GELU.
     kernel, bias = layer(out_dim, ('mlp', 'embed'), 'Dense_1',
                          dense.DenseParams)(x.shape[-1:])
-    gelu = functools.partial(nn.gelu, approximate=self.gelu_approximate)
+    def gelu(y):  # In float32 whatever the compute dtype: one rounding.
+      return nn.gelu(y.astype(jnp.float32),
+                     approximate=self.gelu_approximate).astype(y.dtype)
     project = functools.partial(dense.apply, dtype=self.dtype)
     maybe = recompute.recompute if self.recompute_internals else (lambda f: f)
     if self.dropout_rate > 0.0 and not deterministic:
