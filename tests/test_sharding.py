@@ -137,15 +137,25 @@ def test_unknown_mesh_axis_in_rules_is_a_clear_error():
                    rules=(('mlp', 'modle'),))
 
 
-@pytest.mark.parametrize('mesh', [
-    pytest.param({'data': 2, 'model': 4}, marks=pytest.mark.slow),
-    {'data': 1, 'fsdp': 4, 'model': 2}], ids=['dp2-tp4', 'fsdp4-tp2'])
-def test_bit_sharded_gradients_match_one_device(mesh):
+_KNOWN_BIT_FAILURE = pytest.mark.xfail(strict=True, reason=(
+    'open bug, found 2026-11-25: with numpy-drawn parameters, batch 4-way x '
+    'model 2-way gives block1 gradients 3.7% off the one-device ones (the '
+    'loss agrees; dp2-tp4, data8, fsdp8 and the one-device float64 agree to '
+    '2e-5); cause not yet found (our rules or XLA SPMD)'))
+
+
+@pytest.mark.parametrize('mesh,init', [
+    pytest.param({'data': 2, 'model': 4}, 'jax', marks=pytest.mark.slow),
+    ({'data': 1, 'fsdp': 4, 'model': 2}, 'jax'),
+    pytest.param({'data': 4, 'model': 2}, 'numpy',
+                 marks=[pytest.mark.slow, _KNOWN_BIT_FAILURE]),
+], ids=['dp2-tp4', 'fsdp4-tp2', 'dp4-tp2-numpy-init'])
+def test_bit_sharded_gradients_match_one_device(mesh, init):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
              XLA_FLAGS='--xla_force_host_platform_device_count=8')
   out = subprocess.run(
-      [sys.executable, os.path.join(HERE, 'tp_grads.py'), json.dumps(mesh)],
-      capture_output=True, text=True, env=env)
+      [sys.executable, os.path.join(HERE, 'tp_grads.py'), json.dumps(mesh),
+       init], capture_output=True, text=True, env=env)
   assert out.returncode == 0, out.stderr[-3000:]
   res = json.loads(out.stdout.strip().splitlines()[-1])
   assert res['devices'] == 8 and res['conv_spec'][-1] == 'model'
