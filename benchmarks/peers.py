@@ -3,6 +3,7 @@
     python -m benchmarks.peers [--model=ViT-B/16] [--batch=8] [--image_size=224]
         [--dtypes=float32,bfloat16] [--modes=train,infer] [--rounds=2]
         [--steps=5] [--peers=ours,flax_default,hf,timm] [--json=out.json]
+        # peers: any of ours, flax_default, hf, timm, timm_compile
 
 Every measurement runs in a fresh process (so that each reports its own peak
 resident memory), one implementation after the other within a round, the
@@ -21,7 +22,12 @@ clipping at 1; infer = logits, no gradient):
   hf            Hugging Face `transformers` ViTForImageClassification, PyTorch
                 (`torch.autocast` bf16 for bf16, the PyTorch AMP convention)
   timm          `timm` vit_*_patch*_* , PyTorch, same conventions as hf
+  timm_compile  the same timm model under `torch.compile` (compiled during
+                the warm-up steps; give it --warmup >= 2)
 A peer whose package is missing is reported as unavailable, with the reason.
+On a machine with a GPU, JAX and PyTorch both run there (PyTorch on `cuda`,
+timed after `torch.cuda.synchronize()`), and each row also reports the
+device's peak memory (JAX `memory_stats`, `torch.cuda.max_memory_allocated`).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ import time
 from typing import Any, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERS = ('ours', 'flax_default', 'hf', 'timm')
+PEERS = ('ours', 'flax_default', 'hf', 'timm', 'timm_compile')
 
 # vit_jax zoo name -> (hidden, mlp, heads, layers, patch) and timm name.
 _DIMS = {'Ti': (192, 768, 3, 12), 'S': (384, 1536, 6, 12),
@@ -74,9 +80,13 @@ def _jax(args, flax_default: bool) -> Dict[str, Any]:
     res = bench.bench_train_step(args.model, args.batch, **kw)
   else:
     res = bench.bench_infer(args.model, args.batch, **kw)
-  return {'img_per_s': res['img_per_s'], 'compile_s': res['compile_s'],
-          'cpu_matmul_form': res.get('cpu_matmul_form'),
-          'peak_host_memory_gb': _peak_rss_gb()}
+  out = {'img_per_s': res['img_per_s'], 'compile_s': res['compile_s'],
+         'cpu_matmul_form': res.get('cpu_matmul_form'),
+         'device_kind': res['device_kind'],
+         'peak_host_memory_gb': _peak_rss_gb()}
+  if 'peak_device_memory_gb' in res:
+    out['peak_device_memory_gb'] = res['peak_device_memory_gb']
+  return out
 
 
 def _torch(args, kind: str) -> Dict[str, Any]:
@@ -96,10 +106,16 @@ def _torch(args, kind: str) -> Dict[str, Any]:
         f'vit_{timm_width}_patch{patch}_{args.image_size}', pretrained=False,
         num_classes=args.num_classes, img_size=args.image_size)
     forward = model
-  x = torch.rand(args.batch, 3, args.image_size, args.image_size) * 2 - 1
-  y = torch.randint(0, args.num_classes, (args.batch,))
-  amp = torch.autocast('cpu', dtype=torch.bfloat16,
+    if kind == 'timm_compile':
+      forward = torch.compile(model)
+  device = 'cuda' if torch.cuda.is_available() else 'cpu'
+  model.to(device)
+  x = (torch.rand(args.batch, 3, args.image_size, args.image_size) * 2 - 1
+       ).to(device)
+  y = torch.randint(0, args.num_classes, (args.batch,)).to(device)
+  amp = torch.autocast(device, dtype=torch.bfloat16,
                        enabled=args.dtype == 'bfloat16')
+  sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
   if args.mode == 'train':
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
@@ -121,11 +137,17 @@ def _torch(args, kind: str) -> Dict[str, Any]:
   for i in range(args.warmup + args.steps):
     t = time.perf_counter()
     step()
+    sync()
     if i >= args.warmup:
       times.append(time.perf_counter() - t)
-  return {'img_per_s': args.batch / statistics.median(times),
-          'torch_threads': torch.get_num_threads(),
-          'peak_host_memory_gb': _peak_rss_gb()}
+  out = {'img_per_s': args.batch / statistics.median(times),
+         'torch_threads': torch.get_num_threads(),
+         'device_kind': (torch.cuda.get_device_name() if device == 'cuda'
+                         else 'cpu'),
+         'peak_host_memory_gb': _peak_rss_gb()}
+  if device == 'cuda':
+    out['peak_device_memory_gb'] = torch.cuda.max_memory_allocated() / 2**30
+  return out
 
 
 def _child(args) -> Dict[str, Any]:
@@ -162,8 +184,21 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def gpu_name() -> str | None:
+  """The first NVIDIA GPU's name (nvidia-smi), or None."""
+  try:
+    out = subprocess.run(['nvidia-smi', '--query-gpu=name,memory.total',
+                          '--format=csv,noheader'], capture_output=True,
+                         text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  lines = out.stdout.strip().splitlines()
+  return f'{len(lines)} x {lines[0]}' if out.returncode == 0 and lines else None
+
+
 def _unavailable(peer: str) -> str | None:
-  modules = {'hf': ('torch', 'transformers'), 'timm': ('torch', 'timm')}
+  modules = {'hf': ('torch', 'transformers'), 'timm': ('torch', 'timm'),
+             'timm_compile': ('torch', 'timm')}
   for module in modules.get(peer, ()):
     out = subprocess.run([sys.executable, '-c', f'import {module}'],
                          capture_output=True, text=True)
@@ -196,7 +231,8 @@ def compare(args) -> Dict[str, Any]:
   missing = {p: _unavailable(p) for p in peers}
   rows: Dict[str, List[Dict[str, Any]]] = {}
   meta = {'date': datetime.datetime.now(datetime.timezone.utc).strftime(
-      '%Y-%m-%d %H:%M UTC'), 'machine': cpu_name(),
+      '%Y-%m-%d %H:%M UTC'),
+          'machine': ', '.join(filter(None, (gpu_name(), cpu_name()))),
           'versions': _versions(), 'load_before': os.getloadavg(),
           'command': 'python -m benchmarks.peers ' + ' '.join(sys.argv[1:])}
   for r in range(args.rounds):
@@ -228,7 +264,8 @@ def table(result: Dict[str, Any], args) -> str:
       f'after; ' + ', '.join(f'{k} {v}' for k, v in meta['versions'].items()),
       f'Command: `{meta["command"]}`', '',
       '| implementation | mode | dtype | img/s per round | vs ours (same '
-      'round) | peak host memory GB |', '|---|---|---|---|---|---|']
+      'round) | peak host memory GB | peak device memory GB |',
+      '|---|---|---|---|---|---|---|']
   for key, runs in rows.items():
     peer, mode, dtype = key.split('|')
     ours = rows.get(f'ours|{mode}|{dtype}', [])
@@ -236,12 +273,15 @@ def table(result: Dict[str, Any], args) -> str:
     ratios = [f'{s / o["img_per_s"]:.2f}' for s, o in zip(speeds, ours)
               if s and o.get('img_per_s')]
     mem = max((r.get('peak_host_memory_gb', 0) for r in runs), default=0)
+    dev = [r['peak_device_memory_gb'] for r in runs
+           if 'peak_device_memory_gb' in r]
     form = runs[0].get('cpu_matmul_form') if peer == 'ours' else None
     name = peer + (f' (CPU matmul form {form})' if form else '')
     lines.append(
         f'| {name} | {mode} | {dtype} | '
         + ', '.join('error' if s is None else f'{s:.2f}' for s in speeds)
-        + f' | {", ".join(ratios) if peer != "ours" else "1"} | {mem:.2f} |')
+        + f' | {", ".join(ratios) if peer != "ours" else "1"} | {mem:.2f} | '
+        + (f'{max(dev):.2f} |' if dev else '- |'))
   for peer, why in result['unavailable'].items():
     lines.append(f'\n{peer}: unavailable ({why})')
   return '\n'.join(lines)
@@ -255,7 +295,7 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--num_classes', type=int, default=1000)
   p.add_argument('--dtypes', default='float32,bfloat16')
   p.add_argument('--modes', default='train,infer')
-  p.add_argument('--peers', default=','.join(PEERS))
+  p.add_argument('--peers', default='ours,flax_default,hf,timm')
   p.add_argument('--rounds', type=int, default=2)
   p.add_argument('--steps', type=int, default=5)
   p.add_argument('--warmup', type=int, default=2)

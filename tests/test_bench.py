@@ -70,8 +70,10 @@ def test_peers_table_ratios_per_round():
   rows = {
       'ours|train|float32': [{'img_per_s': 2.0, 'peak_host_memory_gb': 3.0},
                              {'img_per_s': 1.0, 'peak_host_memory_gb': 3.2}],
-      'hf|train|float32': [{'img_per_s': 1.0, 'peak_host_memory_gb': 2.5},
-                           {'img_per_s': 1.5, 'peak_host_memory_gb': 2.4}],
+      'hf|train|float32': [{'img_per_s': 1.0, 'peak_host_memory_gb': 2.5,
+                            'peak_device_memory_gb': 17.7},
+                           {'img_per_s': 1.5, 'peak_host_memory_gb': 2.4,
+                            'peak_device_memory_gb': 17.5}],
       'ours|train|bfloat16': [
           {'img_per_s': 3.0, 'peak_host_memory_gb': 2.0,
            'cpu_matmul_form': 'bf16'}, {'error': 'boom'}],
@@ -81,8 +83,9 @@ def test_peers_table_ratios_per_round():
           'command': 'python -m benchmarks.peers'}
   text = peers.table({'meta': meta, 'rows': rows,
                       'unavailable': {'timm': 'import timm fails'}}, args)
-  assert '| ours | train | float32 | 2.00, 1.00 | 1 | 3.20 |' in text
-  assert '| hf | train | float32 | 1.00, 1.50 | 0.50, 1.50 | 2.50 |' in text
+  assert '| ours | train | float32 | 2.00, 1.00 | 1 | 3.20 | - |' in text
+  assert ('| hf | train | float32 | 1.00, 1.50 | 0.50, 1.50 | 2.50 | 17.70 |'
+          in text)
   assert ('| ours (CPU matmul form bf16) | train | bfloat16 | 3.00, error |'
           in text)
   assert 'timm: unavailable (import timm fails)' in text
@@ -134,3 +137,46 @@ def test_op_profile_categorises_ops_by_what_they_compute():
   ops = op_profile.fused_ops(text)
   assert op_profile.MATMUL in {op_profile.category(n, o)
                                for n, o in ops.items()}
+
+
+def test_max_batch_stops_at_the_first_failure_and_names_the_largest(
+    monkeypatch, capsys):
+  from benchmarks import max_batch
+  tried = []
+
+  def run_one(args, batch):
+    tried.append(batch)
+    if batch >= 8:
+      return {'batch': batch, 'error': 'RESOURCE_EXHAUSTED: Out of memory'}
+    return {'batch': batch, 'img_per_s': 10.0 * batch, 'compile_s': 3.0,
+            'device_kind': 'fake', 'mfu_nominal': 0.25,
+            'peak_device_memory_gb': batch / 2}
+
+  monkeypatch.setattr(max_batch, 'run_one', run_one)
+  max_batch.main(['--batches=16,4,8,2'])
+  out = capsys.readouterr().out
+  assert tried == [2, 4, 8]  # Ascending; nothing after the failure.
+  assert '| 4 | 40.0 | 25.0% | 2.0 | 3 |' in out
+  assert '| 8 | failed: RESOURCE_EXHAUSTED' in out
+  assert 'largest batch that ran: 4' in out
+
+
+def test_loss_curves_compare_across_backends(tmp_path, capsys):
+  """The curve runs the real train step on real digits, no TensorFlow; a
+  curve compares equal to itself and a drifted one fails --rtol."""
+  import pytest
+  from benchmarks import losses
+  batch = next(losses.digits_batches(8, 32, 1))
+  assert batch['image'].shape == (8, 32, 32, 3)
+  assert batch['image'].min() == -1.0 and batch['image'].max() == 1.0
+  path = tmp_path / 'cpu.json'
+  losses.main(['--model=ViT-Ti/16', '--image_size=32', '--batch=8',
+               '--steps=2', f'--json={path}'])
+  curve = json.loads(path.read_text())
+  assert len(curve['losses']) == 2 and curve['backend'] == 'cpu'
+  assert abs(curve['losses'][0] - 2.3026) < 0.05  # ln(10): a fresh head.
+  drifted = dict(curve, losses=[x * 1.02 for x in curve['losses']])
+  assert losses.compare(curve, curve, rtol=1e-2)
+  assert not losses.compare(drifted, curve, rtol=1e-2)
+  with pytest.raises(SystemExit, match='batch 16 vs 8'):
+    losses.compare(dict(curve, batch=16), curve, rtol=1e-2)

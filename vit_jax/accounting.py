@@ -68,12 +68,30 @@ def param_count(name: str, num_classes: int = 1000, image_size=224,
 def _forward_flops(name, image_size, num_classes, overrides):
   model, params, images = _abstract(name, num_classes, image_size,
                                     **dict(overrides))
+  return _flops(model, params, images)
+
+
+def _flops(model, params, images) -> float | None:
+  """XLA's cost analysis of the forward pass, traced on the host's CPU
+  device wherever this runs (where JAX has one): the count is the model's, not a backend's (GPU
+  backends count nothing for a fused kernel's custom call). The lowered
+  module's analysis where JAX gives one, else the compiled module's; None
+  where neither does."""
+  try:
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices('cpu')[0])
+    on_cpu = lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype, sharding=cpu)
+  except RuntimeError:  # JAX_PLATFORMS without cpu: the default device.
+    on_cpu = lambda t: t
   lowered = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(
-      params, images)
-  cost = lowered.cost_analysis()
-  if isinstance(cost, (list, tuple)):  # Older JAX returned one per device.
-    cost = cost[0]
-  return float(cost['flops'])
+      jax.tree.map(on_cpu, params), on_cpu(images))
+  for analyse in (lowered.cost_analysis,
+                  lambda: lowered.compile().cost_analysis()):
+    cost = analyse()
+    if isinstance(cost, (list, tuple)):  # Older JAX returned one per device.
+      cost = cost[0] if cost else None
+    if cost and 'flops' in cost:
+      return float(cost['flops'])
+  return None
 
 
 def forward_flops(name: str, image_size=224, num_classes: int = 1000,
@@ -81,10 +99,14 @@ def forward_flops(name: str, image_size=224, num_classes: int = 1000,
   """Forward FLOPs per image from XLA's cost analysis of the real model.
 
   Counts every HLO op (matmuls with multiply-add = 2, plus normalisations,
-  activations and softmax), so it is slightly above `analytic_forward_flops`.
+  activations and softmax), so it is slightly above `analytic_forward_flops`,
+  which it falls back to where this JAX gives no cost analysis.
   """
-  return _forward_flops(name, image_size, num_classes,
-                        tuple(sorted(overrides.items())))
+  flops = _forward_flops(name, image_size, num_classes,
+                         tuple(sorted(overrides.items())))
+  if flops is None:
+    return analytic_forward_flops(name, image_size, num_classes, **overrides)
+  return flops
 
 
 def module_forward_flops(model, image_shape: Sequence[int]) -> float:
@@ -94,11 +116,12 @@ def module_forward_flops(model, image_shape: Sequence[int]) -> float:
   images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
   params = jax.eval_shape(
       lambda x: model.init(jax.random.key(0), x), images)['params']
-  cost = jax.jit(lambda p, x: model.apply({'params': p}, x)).lower(
-      params, images).cost_analysis()
-  if isinstance(cost, (list, tuple)):
-    cost = cost[0]
-  return float(cost['flops'])
+  flops = _flops(model, params, images)
+  if flops is None:
+    raise RuntimeError('XLA gave no cost analysis for this module, lowered '
+                       f'or compiled (jax {jax.__version__}); its FLOPs are '
+                       'unknown')
+  return flops
 
 
 def mpp_forward_flops(name: str, image_size=224, *, target: str = 'colour',

@@ -159,7 +159,7 @@ def compiled_memory(compiled) -> Dict[str, Any]:
 
 def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
            accum_steps, optimizer: bool, objective: str = 'supervised',
-           model_options=None):
+           model_options=None, lr: float = 1e-3):
   """(model, mesh, tx, lr_fn, state, state shardings, device batch)."""
   import jax
   import numpy as np
@@ -181,7 +181,7 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
     model = selfsup.from_vit(model)
   if optimizer:
     tx, lr_fn = optim.make(optim.Settings(
-        name='adam', lr=1e-3, warmup_steps=0, decay='constant',
+        name='adam', lr=lr, warmup_steps=0, decay='constant',
         weight_decay=0.1, grad_clip_norm=1.0), 1000)
   else:
     tx, lr_fn = optax.identity(), None

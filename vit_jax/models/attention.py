@@ -5,8 +5,10 @@ The encoder blocks' `attention_impl` picks one of:
   * "xla": `jax.nn.dot_product_attention` (XLA's fused attention on every
     platform; the softmax weights are never handed back to the caller);
   * "cudnn": the same call with cuDNN flash attention (NVIDIA GPUs, bf16 or
-    fp16 compute; cuDNN must be present when the step is traced). Where cuDNN
-    refuses the shapes, the block falls back to "xla" with a warning;
+    fp16 compute; cuDNN must be present when the step is traced). Odd
+    sequence lengths (a ViT's 197 tokens) are padded to even ones, which
+    cuDNN's backward pass needs (`even_lengths`). Where cuDNN refuses the
+    shapes, the block falls back to "xla" with a warning;
   * "explicit": softmax weights as an array (flax's `dot_product_attention`
     with the project's mixed-precision matmul). Used whenever a caller needs
     the weights (`vit_jax.inspect`) or attention dropout is active in training.
@@ -54,6 +56,33 @@ def resolve(impl: str | None, platform: str, dtype) -> str:
   return 'cudnn' if platform in ('gpu', 'cuda') and half else 'xla'
 
 
+def even_lengths(query, key, value, mask, implementation: str):
+  """`jax.nn.dot_product_attention` with odd sequence lengths padded by one.
+
+  cuDNN's flash attention has no backward pass for an odd query or key
+  length, and a ViT's is odd (196 patches + the class token). Without a mask,
+  an odd length gets one zero query row, sliced off the output, and one zero
+  key and value that the kernel's own padding mask (`key_value_seq_lengths`)
+  hides: every query attends to exactly its keys, so outputs and gradients
+  are those of the unpadded call. q, k, v: (batch, length, heads, head_dim).
+  """
+  t, s = query.shape[1], key.shape[1]
+  if mask is not None or (t % 2 == 0 and s % 2 == 0):
+    return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                        implementation=implementation)
+
+  def pad(x):
+    return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)))
+
+  b = query.shape[0]
+  out = jax.nn.dot_product_attention(
+      pad(query), pad(key), pad(value),
+      query_seq_lengths=jnp.full((b,), t, jnp.int32),
+      key_value_seq_lengths=jnp.full((b,), s, jnp.int32),
+      implementation=implementation)
+  return out[:, :t]
+
+
 def _xla(query, key, value, mask):
   return jax.nn.dot_product_attention(query, key, value, mask=mask,
                                       implementation='xla')
@@ -85,8 +114,7 @@ def attention_fn(impl: str, recompute: bool = False):
           module=module, einsum_dot_general=matmul.dot_general)
     if impl == 'cudnn':
       try:
-        return jax.nn.dot_product_attention(query, key, value, mask=mask,
-                                            implementation='cudnn')
+        return even_lengths(query, key, value, mask, 'cudnn')
       except (RuntimeError, ValueError, NotImplementedError) as e:
         logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
                         "attention_impl='xla'", query.shape, query.dtype, e)
