@@ -117,6 +117,44 @@ def test_cpu_form_from_environment(monkeypatch):
     matmul.reset_cpu_form()
 
 
+def test_cpu_bf16_weight_gradient_of_wide_rows(monkeypatch):
+  """Rows of 4 KiB and more (the MLP's GELU output) are transposed inside a
+  conditional so that XLA:CPU cannot fuse their producer into the transpose
+  (`matmul._transposed`); the weight gradient is still the float32 sum
+  rounded once, narrow rows keep the barrier, and a NaN first element still
+  gives a NaN gradient."""
+  monkeypatch.setenv(matmul.ENV, 'bf16')
+  matmul.reset_cpu_form()
+  try:
+    for k, wide in ((2048, True), (1024, False)):
+      x, w = _inputs(5, (2, 40, k), (k, 16))
+      xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+      c = jax.random.normal(jax.random.key(6), (2, 40, 16)).astype(
+          jnp.bfloat16)
+
+      def loss(x, w):  # The cotangent of the product is exactly `c`.
+        # A computed (exactly doubled) operand, as the MLP's GELU output.
+        y = matmul.dot_general(x * 2, w, DN_DENSE).astype(jnp.float32)
+        return (y * c.astype(jnp.float32)).sum()
+
+      f = jax.jit(jax.grad(loss, 1))
+      hlo = f.lower(xb, wb).compile().as_text()
+      assert ('conditional(' in hlo) == wide, k
+      h = 2 * np.asarray(xb, np.float64).reshape(-1, k)
+      exact = h.T @ np.asarray(c, np.float64).reshape(-1, 16)
+      rounded = np.asarray(
+          jnp.asarray(exact, jnp.float32).astype(jnp.bfloat16), np.float64)
+      ours = np.asarray(f(xb, wb), np.float64)
+      # One bf16 rounding of a float32 sum (its own error ~1e-7 of the
+      # terms, visible where the sum cancels).
+      assert np.all(np.abs(ours - rounded) <= np.abs(rounded) * 2.0**-7
+                    + 1e-5 * np.abs(exact).max()), k
+      assert np.isnan(np.asarray(f(xb.at[0, 0, 0].set(jnp.nan), wb),
+                                 np.float32)).any(), k
+  finally:
+    matmul.reset_cpu_form()
+
+
 def test_cpu_form_auto_measures_inside_a_trace(monkeypatch, tmp_path):
   """'auto' times both forms in a thread of its own: tracing a jitted
   function that triggers it leaks no tracer."""

@@ -22,7 +22,8 @@ host for TPU or GPU carries no CPU-only construct):
       kernels (YNNPACK); any other form is upcast to float32 first. XLA
       folds transposes into a dot's dimension numbers, so the weight
       gradient's transposed activation is materialised behind an
-      optimisation barrier (CPU branch only);
+      optimisation barrier, or for rows of 4 KiB and more inside a
+      conditional (`_transposed`; CPU branch only);
     - 'f32': operands upcast to float32, a float32 matmul, the result
       rounded to bf16: for CPUs whose bf16 matmul is no faster than float32
       (no bf16 instructions, or slow ones).
@@ -116,12 +117,36 @@ def _dot(a, b, contract):
                          preferred_element_type=F32).astype(BF16)
 
 
+# Row length (bytes) from which the CPU branch transposes inside a
+# conditional (see `_transposed`).
+WIDE_ROW_BYTES = 4096
+
+
 def _transposed(x, barrier: bool):
-  """x with its last two axes swapped; with `barrier`, materialised in
-  row-major order (see module doc)."""
-  t = jnp.swapaxes(x, -1, -2)
+  """x with its last two axes swapped; with `barrier` (the CPU branch),
+  materialised in row-major order for the library kernel (module doc).
+
+  XLA:CPU fuses the element-wise producer of `x` (the GELU recomputed for
+  the MLP's weight gradient) into the transpose, and that loop reads `x`
+  down its columns: once a row is 4 KiB or longer, every read lands on
+  another page, and the fused transpose of a ViT-B/16 MLP activation took
+  31 ms where the producer and a plain transpose take 2 ms each (Intel Xeon,
+  docs/performance.md). Such rows are transposed inside a `lax.cond`, which
+  no fusion crosses: the producer is materialised first, the branch is a
+  plain transpose. Its other branch (NaNs) runs only when x's first element
+  is NaN, where the weight gradient is NaN anyway. Shorter rows keep the
+  fused form, which is cheaper for them.
+  """
   if not barrier:
-    return t
+    return jnp.swapaxes(x, -1, -2)
+  if x.shape[-1] * x.dtype.itemsize >= WIDE_ROW_BYTES:
+    first = x[(0,) * x.ndim]
+    shape = x.shape[:-2] + x.shape[-2:][::-1]
+    return lax.cond(first == first, lambda v: jnp.swapaxes(v, -1, -2),
+                    lambda v: jnp.full(shape, jnp.nan, v.dtype), x)
+  # The barrier keeps XLA from folding the transpose into the dot's
+  # dimension numbers (the library kernel takes the canonical layout only).
+  t = jnp.swapaxes(x, -1, -2)
   return lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
 
 
