@@ -2,8 +2,10 @@
 
 The encoder blocks' `attention_impl` picks one of:
 
-  * "xla": `jax.nn.dot_product_attention` (XLA's fused attention on every
-    platform; the softmax weights are never handed back to the caller);
+  * "xla": `jax.nn.dot_product_attention` (XLA's fused attention; on CPUs
+    the same computation as batched matmuls in the layout of XLA:CPU's
+    library kernel, `_cpu_core`; the softmax weights are never handed back
+    to the caller);
   * "cudnn": the same call with cuDNN flash attention (NVIDIA GPUs, bf16 or
     fp16 compute; cuDNN must be present when the step is traced). Odd
     sequence lengths (a ViT's 197 tokens) are padded to even ones, which
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -84,8 +87,41 @@ def even_lengths(query, key, value, mask, implementation: str):
 
 
 def _xla(query, key, value, mask):
-  return jax.nn.dot_product_attention(query, key, value, mask=mask,
-                                      implementation='xla')
+  """`jax.nn.dot_product_attention(implementation='xla')`; on CPUs the same
+  computation as canonical-layout batched matmuls (`_cpu_core`)."""
+  return jax.lax.platform_dependent(
+      query, key, value,
+      cpu=functools.partial(_cpu_core, mask=mask),
+      default=functools.partial(jax.nn.dot_product_attention, mask=mask,
+                                implementation='xla'))
+
+
+def _cpu_core(query, key, value, mask):
+  """What `jax.nn.dot_product_attention`'s XLA implementation computes:
+  float32 logits (bf16 products accumulated in float32), scaled, masked,
+  float32 softmax, probabilities in the inputs' dtype times the values.
+  Written as (batch x heads) batched matmuls in the layout XLA:CPU's
+  library kernel takes (`matmul.cpu_batched`): XLA's own lowering of the
+  (B, T, N, H) einsums runs them as float32 loops on CPUs, 3x slower in
+  the forward pass (ViT-B/16, docs/performance.md). The backward pass
+  multiplies in bf16 (the cotangent rounded once), as flash attention
+  kernels do."""
+  b, t, n, h = query.shape
+  s = key.shape[1]
+
+  def heads_major(x):  # (B, L, N, H) -> (B * N, L, H)
+    return jnp.swapaxes(x, 1, 2).reshape(b * n, x.shape[1], h)
+
+  q, k, v = heads_major(query), heads_major(key), heads_major(value)
+  logits = matmul.cpu_batched(q, jnp.swapaxes(k, 1, 2), jnp.float32)
+  logits = logits * jnp.float32(1.0 / math.sqrt(h))
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b * n, t, s)
+    logits = jnp.where(mask, logits,
+                       jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
+  probs = jax.nn.softmax(logits, axis=-1).astype(key.dtype)
+  out = matmul.cpu_batched(probs, v, value.dtype)
+  return jnp.swapaxes(out.reshape(b, n, t, h), 1, 2)
 
 
 # Keeps only q, k, v for the backward pass, which recomputes the logits and

@@ -102,19 +102,19 @@ def _bf16_dot(lhs, rhs, *, dn, barrier: bool):
   b = jnp.transpose(rhs, list(rb) + list(rc) + rfree)
   if batch:
     out = _matmul(a.reshape(math.prod(batch), -1, k),
-                  b.reshape(math.prod(batch), k, -1), barrier)
+                  b.reshape(math.prod(batch), k, -1), barrier, BF16)
   else:
-    out = _matmul(a.reshape(-1, k), b.reshape(k, -1), barrier)
+    out = _matmul(a.reshape(-1, k), b.reshape(k, -1), barrier, BF16)
   return out.reshape(batch + [lhs.shape[i] for i in lfree] +
                      [rhs.shape[i] for i in rfree])
 
 
-def _dot(a, b, contract):
+def _dot(a, b, contract, out=BF16):
   """a x b contracting a's axis `contract[0]` with b's `contract[1]`;
   3-D operands have a leading batch axis."""
   batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
   return lax.dot_general(a, b, (contract, batch),
-                         preferred_element_type=F32).astype(BF16)
+                         preferred_element_type=F32).astype(out)
 
 
 # Row length (bytes) from which the CPU branch transposes inside a
@@ -150,18 +150,20 @@ def _transposed(x, barrier: bool):
   return lax.optimization_barrier(t.reshape(-1)).reshape(t.shape)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _matmul(a, b, barrier):
-  """(..., M, K) x (..., K, N) -> (..., M, N); `...` is one batch axis or none."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _matmul(a, b, barrier, out=BF16):
+  """(..., M, K) x (..., K, N) -> (..., M, N) in dtype `out`; `...` is one
+  batch axis or none. The backward pass rounds the cotangent to bf16."""
   del barrier
-  return _dot(a, b, ((a.ndim - 1,), (b.ndim - 2,)))
+  return _dot(a, b, ((a.ndim - 1,), (b.ndim - 2,)), out)
 
 
-def _matmul_fwd(a, b, barrier):
-  return _matmul(a, b, barrier), (a, b)
+def _matmul_fwd(a, b, barrier, out=BF16):
+  return _matmul(a, b, barrier, out), (a, b)
 
 
-def _matmul_bwd(barrier, res, g):
+def _matmul_bwd(barrier, out, res, g):
+  del out
   a, b = res
   g = g.astype(BF16)
   last = g.ndim - 1
@@ -171,6 +173,23 @@ def _matmul_bwd(barrier, res, g):
 
 
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def cpu_batched(a, b, out_dtype):
+  """(B, M, K) x (B, K, N) -> (B, M, N) in `out_dtype`, for a program that
+  runs on a CPU (call it inside a `lax.platform_dependent` CPU branch).
+
+  bf16 operands take this process's CPU form: float32 accumulation, the
+  result rounded once to `out_dtype` (float32 keeps the accumulator), and
+  a backward pass of bf16 matmuls on the bf16-rounded cotangent, all in the
+  canonical layout the library kernel takes. Other dtypes: `lax.dot_general`.
+  """
+  dn = (((2,), (1,)), ((0,), (0,)))
+  if a.dtype != BF16 or b.dtype != BF16:
+    return lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
+  if cpu_form() == 'f32':
+    return lax.dot_general(a.astype(F32), b.astype(F32), dn).astype(out_dtype)
+  return _matmul(a, b, True, jnp.dtype(out_dtype))
 
 
 # ---------------------------------------------------------------------------
