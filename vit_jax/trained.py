@@ -96,11 +96,12 @@ class Trained:
   def family(self) -> str:
     return models.family(self.name).name
 
-  def model(self, dtype: Optional[str] = None):
-    """The flax module computing in `dtype` (default: the run's)."""
+  def model(self, dtype: Optional[str] = None, **overrides):
+    """The flax module computing in `dtype` (default: the run's);
+    `overrides`: model options replacing the run's (same parameters)."""
     return models.create(self.name, num_classes=self.num_classes,
                          dtype=jnp.dtype(dtype or self.dtype),
-                         **self.options)
+                         **{**self.options, **overrides})
 
   def logits(self, images: np.ndarray, dtype: Optional[str] = None
              ) -> np.ndarray:
@@ -110,10 +111,11 @@ class Trained:
       self._jitted[key] = jax.jit(self.apply_fn(key))
     return np.asarray(self._jitted[key](self.params, images), np.float32)
 
-  def apply_fn(self, dtype: Optional[str] = None
+  def apply_fn(self, dtype: Optional[str] = None, **overrides
                ) -> Callable[[Any, jax.Array], jax.Array]:
-    """`fn(params, images) -> float32 logits` (images NHWC in [-1, 1])."""
-    model = self.model(dtype)
+    """`fn(params, images) -> float32 logits` (images NHWC in [-1, 1]);
+    `overrides`: as for `model`."""
+    model = self.model(dtype, **overrides)
 
     def fn(params, images):
       logits = model.apply({'params': params}, images, train=False)

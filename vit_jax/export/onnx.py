@@ -48,7 +48,10 @@ def export(trained, out: str, options):
                      'Export it with --format=savedmodel or stablehlo')
   import onnx
   from jax2onnx import to_onnx
-  fn = trained.apply_fn(options.dtype)
+  # jax2onnx converts primitive by primitive and has none for the
+  # `lax.platform_dependent` switch through which "xla" attention picks its
+  # CPU form; "explicit" attention is the same computation in plain ops.
+  fn = trained.apply_fn(options.dtype, attention_impl='explicit')
   params = trained.params
   batch = 'B' if options.batch is None else options.batch
   # jax2onnx imports all its plugins (some fail on this JAX, e.g. dm_pix's,
