@@ -101,26 +101,39 @@ def main(argv=None):
   p.add_argument('--dtype', default='bfloat16')
   p.add_argument('--steps', type=int, default=2)
   p.add_argument('--top', type=int, default=25)
+  p.add_argument('--mode', choices=('train', 'infer'), default='train',
+                 help='the train step, or the eval forward pass (logits)')
   args = p.parse_args(argv)
 
+  import flax.linen as nn
   import jax
   from vit_jax import bench
+  from vit_jax import sharding as shd
   from vit_jax.train import step as step_lib
 
   model, mesh, tx, lr_fn, state, sh, data = bench._setup(  # pylint: disable=protected-access
       args.model, args.batch, args.image_size, args.dtype, None, 1000, 1,
-      optimizer=True)
-  train = step_lib.compile_train_step(model, tx, lr_fn, sh, mesh, {})
+      optimizer=args.mode == 'train')
+  if args.mode == 'train':
+    fn = step_lib.compile_train_step(model, tx, lr_fn, sh, mesh, {})
+    step = lambda c, state: c(state, data)
+  else:
+    def forward(params, images):
+      with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+        return model.apply({'params': params}, images, train=False)
+    fn = jax.jit(forward)
+    step = lambda c, state: (state, c(state.params, data['image']))
   with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as tmp:
-    compiled = train.lower(state, data).compile()
-    state, m = compiled(state, data)
+    compiled = (fn.lower(state, data) if args.mode == 'train'
+                else fn.lower(state.params, data['image'])).compile()
+    state, m = step(compiled, state)
     jax.block_until_ready(m)
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 3
     jax.profiler.start_trace(tmp, profiler_options=options)
     t = time.perf_counter()
     for _ in range(args.steps):
-      state, m = compiled(state, data)
+      state, m = step(compiled, state)
     jax.block_until_ready((state, m))
     wall = (time.perf_counter() - t) / args.steps
     jax.profiler.stop_trace()
@@ -141,7 +154,8 @@ def main(argv=None):
   by_cat = collections.Counter()
   for name, ns in per_op.items():
     by_cat[cats[name]] += ns
-  print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype}: '
+  print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype} '
+        f'{args.mode}: '
         f'{wall:.3f} s/step wall, {total / 1e9:.3f} s of op time (all '
         'threads), per step')
   for cat, ns in by_cat.most_common():

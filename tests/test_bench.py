@@ -139,6 +139,19 @@ def test_op_profile_categorises_ops_by_what_they_compute():
                                for n, o in ops.items()}
 
 
+def test_op_profile_profiles_the_eval_forward(capsys):
+  """`--mode=infer` profiles the logits pass that `vit_jax.bench
+  --mode=infer` times: no optimizer state, no backward ops."""
+  from benchmarks import op_profile
+  op_profile.main(['--model=ViT-Ti/16', '--batch=2', '--image_size=32',
+                   '--dtype=float32', '--mode=infer', '--steps=1',
+                   '--top=50'])
+  out = capsys.readouterr().out
+  assert 'float32 infer:' in out
+  assert op_profile.MATMUL in out
+  assert 'transpose(jvp' not in out  # Only train steps have a backward.
+
+
 def test_max_batch_stops_at_the_first_failure_and_names_the_largest(
     monkeypatch, capsys):
   from benchmarks import max_batch
