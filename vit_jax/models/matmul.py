@@ -186,10 +186,13 @@ def cpu_batched(a, b, out_dtype):
   """
   dn = (((2,), (1,)), ((0,), (0,)))
   if a.dtype != BF16 or b.dtype != BF16:
-    return lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
-  if cpu_form() == 'f32':
-    return lax.dot_general(a.astype(F32), b.astype(F32), dn).astype(out_dtype)
-  return _matmul(a, b, True, jnp.dtype(out_dtype))
+    out = lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
+  elif cpu_form() == 'f32':
+    out = lax.dot_general(a.astype(F32), b.astype(F32), dn).astype(out_dtype)
+  else:
+    out = _matmul(a, b, True, jnp.dtype(out_dtype))
+  # Named as `dot_general`'s batched products are (remat policies).
+  return checkpoint_name(out, BATCHED_NAME)
 
 
 # ---------------------------------------------------------------------------
