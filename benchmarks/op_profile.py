@@ -93,6 +93,27 @@ def _source(hlo_text: str, name: str) -> str:
   return '/'.join(m.group(1).split('/')[-3:]) if m else '?'
 
 
+def op_times(profile, hlo_text: str, steps: int) -> collections.Counter:
+  """ns per step of each of the program's ops in a `jax.profiler` trace.
+
+  The XLA runtime's worker threads (`tf_XLAEigen*`) run the ops; a program
+  small enough to run inline leaves them on the calling thread instead, so
+  without worker-thread events every thread's events named after the
+  program's instructions count."""
+  names = set(re.findall(r'%([\w.\-]+) = ', hlo_text))
+  workers, anywhere = collections.Counter(), collections.Counter()
+  for plane in profile.planes:
+    for line in plane.lines:
+      for ev in line.events:
+        if '::' in ev.name:  # The runtime's own events, not XLA ops.
+          continue
+        if line.name.startswith('tf_XLAEigen'):
+          workers[ev.name] += ev.duration_ns / steps
+        elif ev.name in names:
+          anywhere[ev.name] += ev.duration_ns / steps
+  return workers or anywhere
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--model', default='ViT-B/16')
@@ -139,16 +160,9 @@ def main(argv=None):
     jax.profiler.stop_trace()
     [path] = glob.glob(f'{tmp}/plugins/profile/*/*.xplane.pb')
     profile = jax.profiler.ProfileData.from_file(path)
-    per_op = collections.Counter()
-    for plane in profile.planes:
-      for line in plane.lines:
-        if not line.name.startswith('tf_XLAEigen'):
-          continue  # The XLA runtime's worker threads run the ops.
-        for ev in line.events:
-          if '::' not in ev.name:  # XLA ops, not the runtime's own events.
-            per_op[ev.name] += ev.duration_ns / args.steps
-  total = sum(per_op.values())
   hlo = compiled.as_text()
+  per_op = op_times(profile, hlo, args.steps)
+  total = sum(per_op.values())
   ops = fused_ops(hlo)
   cats = {name: category(name, ops.get(name, frozenset())) for name in per_op}
   by_cat = collections.Counter()
