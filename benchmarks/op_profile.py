@@ -126,36 +126,36 @@ def main(argv=None):
                  help='the train step, or the eval forward pass (logits)')
   args = p.parse_args(argv)
 
-  import flax.linen as nn
   import jax
   from vit_jax import bench
-  from vit_jax import sharding as shd
   from vit_jax.train import step as step_lib
 
+  train = args.mode == 'train'
   model, mesh, tx, lr_fn, state, sh, data = bench._setup(  # pylint: disable=protected-access
       args.model, args.batch, args.image_size, args.dtype, None, 1000, 1,
-      optimizer=args.mode == 'train')
-  if args.mode == 'train':
-    fn = step_lib.compile_train_step(model, tx, lr_fn, sh, mesh, {})
-    step = lambda c, state: c(state, data)
+      optimizer=train)
+  if train:  # The state is carried from step to step.
+    fn, inputs = step_lib.compile_train_step(model, tx, lr_fn, sh, mesh, {}), [
+        state, data]
   else:
-    def forward(params, images):
-      with nn.logical_axis_rules(shd.ACTIVATION_RULES):
-        return model.apply({'params': params}, images, train=False)
-    fn = jax.jit(forward)
-    step = lambda c, state: (state, c(state.params, data['image']))
+    fn, inputs = bench.infer_fn(model, mesh, sh), [state.params, data['image']]
+
+  def run(compiled):
+    out = compiled(*inputs)
+    if train:
+      inputs[0] = out[0]
+    return out
+
   with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as tmp:
-    compiled = (fn.lower(state, data) if args.mode == 'train'
-                else fn.lower(state.params, data['image'])).compile()
-    state, m = step(compiled, state)
-    jax.block_until_ready(m)
+    compiled = fn.lower(*inputs).compile()
+    jax.block_until_ready(run(compiled))
     options = jax.profiler.ProfileOptions()
     options.host_tracer_level = 3
     jax.profiler.start_trace(tmp, profiler_options=options)
     t = time.perf_counter()
     for _ in range(args.steps):
-      state, m = step(compiled, state)
-    jax.block_until_ready((state, m))
+      out = run(compiled)
+    jax.block_until_ready(out)
     wall = (time.perf_counter() - t) / args.steps
     jax.profiler.stop_trace()
     [path] = glob.glob(f'{tmp}/plugins/profile/*/*.xplane.pb')

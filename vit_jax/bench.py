@@ -246,6 +246,23 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                  measure_peak, model=model if objective == 'mpp' else None)
 
 
+def infer_fn(model, mesh, state_sh):
+  """The eval forward pass `bench_infer` times, jitted: fn(params, images)
+  -> logits (`train=False`), sharded as the state and the batch are."""
+  import jax
+  import flax.linen as nn
+
+  from vit_jax import sharding as shd
+
+  def forward(params, images):
+    with nn.logical_axis_rules(shd.ACTIVATION_RULES):
+      return model.apply({'params': params}, images, train=False)
+
+  return jax.jit(forward, in_shardings=(state_sh.params,
+                                        shd.batch_sharding(mesh, 4)),
+                 out_shardings=shd.batch_sharding(mesh, 2))
+
+
 def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
                 dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                 warmup: int = 2, num_classes: int = 1000,
@@ -253,21 +270,12 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
                 model_options=None) -> Dict[str, Any]:
   """Measures the eval forward pass (logits of a batch, `train=False`)."""
   import jax
-  import flax.linen as nn
-
-  from vit_jax import sharding as shd
 
   model, mesh, _, _, state, state_sh, data = _setup(
       model_name, batch, image_size, dtype, mesh_axes, num_classes, 1,
       optimizer=False, model_options=model_options)
 
-  def forward(params, images):
-    with nn.logical_axis_rules(shd.ACTIVATION_RULES):
-      return model.apply({'params': params}, images, train=False)
-
-  fwd = jax.jit(forward, in_shardings=(state_sh.params,
-                                       shd.batch_sharding(mesh, 4)),
-                out_shardings=shd.batch_sharding(mesh, 2))
+  fwd = infer_fn(model, mesh, state_sh)
   with jax.set_mesh(mesh):
     t = time.perf_counter()
     compiled = fwd.lower(state.params, data['image']).compile()

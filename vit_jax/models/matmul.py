@@ -151,14 +151,14 @@ def _transposed(x, barrier: bool):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
-def _matmul(a, b, barrier, out=BF16):
+def _matmul(a, b, barrier, out):
   """(..., M, K) x (..., K, N) -> (..., M, N) in dtype `out`; `...` is one
   batch axis or none. The backward pass rounds the cotangent to bf16."""
   del barrier
   return _dot(a, b, ((a.ndim - 1,), (b.ndim - 2,)), out)
 
 
-def _matmul_fwd(a, b, barrier, out=BF16):
+def _matmul_fwd(a, b, barrier, out):
   return _matmul(a, b, barrier, out), (a, b)
 
 
