@@ -23,9 +23,12 @@ from vit_jax.train import step as step_lib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# bf16 x bf16 -> f32 dot_general: the float32-accumulating matmul.
+# bf16 x bf16 -> bf16 dot_general: on TPU and GPU accumulated in float32 by
+# the matrix units and rounded once (vit_jax.models.matmul).
 BF16_DOT = re.compile(r'stablehlo\.dot_general[^\n]*\(tensor<[^>]*xbf16>, '
-                      r'tensor<[^>]*xbf16>\) -> tensor<[^>]*xf32>')
+                      r'tensor<[^>]*xbf16>\) -> tensor<[^>]*xbf16>')
+F32_DOT = re.compile(r'stablehlo\.dot_general[^\n]*\(tensor<[^>]*xf32>, '
+                     r'tensor<[^>]*xf32>\)')
 
 
 def _bf16_step(**options):
@@ -74,11 +77,12 @@ def test_bf16_train_step_exports_for_accelerators(bf16_step, platforms,
   finally:
     matmul.reset_cpu_form()
   assert 'optimization_barrier' not in text
-  # Every dense matmul of the blocks (q, k, v, out, MLP x 2) runs as
-  # bf16 x bf16 -> f32, forward and backward (2 layers); none was upcast to
-  # float32. (Attention's q.k and weights.v are jax.nn.dot_product_attention's
-  # own, also accumulated in float32.)
+  # Every dense matmul of the blocks (q, k, v, out, MLP x 2) runs as a bf16
+  # dot, forward and backward (2 layers), with no float32 result written out
+  # to be converted; none was upcast to float32. (Attention's q.k and
+  # weights.v are jax.nn.dot_product_attention's own.)
   assert len(BF16_DOT.findall(text)) >= 6 * 3 * 2, text[:2000]
+  assert not F32_DOT.findall(text)
 
 
 def test_cpu_export_keeps_its_cpu_form(bf16_step, monkeypatch):

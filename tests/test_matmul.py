@@ -192,3 +192,4 @@ def test_cpu_form_probe_times_both_forms():
   times = matmul._time_forms(m=64, k=32, n=48, repeats=1)
   assert set(times) == set(matmul.CPU_FORMS)
   assert all(0 < t < 60 for t in times.values())
+

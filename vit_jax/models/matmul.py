@@ -12,9 +12,12 @@ for, chosen with `lax.platform_dependent` (never by asking which backend
 this process happens to have while tracing, so a step exported on a CPU
 host for TPU or GPU carries no CPU-only construct):
 
-  * TPU, GPU: bf16 x bf16 -> f32 dots (`preferred_element_type`), with a
-    custom VJP in the canonical layout (M, K) x (K, N), one leading batch
-    axis for batched dots (attention);
+  * TPU, GPU: bf16 x bf16 -> bf16 dots. Their matrix units accumulate
+    bf16 products in float32 and round once (the same numbers), and an f32
+    result would be written to device memory only to be converted: on an
+    H100 that cost 31% of ViT-B/16's inference throughput
+    (docs/performance.md). In the canonical layout (M, K) x (K, N); the
+    backward pass is autodiff's, dots of the same kind;
   * CPU: one of two forms, per process (`cpu_form()`):
     - 'bf16': the same dots; on CPUs with bf16 dot-product instructions
       (AVX512-BF16, AMX) XLA hands exactly bf16 x bf16 -> f32 with the
@@ -78,10 +81,25 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
   dn = tuple(tuple(map(tuple, pair)) for pair in dimension_numbers)
   out = lax.platform_dependent(
       lhs, rhs, cpu=functools.partial(_cpu_dot, dn=dn),
-      default=functools.partial(_bf16_dot, dn=dn, barrier=False))
+      default=functools.partial(_accelerator_dot, dn=dn))
   # Named so that remat policies can keep it: the platform switch and the
   # custom VJP hide the dot_general that `checkpoint_policies.dots_*` see.
   return checkpoint_name(out, BATCHED_NAME if dn[1][0] else NAME)
+
+
+def _accelerator_dot(lhs, rhs, *, dn):
+  """TPU, GPU: a bf16 dot in the canonical layout. Their matrix units (MXU;
+  cuBLAS and XLA's Triton GEMMs, compute type float32) accumulate bf16
+  products in float32 and round the result once, so no f32 result is
+  written out to be converted; autodiff's backward dots are the same kind.
+  Flattened to (M, K) x (K, N) first: as autodiff's dot_generals over
+  several axes they got transposes around them on an H100
+  (docs/performance.md)."""
+  def dot(a, b):
+    batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
+    return lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), batch),
+                           preferred_element_type=BF16)
+  return _canonical(lhs, rhs, dn, dot)
 
 
 def _cpu_dot(lhs, rhs, *, dn):
@@ -93,6 +111,13 @@ def _cpu_dot(lhs, rhs, *, dn):
 def _bf16_dot(lhs, rhs, *, dn, barrier: bool):
   """bf16 x bf16 -> f32-accumulated bf16 in canonical layout; `barrier`
   materialises the backward pass's transposed operand (CPU)."""
+  return _canonical(lhs, rhs, dn,
+                    lambda a, b: _matmul(a, b, barrier, BF16))
+
+
+def _canonical(lhs, rhs, dn, matmul_fn):
+  """`lax.dot_general(lhs, rhs, dn)` as `matmul_fn` of (M, K) x (K, N)
+  operands, or (B, M, K) x (B, K, N) where `dn` has batch axes."""
   (lc, rc), (lb, rb) = dn
   lfree = [i for i in range(lhs.ndim) if i not in lc + lb]
   rfree = [i for i in range(rhs.ndim) if i not in rc + rb]
@@ -101,10 +126,10 @@ def _bf16_dot(lhs, rhs, *, dn, barrier: bool):
   a = jnp.transpose(lhs, list(lb) + lfree + list(lc))
   b = jnp.transpose(rhs, list(rb) + list(rc) + rfree)
   if batch:
-    out = _matmul(a.reshape(math.prod(batch), -1, k),
-                  b.reshape(math.prod(batch), k, -1), barrier, BF16)
+    out = matmul_fn(a.reshape(math.prod(batch), -1, k),
+                    b.reshape(math.prod(batch), k, -1))
   else:
-    out = _matmul(a.reshape(-1, k), b.reshape(k, -1), barrier, BF16)
+    out = matmul_fn(a.reshape(-1, k), b.reshape(k, -1))
   return out.reshape(batch + [lhs.shape[i] for i in lfree] +
                      [rhs.shape[i] for i in rfree])
 
