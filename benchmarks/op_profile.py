@@ -2,12 +2,16 @@
 
     python -m benchmarks.op_profile [--model=ViT-B/16] [--batch=8]
         [--image_size=224] [--dtype=bfloat16] [--steps=2] [--top=25]
+        [--mode=train|infer] [--trace_dir=DIR]
 
 Compiles the real train step (`vit_jax.bench`), runs it once, traces
-`--steps` more with the host tracer at its most detailed level (on CPU every
-XLA op is an event of the runtime's thread pool) and prints the time per op
-category and the most expensive ops, summed over threads (so the total can
-exceed wall time on several cores).
+`--steps` more with the host tracer at its most detailed level and prints
+the time per op category and the most expensive ops. On CPU every XLA op is
+an event of the runtime's thread pool, summed over threads (so the total
+can exceed wall time on several cores); on a GPU or TPU the device's own
+timeline counts (kernels by the HLO op they run), and wall time minus op
+time is the device's idle time. `--trace_dir` keeps the trace (TensorBoard's
+profile plugin, or Perfetto through xprof).
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from __future__ import annotations
 import argparse
 import collections
 import glob
+import os
 import re
 import tempfile
 import time
 
 
 MATMUL = 'matmul (library kernel / dot)'
+ATTENTION = 'attention kernel (cuDNN)'
 REDUCTION = 'fusion with a reduction (LayerNorm, softmax, sums)'
 CONVERT = 'dtype conversion'
 TRANSPOSE = 'transpose / copy'
@@ -31,6 +37,13 @@ def category(name: str, body_ops: frozenset = frozenset()) -> str:
   """An op's category from what its fused computation does (`body_ops`, the
   HLO opcodes in it, from `fused_ops`), else from its name."""
   if body_ops:
+    if any(op.startswith('custom-call:__cudnn$fmha') for op in body_ops):
+      return ATTENTION
+    if any(op.startswith(('custom-call:__cublas', 'custom-call:__triton_gemm'))
+           for op in body_ops):
+      return MATMUL
+    if any(op.startswith('custom-call:__cudnn$conv') for op in body_ops):
+      return 'convolution'
     if body_ops & {'dot', 'convolution'}:
       return MATMUL if 'dot' in body_ops else 'convolution'
     if body_ops & {'reduce', 'reduce-window'}:
@@ -43,6 +56,13 @@ def category(name: str, body_ops: frozenset = frozenset()) -> str:
       return TRANSPOSE
     return ELEMENTWISE
   base = name.split('.')[0]
+  if re.search(r'sdpa|flash|fmha|cudnn::fusion', name):
+    return ATTENTION
+  if re.search(r'nvjet|gemm|cublas|xmma_g|sm\d+_xmma', name) and (
+      'fprop' not in name and 'conv' not in name):
+    return MATMUL
+  if re.search(r'fprop|conv|nhwc', name):
+    return 'convolution'
   if 'ynn' in base or 'xnn' in base or base.startswith('dot'):
     return MATMUL
   if base.startswith('convolution'):
@@ -65,8 +85,9 @@ _INSTR = re.compile(r'^\s*(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) '
 def fused_ops(hlo_text: str) -> dict:
   """{instruction name: frozenset of the HLO opcodes it computes} from a
   compiled module's text (`as_text()`): a fusion's are those of the
-  computation it calls. YNNPACK fusions hold reductions as well as dots, so
-  fusion names alone mislead."""
+  computation it calls; a custom call is `custom-call:<its target>` (GPU
+  library calls: cuBLAS matmuls, cuDNN attention). YNNPACK fusions hold
+  reductions as well as dots, so fusion names alone mislead."""
   bodies, current, instrs = {}, None, []
   for line in hlo_text.splitlines():
     header = _HEADER.match(line)
@@ -75,11 +96,14 @@ def fused_ops(hlo_text: str) -> dict:
       continue
     instr = _INSTR.match(line)
     if instr:
+      op = instr.group(2)
+      if op == 'custom-call':
+        target = re.search(r'custom_call_target="([^"]*)"', line)
+        op = f'custom-call:{target.group(1) if target else "?"}'
       if current is not None:
-        current.add(instr.group(2))
+        current.add(op)
       calls = re.search(r'calls=%?([\w.\-]+)', line)
-      instrs.append((instr.group(1), instr.group(2),
-                     calls.group(1) if calls else None))
+      instrs.append((instr.group(1), op, calls.group(1) if calls else None))
   skip = {'parameter', 'tuple', 'get-tuple-element'}
   return {name: frozenset((bodies.get(calls, set()) if op == 'fusion'
                            else {op}) - skip)
@@ -93,14 +117,41 @@ def _source(hlo_text: str, name: str) -> str:
   return '/'.join(m.group(1).split('/')[-3:]) if m else '?'
 
 
+def _hlo_name(kernel: str, names) -> str:
+  """The HLO instruction a GPU kernel runs, where its name says it (kernels
+  replayed from a CUDA graph carry the graph's `command_buffer` op as their
+  `hlo_op`; XLA's own kernels are named
+  after their fusion, `loop_add_fusion_3` for `loop_add_fusion.3`); else
+  the kernel's name (library kernels: cuBLAS, cuDNN)."""
+  dotted = re.sub(r'_(\d+)$', r'.\1', kernel)
+  return dotted if dotted in names else kernel
+
+
 def op_times(profile, hlo_text: str, steps: int) -> collections.Counter:
   """ns per step of each of the program's ops in a `jax.profiler` trace.
 
-  The XLA runtime's worker threads (`tf_XLAEigen*`) run the ops; a program
-  small enough to run inline leaves them on the calling thread instead, so
-  without worker-thread events every thread's events named after the
-  program's instructions count."""
+  A GPU's or TPU's plane (`/device:...`) is the device's timeline: its
+  kernels count, each under the HLO op it runs (its `hlo_op` stat; a TPU's
+  `XLA Ops` line names them so). On CPU the XLA runtime's worker threads
+  (`tf_XLAEigen*`) run the ops; a program small enough to run inline leaves
+  them on the calling thread instead, so without worker-thread events every
+  thread's events named after the program's instructions count."""
   names = set(re.findall(r'%([\w.\-]+) = ', hlo_text))
+  device = collections.Counter()
+  for plane in profile.planes:
+    if not plane.name.startswith('/device:'):
+      continue
+    lines = list(plane.lines)
+    ops = [l for l in lines if l.name == 'XLA Ops'] or [
+        l for l in lines if l.name.startswith('Stream')]
+    for line in ops:
+      for ev in line.events:
+        op = str(dict(ev.stats).get('hlo_op', ''))
+        if not op or op.startswith('command_buffer'):
+          op = _hlo_name(ev.name, names)
+        device[str(op)] += ev.duration_ns / steps
+  if device:
+    return device
   workers, anywhere = collections.Counter(), collections.Counter()
   for plane in profile.planes:
     for line in plane.lines:
@@ -124,6 +175,8 @@ def main(argv=None):
   p.add_argument('--top', type=int, default=25)
   p.add_argument('--mode', choices=('train', 'infer'), default='train',
                  help='the train step, or the eval forward pass (logits)')
+  p.add_argument('--trace_dir', default=None,
+                 help='keep the trace here (default: a temporary folder)')
   args = p.parse_args(argv)
 
   import jax
@@ -146,7 +199,8 @@ def main(argv=None):
       inputs[0] = out[0]
     return out
 
-  with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as tmp:
+  with jax.set_mesh(mesh), tempfile.TemporaryDirectory() as scratch:
+    tmp = args.trace_dir or scratch
     compiled = fn.lower(*inputs).compile()
     jax.block_until_ready(run(compiled))
     options = jax.profiler.ProfileOptions()
@@ -158,9 +212,13 @@ def main(argv=None):
     jax.block_until_ready(out)
     wall = (time.perf_counter() - t) / args.steps
     jax.profiler.stop_trace()
-    [path] = glob.glob(f'{tmp}/plugins/profile/*/*.xplane.pb')
+    path = max(glob.glob(f'{tmp}/plugins/profile/*/*.xplane.pb'),
+               key=os.path.getmtime)
     profile = jax.profiler.ProfileData.from_file(path)
   hlo = compiled.as_text()
+  if args.trace_dir:  # The program the trace's op names refer to.
+    with open(os.path.join(args.trace_dir, f'{args.mode}.hlo.txt'), 'w') as f:
+      f.write(hlo)
   per_op = op_times(profile, hlo, args.steps)
   total = sum(per_op.values())
   ops = fused_ops(hlo)
@@ -170,8 +228,8 @@ def main(argv=None):
     by_cat[cats[name]] += ns
   print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype} '
         f'{args.mode}: '
-        f'{wall:.3f} s/step wall, {total / 1e9:.3f} s of op time (all '
-        'threads), per step')
+        f'{wall:.4f} s/step wall, {total / 1e9:.4f} s of op time (all '
+        f'threads, or the device), per step, on {jax.devices()[0].platform}')
   for cat, ns in by_cat.most_common():
     print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
     top = [(n, t) for n, t in per_op.most_common() if cats[n] == cat][:3]

@@ -193,3 +193,38 @@ def test_loss_curves_compare_across_backends(tmp_path, capsys):
   assert not losses.compare(drifted, curve, rtol=1e-2)
   with pytest.raises(SystemExit, match='batch 16 vs 8'):
     losses.compare(dict(curve, batch=16), curve, rtol=1e-2)
+
+
+def test_op_profile_reads_the_device_timeline():
+  """On a GPU the device plane's kernels count (host events do not): a
+  kernel replayed from a CUDA graph under the fusion it runs, a library
+  kernel under its own name, categorised by what it computes."""
+  from types import SimpleNamespace as NS
+  from benchmarks import op_profile
+  hlo = '\n'.join([
+      'ENTRY %main (p: f32[4]) -> f32[4] {',
+      '  %loop_add_fusion.3 = f32[4]{0} fusion(%p), kind=kLoop, '
+      'calls=%fused_add.3',
+      '  %custom-call.7 = (bf16[2,8]{1,0}, u8[0]{0}) custom-call(%a, %b), '
+      'custom_call_target="__cudnn$fmhaSoftmax"',
+      '}'])
+  ev = lambda name, ns, **stats: NS(name=name, duration_ns=ns,
+                                    stats=list(stats.items()))
+  profile = NS(planes=[
+      NS(name='/host:CPU', lines=[NS(name='python', events=[
+          ev('loop_add_fusion.3', 10**9)])]),
+      NS(name='/device:GPU:0', lines=[NS(name='Stream #14(Compute)', events=[
+          ev('loop_add_fusion_3', 4000, hlo_op='command_buffer_2'),
+          ev('loop_add_fusion_3', 2000),
+          ev('nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT', 6000,
+             hlo_op='command_buffer_2'),
+          ev('sdpa_flash_fprop', 8000, hlo_op='custom-call.7')])])])
+  times = op_profile.op_times(profile, hlo, steps=2)
+  assert times == {'loop_add_fusion.3': 3000,
+                   'nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT': 3000,
+                   'custom-call.7': 4000}
+  ops = op_profile.fused_ops(hlo)
+  assert op_profile.category('custom-call.7', ops['custom-call.7']) == (
+      op_profile.ATTENTION)
+  assert op_profile.category(
+      'nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT') == op_profile.MATMUL
