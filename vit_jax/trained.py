@@ -39,6 +39,7 @@ from flax import traverse_util
 
 from vit_jax import models
 from vit_jax.checkpoint import load_npz, load_pretrained
+from vit_jax.models import precast
 
 NPZ_PP = 'resize'  # decode|resize(S)|value_range(-1,1): the public checkpoints'.
 HF_PREFIX = 'hf:'  # Optional: `hf:DIR` says DIR is a Hugging Face model.
@@ -105,11 +106,15 @@ class Trained:
 
   def logits(self, images: np.ndarray, dtype: Optional[str] = None
              ) -> np.ndarray:
-    """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype."""
+    """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype,
+    with the parameters that dtype's forward pass only narrows cast once
+    (`vit_jax.models.precast`: the same logits, no per-call casts)."""
     key = jnp.dtype(dtype or self.dtype).name
     if key not in self._jitted:
-      self._jitted[key] = jax.jit(self.apply_fn(key))
-    return np.asarray(self._jitted[key](self.params, images), np.float32)
+      fn = jax.jit(self.apply_fn(key))
+      self._jitted[key] = (fn, precast.cast_once(fn, self.params, images))
+    fn, params = self._jitted[key]
+    return np.asarray(fn(params, images), np.float32)
 
   def apply_fn(self, dtype: Optional[str] = None, **overrides
                ) -> Callable[[Any, jax.Array], jax.Array]:
