@@ -186,12 +186,15 @@ def main(argv=None):
   train = args.mode == 'train'
   model, mesh, tx, lr_fn, state, sh, data = bench._setup(  # pylint: disable=protected-access
       args.model, args.batch, args.image_size, args.dtype, None, 1000, 1,
-      optimizer=train)
+      optimizer=train, initialise=train)
   if train:  # The state is carried from step to step.
     fn, inputs = step_lib.compile_train_step(model, tx, lr_fn, sh, mesh, {}), [
         state, data]
   else:
-    fn, inputs = bench.infer_fn(model, mesh, sh), [state.params, data['image']]
+    fn = bench.infer_fn(model, mesh, sh)
+    with jax.set_mesh(mesh):
+      inputs = [bench.serving_params(fn, state.params, sh.params,
+                                     data['image']), data['image']]
 
   def run(compiled):
     out = compiled(*inputs)

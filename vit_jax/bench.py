@@ -159,8 +159,9 @@ def compiled_memory(compiled) -> Dict[str, Any]:
 
 def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
            accum_steps, optimizer: bool, objective: str = 'supervised',
-           model_options=None, lr: float = 1e-3):
-  """(model, mesh, tx, lr_fn, state, state shardings, device batch)."""
+           model_options=None, lr: float = 1e-3, initialise: bool = True):
+  """(model, mesh, tx, lr_fn, state, state shardings, device batch); with
+  `initialise=False` the state is abstract (shapes and dtypes only)."""
   import jax
   import numpy as np
   import optax
@@ -186,7 +187,10 @@ def _setup(model_name, batch, image_size, dtype, mesh_axes, num_classes,
   else:
     tx, lr_fn = optax.identity(), None
   shape = (image_size, image_size, 3)
-  state, state_sh = step_lib.create_state(model, tx, 0, shape, mesh)
+  if initialise:
+    state, state_sh = step_lib.create_state(model, tx, 0, shape, mesh)
+  else:
+    state, state_sh = step_lib.planned_state(model, tx, shape, mesh)
   rng = np.random.RandomState(0)
   host = {'image': rng.uniform(-1, 1, (batch, *shape)).astype(np.float32),
           'label': rng.randint(0, num_classes, (batch,)).astype(np.int32)}
@@ -263,6 +267,27 @@ def infer_fn(model, mesh, state_sh):
                  out_shardings=shd.batch_sharding(mesh, 2))
 
 
+def serving_params(fwd, abstract, shardings, images, seed: int = 0):
+  """Parameters of `abstract`'s shapes as a server holds them: placed leaf
+  by leaf from the host, as a checkpoint restore places them (no training
+  initialisation program runs: its random-bit temporaries are no part of
+  serving), each in the dtype `fwd` uses it in (the bf16 matmul weights of
+  a bf16 model cast once, `vit_jax.models.precast`). Values: normal,
+  stddev 0.02 (weights' scale; never zeros, which can time faster)."""
+  import jax
+  import numpy as np
+
+  from vit_jax.models import precast
+  rng = np.random.default_rng(seed)
+
+  def place(leaf, dtype, sharding):
+    host = (0.02 * rng.standard_normal(leaf.shape, np.float32)).astype(dtype)
+    return jax.make_array_from_callback(leaf.shape, sharding,
+                                        lambda index: host[index])
+  return jax.tree.map(place, abstract,
+                      precast.served_dtypes(fwd, abstract, images), shardings)
+
+
 def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
                 dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                 warmup: int = 2, num_classes: int = 1000,
@@ -271,17 +296,19 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
   """Measures the eval forward pass (logits of a batch, `train=False`)."""
   import jax
 
-  model, mesh, _, _, state, state_sh, data = _setup(
+  model, mesh, _, _, abstract, state_sh, data = _setup(
       model_name, batch, image_size, dtype, mesh_axes, num_classes, 1,
-      optimizer=False, model_options=model_options)
+      optimizer=False, model_options=model_options, initialise=False)
 
   fwd = infer_fn(model, mesh, state_sh)
   with jax.set_mesh(mesh):
+    params = serving_params(fwd, abstract.params, state_sh.params,
+                            data['image'])
     t = time.perf_counter()
-    compiled = fwd.lower(state.params, data['image']).compile()
+    compiled = fwd.lower(params, data['image']).compile()
     compile_s = time.perf_counter() - t
     times = [dt for dt, _ in _time_steps(
-        compiled, (state.params, data['image']), steps, warmup, carry=False)]
+        compiled, (params, data['image']), steps, warmup, carry=False)]
   return _report('infer', model_name, batch, image_size, dtype, num_classes,
                  mesh, compile_s, times, compiled, {}, measure_peak)
 

@@ -62,14 +62,24 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation,
   Polyak averages of the parameters, starting equal to them.
   """
   init = functools.partial(_init_state, model, tx, image_shape, ema=ema)
-  abstract = jax.eval_shape(init, seed)
-  shardings = state_shardings(
-      abstract, tx, mesh, fsdp_min_size,
-      axes=shd.logical_axes(model, image_shape), rules=rules,
-      overrides=overrides)
+  _, shardings = planned_state(model, tx, image_shape, mesh, fsdp_min_size,
+                               rules=rules, overrides=overrides, ema=ema)
   with jax.set_mesh(mesh):
     state = jax.jit(init, out_shardings=shardings)(seed)
   return state, shardings
+
+
+def planned_state(model: nn.Module, tx: optax.GradientTransformation,
+                  image_shape, mesh: jax.sharding.Mesh,
+                  fsdp_min_size: int = 2**18, *, rules=(), overrides=(),
+                  ema: bool = False) -> Tuple[TrainState, Any]:
+  """(abstract state, shardings) of `create_state`'s state, nothing
+  computed: for callers that fill the parameters themselves (a restore)."""
+  abstract = abstract_state(model, tx, image_shape, ema=ema)
+  return abstract, state_shardings(
+      abstract, tx, mesh, fsdp_min_size,
+      axes=shd.logical_axes(model, image_shape), rules=rules,
+      overrides=overrides)
 
 
 def _init_state(model, tx, image_shape, seed, ema=False):
