@@ -8,7 +8,10 @@
 Every measurement runs in a fresh process (so that each reports its own peak
 resident memory), one implementation after the other within a round, the
 rounds interleaved (A B C, A B C): on a shared or throttling machine each
-round sees the same conditions for all. Prints one markdown table with the
+round sees the same conditions for all. `--huge_pages` (default `own`): each
+implementation runs in the environment its own command runs in (ours, like
+`python -m vit_jax.main`, with huge pages for host memory where they help,
+`vit_jax.hugepages`); `all` gives them to PyTorch too. Prints one markdown table with the
 machine, the date and every figure; ratios against `ours` of the same round.
 
 Implementations (same model size, batch, resolution and dtype; train =
@@ -214,8 +217,14 @@ def _run_one(args, peer, mode, dtype) -> Dict[str, Any]:
          f'--batch={args.batch}', f'--image_size={args.image_size}',
          f'--steps={args.steps}', f'--warmup={args.warmup}',
          f'--num_classes={args.num_classes}']
-  env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get(
-      'PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
+  from vit_jax import hugepages
+  huge = args.huge_pages == 'all' or (args.huge_pages == 'own'
+                                      and peer in ('ours', 'flax_default'))
+  base = hugepages.environ() if huge else dict(os.environ)
+  if args.huge_pages == 'none':
+    base[hugepages.ENV] = '0'
+  env = dict(base, PYTHONPATH=ROOT + os.pathsep +
+             os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
   out = subprocess.run(cmd, capture_output=True, text=True, env=env,
                        cwd=ROOT)
   if out.returncode:
@@ -300,6 +309,12 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--steps', type=int, default=5)
   p.add_argument('--warmup', type=int, default=2)
   p.add_argument('--json', default=None)
+  p.add_argument(
+      '--huge_pages', choices=('own', 'all', 'none'), default='own',
+      help='own: each implementation in the environment its own command '
+      'runs in (ours with huge pages for host memory where they help, '
+      'vit_jax.hugepages; PyTorch as this process has it); all: every '
+      'implementation with them; none: none')
   # One measurement (used by the comparison itself).
   p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   p.add_argument('--peer', choices=PEERS, help=argparse.SUPPRESS)

@@ -228,3 +228,34 @@ def test_op_profile_reads_the_device_timeline():
       op_profile.ATTENTION)
   assert op_profile.category(
       'nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT') == op_profile.MATMUL
+
+
+def test_peers_give_huge_pages_as_each_command_would(monkeypatch):
+  """`--huge_pages=own`: ours in the environment `python -m vit_jax.main`
+  restarts itself in, PyTorch in this process's; `all` and `none` give
+  every implementation the same."""
+  import subprocess
+  from types import SimpleNamespace
+  from benchmarks import peers
+  from vit_jax import hugepages
+  monkeypatch.delenv('GLIBC_TUNABLES', raising=False)
+  monkeypatch.delenv(hugepages.ENV, raising=False)
+  monkeypatch.setattr(hugepages, 'environ', lambda: {
+      'GLIBC_TUNABLES': hugepages.TUNABLE})
+  seen = {}
+
+  def run(cmd, env, **kwargs):
+    seen[cmd[4]] = env
+    return SimpleNamespace(returncode=0, stdout='{}', stderr='')
+  monkeypatch.setattr(subprocess, 'run', run)
+  for choice, ours, hf in [('own', True, False), ('all', True, True),
+                           ('none', False, False)]:
+    args = peers._parser().parse_args([f'--huge_pages={choice}'])
+    for peer in ('ours', 'hf'):
+      peers._run_one(args, peer, 'train', 'float32')
+    for peer, want in (('ours', ours), ('hf', hf)):
+      env = seen[f'--peer={peer}']
+      assert (env.get('GLIBC_TUNABLES') == hugepages.TUNABLE) == want, (
+          choice, peer)
+    assert (seen['--peer=hf'].get(hugepages.ENV) == '0') == (
+        choice == 'none')

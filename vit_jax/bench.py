@@ -32,6 +32,8 @@ from typing import Any, Dict
 
 from absl import app, flags
 
+from vit_jax import hugepages
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string('model', 'ViT-B/16', 'Model name from the zoo.')
 flags.DEFINE_integer('batch', 8, 'Global batch size.')
@@ -418,4 +420,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  hugepages.reexec()  # First: restarts the process where it helps.
   app.run(main)

@@ -22,7 +22,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from vit_jax import runtime
+from vit_jax import hugepages, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and args, e.g. configs/smoke.py.',
@@ -64,4 +64,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  hugepages.reexec()  # First: restarts the process where it helps.
   app.run(main)

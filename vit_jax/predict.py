@@ -31,6 +31,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from vit_jax import hugepages
+
 EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
 
 
@@ -229,4 +231,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == '__main__':
+  hugepages.reexec()  # First: restarts the process where it helps.
   sys.exit(main())

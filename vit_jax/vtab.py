@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags, logging
 
-from vit_jax import runtime
+from vit_jax import hugepages, runtime
 
 _ARGS = flags.DEFINE_string('config_args', '', 'Arguments of configs/vtab.py '
                             'except task, e.g. model=ViT-B/16,init=DIR.')
@@ -87,4 +87,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  hugepages.reexec()  # First: restarts the process where it helps.
   app.run(main)
