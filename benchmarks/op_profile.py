@@ -245,4 +245,6 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+  from vit_jax import hugepages
+  hugepages.reexec()  # As `vit_jax.bench` runs.
   main()

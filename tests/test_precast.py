@@ -56,3 +56,15 @@ def test_a_leaf_used_in_float32_anywhere_is_kept():
   params = {'w': jnp.ones((3, 4)), 'b': jnp.ones((4,)), 'v': jnp.ones((2,))}
   dtypes = precast.served_dtypes(fn, params, jnp.ones((2, 3)))
   assert dtypes == {'w': jnp.bfloat16, 'b': jnp.float32, 'v': jnp.bfloat16}
+
+
+def test_scanned_remat_layers_are_cast_too():
+  """Stacked layers (`scan_layers`) under remat: the scan and checkpoint
+  sub-programs are followed, and the logits stay bitwise the same."""
+  fn, params, images = _model_and_params(jnp.bfloat16, scan_layers=True,
+                                         remat='nothing_saveable')
+  served = precast.cast_once(fn, params, images)
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))
+  assert nbytes(served) < 0.6 * nbytes(params)
+  np.testing.assert_array_equal(np.asarray(fn(served, images), np.float32),
+                                np.asarray(fn(params, images), np.float32))

@@ -9,8 +9,10 @@ leaves whose every use is one conversion to a narrower dtype, and returns
 the parameters with those leaves converted ahead of time. The model's own
 conversions then do nothing, so the outputs are bitwise those of the float32
 parameters; leaves used in float32 anywhere (LayerNorm statistics, a
-float32 head) stay as they are. Uses inside custom-VJP and jit sub-programs
-are followed; any other use (a loop, a conditional) keeps the leaf.
+float32 head) stay as they are. Uses inside the sub-programs that take
+their operands in order are followed (custom VJPs, jit, remat, `scan` over
+stacked layers); any other use (a while loop, a conditional) keeps the
+leaf.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _only_narrowed_to(jaxpr, var) -> Optional[np.dtype]:
 
 def _sub_program(eqn):
   """The jaxpr a call-like equation runs on its operands in order (custom
-  VJP/JVP calls, nested jit), else None."""
+  VJP/JVP calls, nested jit, remat, scan), else None."""
   for name in _SUB_PROGRAMS:
     program = eqn.params.get(name)
     if isinstance(program, jex_core.ClosedJaxpr):
