@@ -118,11 +118,11 @@ def _source(hlo_text: str, name: str) -> str:
 
 
 def _hlo_name(kernel: str, names) -> str:
-  """The HLO instruction a GPU kernel runs, where its name says it (kernels
-  replayed from a CUDA graph carry the graph's `command_buffer` op as their
-  `hlo_op`; XLA's own kernels are named
-  after their fusion, `loop_add_fusion_3` for `loop_add_fusion.3`); else
-  the kernel's name (library kernels: cuBLAS, cuDNN)."""
+  """The HLO instruction a GPU kernel runs, where its name says it; else
+  the kernel's name (library kernels: cuBLAS, cuDNN). Kernels replayed from
+  a CUDA graph carry the graph's `command_buffer` op as their `hlo_op`, and
+  XLA's own kernels are named after their fusion: `loop_add_fusion_3` for
+  `loop_add_fusion.3`."""
   dotted = re.sub(r'_(\d+)$', r'.\1', kernel)
   return dotted if dotted in names else kernel
 
@@ -149,7 +149,7 @@ def op_times(profile, hlo_text: str, steps: int) -> collections.Counter:
         op = str(dict(ev.stats).get('hlo_op', ''))
         if not op or op.startswith('command_buffer'):
           op = _hlo_name(ev.name, names)
-        device[str(op)] += ev.duration_ns / steps
+        device[op] += ev.duration_ns / steps
   if device:
     return device
   workers, anywhere = collections.Counter(), collections.Counter()

@@ -11,8 +11,9 @@ rounds interleaved (A B C, A B C): on a shared or throttling machine each
 round sees the same conditions for all. `--huge_pages` (default `own`): each
 implementation runs in the environment its own command runs in (ours, like
 `python -m vit_jax.main`, with huge pages for host memory where they help,
-`vit_jax.hugepages`); `all` gives them to PyTorch too. Prints one markdown table with the
-machine, the date and every figure; ratios against `ours` of the same round.
+`vit_jax.hugepages`); `all` gives them to PyTorch too. Prints one markdown
+table with the machine, the date and every figure; ratios against `ours` of
+the same round.
 
 Implementations (same model size, batch, resolution and dtype; train =
 softmax cross-entropy, AdamW (lr 1e-3, weight decay 0.1), global-norm

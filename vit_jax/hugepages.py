@@ -12,7 +12,8 @@ mappings under the tunable `glibc.malloc.hugetlb=1`: 0.29 M faults and a
 Tunables are read when a process starts, so `reexec()`, called first in
 the `__main__` of `vit_jax.main`, `vit_jax.vtab`, `vit_jax.bench` and
 `vit_jax.predict`, restarts the process once with the tunable added where
-it would help. Library imports never do this. `VIT_JAX_HUGE_PAGES=0` turns it off.
+it would help. Library imports never do this. `VIT_JAX_HUGE_PAGES=0` turns
+it off.
 """
 
 from __future__ import annotations

@@ -95,11 +95,8 @@ def _accelerator_dot(lhs, rhs, *, dn):
   Flattened to (M, K) x (K, N) first: as autodiff's dot_generals over
   several axes they got transposes around them on an H100
   (docs/performance.md)."""
-  def dot(a, b):
-    batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
-    return lax.dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), batch),
-                           preferred_element_type=BF16)
-  return _canonical(lhs, rhs, dn, dot)
+  return _canonical(lhs, rhs, dn, lambda a, b: _dot(
+      a, b, ((a.ndim - 1,), (b.ndim - 2,)), accumulate=BF16))
 
 
 def _cpu_dot(lhs, rhs, *, dn):
@@ -134,12 +131,13 @@ def _canonical(lhs, rhs, dn, matmul_fn):
                      [rhs.shape[i] for i in rfree])
 
 
-def _dot(a, b, contract, out=BF16):
-  """a x b contracting a's axis `contract[0]` with b's `contract[1]`;
-  3-D operands have a leading batch axis."""
+def _dot(a, b, contract, out=BF16, accumulate=F32):
+  """a x b contracting a's axis `contract[0]` with b's `contract[1]`, the
+  dot's result in `accumulate`, returned in `out`; 3-D operands have a
+  leading batch axis."""
   batch = ((0,), (0,)) if a.ndim == 3 else ((), ())
   return lax.dot_general(a, b, (contract, batch),
-                         preferred_element_type=F32).astype(out)
+                         preferred_element_type=accumulate).astype(out)
 
 
 # Row length (bytes) from which the CPU branch transposes inside a
