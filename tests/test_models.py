@@ -405,20 +405,27 @@ def test_odd_sequence_padding_keeps_attention_and_its_gradients():
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
-def test_cpu_attention_core_is_jax_xla_attention():
-  """On CPUs "xla" attention runs as canonical-layout batched matmuls
-  (`attention._cpu_core`): float32 equals `jax.nn.dot_product_attention`'s
-  XLA implementation, with and without a mask; bf16 outputs within one bf16
-  step, gradients (bf16 cotangents in the backward matmuls) within 2%."""
+@pytest.mark.parametrize('kv_len', [9, 5])
+def test_cpu_attention_core_is_jax_xla_attention(kv_len):
+  """On CPUs "xla" attention runs as canonical-layout batched matmuls with
+  flash attention's backward pass (`attention._cpu_core`, token axes padded
+  there): float32 equals `jax.nn.dot_product_attention`'s XLA
+  implementation, with and without a mask, for self- and cross-attention
+  (fewer keys than queries); bf16 outputs within one bf16 step, gradients
+  (bf16 cotangents in the backward matmuls) within 2%. The recomputing
+  variant the encoder uses is the same function on CPUs."""
   from vit_jax.models import attention
   rng = np.random.RandomState(1)
-  q, k, v, g = (jnp.asarray(rng.normal(size=(2, 9, 3, 8)), jnp.float32)
-                for _ in range(4))
-  mask = jnp.asarray(rng.uniform(size=(2, 1, 9, 9)) > 0.3).at[..., 0].set(True)
-  for m in (None, mask):
+  q, g = (jnp.asarray(rng.normal(size=(2, 9, 3, 8)), jnp.float32)
+          for _ in range(2))
+  k, v = (jnp.asarray(rng.normal(size=(2, kv_len, 3, 8)), jnp.float32)
+          for _ in range(2))
+  mask = jnp.asarray(rng.uniform(size=(2, 1, 9, kv_len)) > 0.3
+                     ).at[..., 0].set(True)
+  for m, recomputed in ((None, False), (mask, False), (mask, True)):
     ref = functools.partial(jax.nn.dot_product_attention, mask=m,
                             implementation='xla')
-    ours = lambda q, k, v, m=m: attention._xla(q, k, v, m)
+    ours = lambda q, k, v, m=m, r=recomputed: attention._xla(q, k, v, m, r)
     for dtype, atol, rtol in ((jnp.float32, 1e-6, 1e-5),
                               (jnp.bfloat16, 2**-8, 0.02)):
       args = [x.astype(dtype) for x in (q, k, v)]

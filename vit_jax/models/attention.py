@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from vit_jax.models import dense
 from vit_jax.models import matmul
@@ -86,48 +87,157 @@ def even_lengths(query, key, value, mask, implementation: str):
   return out[:, :t]
 
 
-def _xla(query, key, value, mask):
+def _xla(query, key, value, mask, recomputed: bool = False):
   """`jax.nn.dot_product_attention(implementation='xla')`; on CPUs the same
-  computation as canonical-layout batched matmuls (`_cpu_core`)."""
+  computation as canonical-layout batched matmuls with a backward pass of
+  their own (`_cpu_core`). `recomputed`: on TPUs and GPUs the backward pass
+  recomputes the logits and softmax from q, k, v instead of keeping them
+  (flash attention's trade: 2% more FLOPs for ViT-B/16, no (heads, tokens,
+  tokens) arrays kept per layer); the CPU core always does."""
+  def default(q, k, v, mask):
+    return jax.nn.dot_product_attention(q, k, v, mask=mask,
+                                        implementation='xla')
+  if recomputed:
+    default = recompute.recompute(default)
   return jax.lax.platform_dependent(
       query, key, value,
-      cpu=functools.partial(_cpu_core, mask=mask),
-      default=functools.partial(jax.nn.dot_product_attention, mask=mask,
-                                implementation='xla'))
+      cpu=lambda q, k, v: _cpu_core(q, k, v, mask),
+      default=lambda q, k, v: default(q, k, v, mask))
+
+
+# The CPU core's backward pass pads token axes to a multiple of this.
+PAD = 16
+
+
+def _padded(n):
+  return -(-n // PAD) * PAD
+
+
+def _heads_major(x):
+  """(B, L, N, H) -> (B * N, L, H)."""
+  b, l, n, h = x.shape
+  return jnp.swapaxes(x, 1, 2).reshape(b * n, l, h)
+
+
+def _pad_rows(x):
+  """(G, L, ...) -> (G, L', ...), zero rows appended up to L' = `_padded(L)`."""
+  pad = [(0, 0)] * x.ndim
+  pad[1] = (0, _padded(x.shape[1]) - x.shape[1])
+  return jnp.pad(x, pad)
+
+
+def _masked(logits, mask, shape):
+  """`logits` (B * N, T', S') whose first (T, S) of `shape` (B, N, T, S) are
+  real, the rest padding: keys past S, and those `mask` drops, get a large
+  negative logit (padded query rows: every key)."""
+  b, n, t, s = shape
+  if mask is not None:
+    keep = jnp.broadcast_to(mask, shape).reshape(b * n, t, s)
+    keep = jnp.pad(keep, ((0, 0), (0, logits.shape[1] - t),
+                          (0, logits.shape[2] - s)))
+  elif logits.shape[2] > s:
+    keep = jnp.arange(logits.shape[2]) < s
+  else:
+    return logits
+  return jnp.where(keep, logits,
+                   jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
+
+
+def _logits(q, k, mask, shape):
+  """Scaled, masked float32 logits of heads-major q, k."""
+  logits = matmul.cpu_batched_product(q, matmul.transposed_copy(k),
+                                      jnp.float32)
+  return _masked(logits * jnp.float32(1.0 / math.sqrt(q.shape[-1])), mask,
+                 shape)
 
 
 def _cpu_core(query, key, value, mask):
   """What `jax.nn.dot_product_attention`'s XLA implementation computes:
   float32 logits (bf16 products accumulated in float32), scaled, masked,
   float32 softmax, probabilities in the inputs' dtype times the values.
+
   Written as (batch x heads) batched matmuls in the layout XLA:CPU's
-  library kernel takes (`matmul.cpu_batched`): XLA's own lowering of the
-  (B, T, N, H) einsums runs them as float32 loops on CPUs, 3x slower in
-  the forward pass (ViT-B/16, docs/performance.md). The backward pass
-  multiplies in bf16 (the cotangent rounded once), as flash attention
-  kernels do."""
-  b, t, n, h = query.shape
-  s = key.shape[1]
+  library kernel takes (`matmul.cpu_batched_product`): XLA's own lowering
+  of the (B, T, N, H) einsums runs them as float32 loops on CPUs, 3x slower
+  in the forward pass (ViT-B/16, docs/performance.md). The backward pass is
+  flash attention's, written for the same kernel: it keeps q, k, v and the
+  softmax's log-normaliser, recomputes the probabilities once the
+  cotangent has arrived, and takes every product in the canonical layout,
+  transposing the small (tokens, head_dim) operands, never the (tokens,
+  tokens) ones, on token axes padded to a multiple of PAD. Autodiff of the
+  forward pass ran XLA:CPU's transposes and float32 fallbacks: 1.4x the
+  time of a ViT-B/16 layer's attention, forward and backward
+  (docs/performance.md). The backward products take the cotangents rounded
+  to the inputs' dtype, as flash attention kernels do.
 
-  def heads_major(x):  # (B, L, N, H) -> (B * N, L, H)
-    return jnp.swapaxes(x, 1, 2).reshape(b * n, x.shape[1], h)
-
-  q, k, v = heads_major(query), heads_major(key), heads_major(value)
-  logits = matmul.cpu_batched(q, jnp.swapaxes(k, 1, 2), jnp.float32)
-  logits = logits * jnp.float32(1.0 / math.sqrt(h))
-  if mask is not None:
-    mask = jnp.broadcast_to(mask, (b, n, t, s)).reshape(b * n, t, s)
-    logits = jnp.where(mask, logits,
-                       jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
-  probs = jax.nn.softmax(logits, axis=-1).astype(key.dtype)
-  out = matmul.cpu_batched(probs, v, value.dtype)
-  return jnp.swapaxes(out.reshape(b, n, t, h), 1, 2)
+  The output is named as `matmul.cpu_batched`'s products are, so that the
+  "dots_saveable" remat policy keeps it (`vit_jax.models.remat`)."""
+  return checkpoint_name(_flash(key.shape[1], query, key, value, mask),
+                         matmul.BATCHED_NAME)
 
 
-# Keeps only q, k, v for the backward pass, which recomputes the logits and
-# softmax (flash attention's trade: 2% more FLOPs for ViT-B/16, no
-# (heads, tokens, tokens) arrays kept per layer).
-_xla_recomputed = recompute.recompute(_xla)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _flash(kv_len, query, key, value, mask):
+  del kv_len
+  return _cpu_forward(query, key, value, mask)[0]
+
+
+def _cpu_forward(query, key, value, mask):
+  b, t, n, _ = query.shape
+  shape = (b, n, t, key.shape[1])
+  q, k, v = _heads_major(query), _heads_major(key), _heads_major(value)
+  logits = _logits(q, k, mask, shape)
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  unnormalised = jnp.exp(logits - top)
+  total = jnp.sum(unnormalised, axis=-1, keepdims=True)
+  probs = (unnormalised / total).astype(value.dtype)
+  out = matmul.cpu_batched_product(probs, v, value.dtype)
+  out = jnp.swapaxes(out.reshape(b, n, t, -1), 1, 2)
+  return out, (q, k, v, mask, top + jnp.log(total))
+
+
+def _flash_fwd(kv_len, query, key, value, mask):
+  del kv_len
+  return _cpu_forward(query, key, value, mask)
+
+
+def _flash_bwd(kv_len, res, g):
+  q, k, v, mask, lse = res
+  b, t, n, h = g.shape
+  # Tied to the cotangent: no schedule can run this before the backward
+  # pass reaches it (see `recompute`).
+  q, k, v, lse = recompute.tie((q, k, v, lse), g)
+  # Token axes padded to a multiple of PAD: XLA:CPU's batched bf16 kernel
+  # runs 197-token products slower than 208-token ones (docs/performance.md).
+  # Padded query rows get a zero cotangent, padded keys a zero probability:
+  # neither reaches the gradients.
+  q, k, v, lse = (_pad_rows(x) for x in (q, k, v, lse))
+  shape = (b, n, t, kv_len)
+  bf = matmul.cpu_batched_product
+  tr = matmul.transposed_copy
+  g = _pad_rows(_heads_major(g.astype(v.dtype)))  # (BN, T', H)
+  probs = jnp.exp(_logits(q, k, mask, shape) - lse)  # float32 (BN, T', S')
+  dprobs = bf(g, tr(v), jnp.float32)
+  dlogits = probs * (dprobs - jnp.sum(dprobs * probs, -1, keepdims=True))
+  dlogits = (dlogits * jnp.float32(1.0 / math.sqrt(h))).astype(q.dtype)
+  dq = bf(dlogits, k, q.dtype)
+  # dK = dlogits^T q and dV = probs^T g, each as its transpose:
+  # (H, T) x (T, S) products, then (H, S) -> (S, H). The barrier keeps XLA
+  # from folding that transpose back into the product (as a (T, S)^T x
+  # (T, H) form its CPU runtime has no bf16 kernel for).
+  def transposed_product(a, b, dtype):
+    out = jax.lax.optimization_barrier(bf(a, b, jnp.float32))
+    return jnp.swapaxes(out, 1, 2).astype(dtype)
+  dk = transposed_product(tr(q), dlogits, k.dtype)
+  dv = transposed_product(tr(g), probs.astype(v.dtype), v.dtype)
+
+  def tokens_major(x, l):
+    return jnp.swapaxes(x.reshape(b, n, -1, h)[:, :, :l], 1, 2)
+  return (tokens_major(dq, t), tokens_major(dk, kv_len),
+          tokens_major(dv, kv_len), None)
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 def attention_fn(impl: str, recompute: bool = False):
@@ -154,7 +264,7 @@ def attention_fn(impl: str, recompute: bool = False):
       except (RuntimeError, ValueError, NotImplementedError) as e:
         logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
                         "attention_impl='xla'", query.shape, query.dtype, e)
-    return (_xla_recomputed if recompute else _xla)(query, key, value, mask)
+    return _xla(query, key, value, mask, recompute)
 
   return fn
 

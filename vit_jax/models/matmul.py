@@ -207,15 +207,34 @@ def cpu_batched(a, b, out_dtype):
   a backward pass of bf16 matmuls on the bf16-rounded cotangent, all in the
   canonical layout the library kernel takes. Other dtypes: `lax.dot_general`.
   """
-  dn = (((2,), (1,)), ((0,), (0,)))
-  if a.dtype != BF16 or b.dtype != BF16:
-    out = lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
-  elif cpu_form() == 'f32':
-    out = lax.dot_general(a.astype(F32), b.astype(F32), dn).astype(out_dtype)
+  if a.dtype != BF16 or b.dtype != BF16 or cpu_form() == 'f32':
+    out = cpu_batched_product(a, b, out_dtype)
   else:
     out = _matmul(a, b, True, jnp.dtype(out_dtype))
   # Named as `dot_general`'s batched products are (remat policies).
   return checkpoint_name(out, BATCHED_NAME)
+
+
+def cpu_batched_product(a, b, out_dtype):
+  """`cpu_batched`'s product without its backward pass, for a caller with
+  its own (`attention`'s CPU core): bf16 operands in this process's CPU
+  form, float32 accumulation, rounded once to `out_dtype`."""
+  dn = (((2,), (1,)), ((0,), (0,)))
+  if a.dtype != BF16 or b.dtype != BF16:
+    return lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
+  if cpu_form() == 'f32':
+    return lax.dot_general(a.astype(F32), b.astype(F32), dn).astype(out_dtype)
+  return _dot(a, b, ((2,), (1,)), out_dtype)
+
+
+def transposed_copy(x):
+  """x with its last two axes swapped, materialised in row-major order (CPU
+  branches: see `_transposed`). XLA otherwise folds a transpose into the
+  consuming dot's dimension numbers, and some of the forms that result
+  reach XLA:CPU's library kernel only after their bf16 operands were upcast
+  to float32 (the attention logits of heads-major keys: 4x slower,
+  docs/performance.md)."""
+  return _transposed(x, True)
 
 
 # ---------------------------------------------------------------------------

@@ -34,7 +34,7 @@ def _is_float(x) -> bool:
   return hasattr(x, 'dtype') and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def _tie(args, cotangent):
+def tie(args, cotangent):
   """`args` with every floating leaf made to depend on `cotangent`, values
   unchanged."""
   leaves = [g for g in jax.tree.leaves(cotangent) if _is_float(g)]
@@ -60,7 +60,7 @@ def recompute(fn: Callable) -> Callable:
     return fn(*args), args
 
   def bwd(args, cotangent):
-    _, vjp = jax.vjp(fn, *_tie(args, cotangent))
+    _, vjp = jax.vjp(fn, *tie(args, cotangent))
     return vjp(cotangent)
 
   wrapped.defvjp(fwd, bwd)

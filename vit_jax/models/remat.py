@@ -16,7 +16,7 @@ from vit_jax.models import matmul
 POLICIES = (
     'nothing_saveable',  # Keep only each block's input: least memory.
     'dots_with_no_batch_dims_saveable',  # Keep the dense layers' outputs.
-    'dots_saveable',  # Keep every matmul output (also attention logits).
+    'dots_saveable',  # Keep every matmul output (also attention's).
     'everything_saveable',  # Keep everything: remat's structure, no saving.
 )
 
