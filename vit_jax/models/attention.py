@@ -145,7 +145,7 @@ def _masked(logits, mask, shape):
 
 def _logits(q, k, mask, shape):
   """Scaled, masked float32 logits of heads-major q, k."""
-  logits = matmul.cpu_batched_product(q, matmul.transposed_copy(k),
+  logits = matmul.cpu_batched(q, matmul.transposed_copy(k),
                                       jnp.float32)
   return _masked(logits * jnp.float32(1.0 / math.sqrt(q.shape[-1])), mask,
                  shape)
@@ -157,7 +157,7 @@ def _cpu_core(query, key, value, mask):
   float32 softmax, probabilities in the inputs' dtype times the values.
 
   Written as (batch x heads) batched matmuls in the layout XLA:CPU's
-  library kernel takes (`matmul.cpu_batched_product`): XLA's own lowering
+  library kernel takes (`matmul.cpu_batched`): XLA's own lowering
   of the (B, T, N, H) einsums runs them as float32 loops on CPUs, 3x slower
   in the forward pass (ViT-B/16, docs/performance.md). The backward pass is
   flash attention's, written for the same kernel: it keeps q, k, v and the
@@ -170,8 +170,9 @@ def _cpu_core(query, key, value, mask):
   (docs/performance.md). The backward products take the cotangents rounded
   to the inputs' dtype, as flash attention kernels do.
 
-  The output is named as `matmul.cpu_batched`'s products are, so that the
-  "dots_saveable" remat policy keeps it (`vit_jax.models.remat`)."""
+  The output is named as `matmul.dot_general`'s batched products are, so
+  that the "dots_saveable" remat policy keeps it (`vit_jax.models.remat`).
+  """
   return checkpoint_name(_flash(key.shape[1], query, key, value, mask),
                          matmul.BATCHED_NAME)
 
@@ -191,7 +192,7 @@ def _cpu_forward(query, key, value, mask):
   unnormalised = jnp.exp(logits - top)
   total = jnp.sum(unnormalised, axis=-1, keepdims=True)
   probs = (unnormalised / total).astype(value.dtype)
-  out = matmul.cpu_batched_product(probs, v, value.dtype)
+  out = matmul.cpu_batched(probs, v, value.dtype)
   out = jnp.swapaxes(out.reshape(b, n, t, -1), 1, 2)
   return out, (q, k, v, mask, top + jnp.log(total))
 
@@ -213,7 +214,7 @@ def _flash_bwd(kv_len, res, g):
   # neither reaches the gradients.
   q, k, v, lse = (_pad_rows(x) for x in (q, k, v, lse))
   shape = (b, n, t, kv_len)
-  bf = matmul.cpu_batched_product
+  bf = matmul.cpu_batched
   tr = matmul.transposed_copy
   g = _pad_rows(_heads_major(g.astype(v.dtype)))  # (BN, T', H)
   probs = jnp.exp(_logits(q, k, mask, shape) - lse)  # float32 (BN, T', S')

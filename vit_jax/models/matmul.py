@@ -200,25 +200,12 @@ _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 def cpu_batched(a, b, out_dtype):
   """(B, M, K) x (B, K, N) -> (B, M, N) in `out_dtype`, for a program that
-  runs on a CPU (call it inside a `lax.platform_dependent` CPU branch).
-
-  bf16 operands take this process's CPU form: float32 accumulation, the
-  result rounded once to `out_dtype` (float32 keeps the accumulator), and
-  a backward pass of bf16 matmuls on the bf16-rounded cotangent, all in the
-  canonical layout the library kernel takes. Other dtypes: `lax.dot_general`.
-  """
-  if a.dtype != BF16 or b.dtype != BF16 or cpu_form() == 'f32':
-    out = cpu_batched_product(a, b, out_dtype)
-  else:
-    out = _matmul(a, b, True, jnp.dtype(out_dtype))
-  # Named as `dot_general`'s batched products are (remat policies).
-  return checkpoint_name(out, BATCHED_NAME)
-
-
-def cpu_batched_product(a, b, out_dtype):
-  """`cpu_batched`'s product without its backward pass, for a caller with
-  its own (`attention`'s CPU core): bf16 operands in this process's CPU
-  form, float32 accumulation, rounded once to `out_dtype`."""
+  runs on a CPU (call it inside a `lax.platform_dependent` CPU branch), by a
+  caller that writes its own backward pass in the same canonical layout
+  (`attention`'s CPU core): autodiff's would fold transposes into the
+  products. bf16 operands take this process's CPU form: float32
+  accumulation, the result rounded once to `out_dtype` (float32 keeps the
+  accumulator). Other dtypes: `lax.dot_general`."""
   dn = (((2,), (1,)), ((0,), (0,)))
   if a.dtype != BF16 or b.dtype != BF16:
     return lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
