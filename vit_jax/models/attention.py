@@ -4,8 +4,8 @@ The encoder blocks' `attention_impl` picks one of:
 
   * "xla": `jax.nn.dot_product_attention` (XLA's fused attention; on CPUs
     the same computation as batched matmuls in the layout of XLA:CPU's
-    library kernel, `_cpu_core`; the softmax weights are never handed back
-    to the caller);
+    library kernel, with flash attention's backward pass, `_cpu_core`; the
+    softmax weights are never handed back to the caller);
   * "cudnn": the same call with cuDNN flash attention (NVIDIA GPUs, bf16 or
     fp16 compute; cuDNN must be present when the step is traced). Odd
     sequence lengths (a ViT's 197 tokens) are padded to even ones, which
@@ -145,8 +145,7 @@ def _masked(logits, mask, shape):
 
 def _logits(q, k, mask, shape):
   """Scaled, masked float32 logits of heads-major q, k."""
-  logits = matmul.cpu_batched(q, matmul.transposed_copy(k),
-                                      jnp.float32)
+  logits = matmul.cpu_batched(q, matmul.transposed_copy(k), jnp.float32)
   return _masked(logits * jnp.float32(1.0 / math.sqrt(q.shape[-1])), mask,
                  shape)
 
@@ -204,7 +203,7 @@ def _flash_fwd(kv_len, query, key, value, mask):
 
 def _flash_bwd(kv_len, res, g):
   q, k, v, mask, lse = res
-  b, t, n, h = g.shape
+  b, t, n, _ = g.shape
   # Tied to the cotangent: no schedule can run this before the backward
   # pass reaches it (see `recompute`).
   q, k, v, lse = recompute.tie((q, k, v, lse), g)
@@ -220,7 +219,8 @@ def _flash_bwd(kv_len, res, g):
   probs = jnp.exp(_logits(q, k, mask, shape) - lse)  # float32 (BN, T', S')
   dprobs = bf(g, tr(v), jnp.float32)
   dlogits = probs * (dprobs - jnp.sum(dprobs * probs, -1, keepdims=True))
-  dlogits = (dlogits * jnp.float32(1.0 / math.sqrt(h))).astype(q.dtype)
+  dlogits = (dlogits * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
+             ).astype(q.dtype)
   dq = bf(dlogits, k, q.dtype)
   # dK = dlogits^T q and dV = probs^T g, each as its transpose:
   # (H, T) x (T, S) products, then (H, S) -> (S, H). The barrier keeps XLA
@@ -233,7 +233,7 @@ def _flash_bwd(kv_len, res, g):
   dv = transposed_product(tr(g), probs.astype(v.dtype), v.dtype)
 
   def tokens_major(x, l):
-    return jnp.swapaxes(x.reshape(b, n, -1, h)[:, :, :l], 1, 2)
+    return jnp.swapaxes(x.reshape(b, n, -1, x.shape[-1])[:, :, :l], 1, 2)
   return (tokens_major(dq, t), tokens_major(dk, kv_len),
           tokens_major(dv, kv_len), None)
 
