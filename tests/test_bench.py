@@ -259,3 +259,22 @@ def test_peers_give_huge_pages_as_each_command_would(monkeypatch):
           choice, peer)
     assert (seen['--peer=hf'].get(hugepages.ENV) == '0') == (
         choice == 'none')
+
+
+def test_attention_benchmark_times_each_peer_in_its_own_process():
+  """`python -m benchmarks.attention` (docs/performance.md's attention
+  table): every implementation and pass gets a figure per round; a peer
+  that cannot run is named with the reason instead of failing the table."""
+  from benchmarks import attention
+  text = attention.main(['--batch=1', '--tokens=9', '--heads=2',
+                         '--head_dim=8', '--rounds=2', '--repeats=2',
+                         '--peers=ours'])
+  rows = {line.split('|')[2].strip(): line.split('|')[3]
+          for line in text.splitlines() if line.startswith('| ours')}
+  assert set(rows) == set(attention.PASSES)
+  for figures in rows.values():
+    assert len(figures.split(',')) == 2
+    assert all(float(f) > 0 for f in figures.split(','))
+  failed = attention.table({'torch': 'failed (no torch)'},
+                           attention._parser().parse_args([]))
+  assert '| torch | - | failed (no torch) |' in failed

@@ -150,6 +150,12 @@ def check_peers(argv):
   assert set(args.peers.split(',')) <= set(peers.PEERS), args.peers
 
 
+def check_attention(argv):
+  from benchmarks import attention
+  args = attention._parser().parse_args(argv)
+  assert set(args.peers) <= set(attention.PEERS), args.peers
+
+
 def check_losses(argv):
   from benchmarks import losses
   losses._parser().parse_args(argv)
@@ -177,6 +183,7 @@ CHECKS = {
     'vit_jax.models': lambda argv: None, 'vit_jax.inspect': check_inspect,
     'vit_jax.predict': check_predict, 'vit_jax.export': check_export,
     'benchmarks.peers': check_peers, 'benchmarks.op_profile': check_op_profile,
+    'benchmarks.attention': check_attention,
     'benchmarks.losses': check_losses, 'benchmarks.max_batch': check_max_batch,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
