@@ -2,11 +2,12 @@
 
     python -m benchmarks.attention [--batch=8] [--tokens=197] [--heads=12]
         [--head_dim=64] [--dtype=bfloat16] [--rounds=3] [--repeats=20]
-        [--peers=ours,torch]
+        [--peers=ours,torch] [--attention_impl=auto]
 
 `ours` is the function the encoder blocks call (`attention.attention_fn`
-with the implementation `attention.resolve` picks for this platform, and
-the backward pass recomputing, as in training); `torch` is
+with the backward pass recomputing, as in training, and the implementation
+`--attention_impl` names: `auto`, the default, is what `attention.resolve`
+picks for this platform; the table names the one that ran); `torch` is
 `torch.nn.functional.scaled_dot_product_attention` (PyTorch picks its
 kernel). Each measurement runs in a fresh process (JAX's and PyTorch's
 thread pools in one process slowed both, by up to 2.5x), on the same
@@ -61,7 +62,9 @@ def ours(args) -> Dict[str, Callable[[], None]]:
   from vit_jax.models import attention
 
   dtype = jnp.dtype(args.dtype)
-  impl = attention.resolve('auto', jax.devices()[0].platform, dtype)
+  impl = attention.resolve(args.attention_impl, jax.devices()[0].platform,
+                           dtype)
+  args.ran = impl
   fn = attention.attention_fn(impl, recompute=True)
   q, k, v, g = (jnp.asarray(x, dtype) for x in _inputs(args))
   forward = jax.jit(lambda q, k, v: fn(q, k, v))
@@ -104,7 +107,8 @@ _PEERS = {'ours': ours, 'torch': torch_sdpa}
 
 def _child(args) -> Dict[str, float]:
   fns = _PEERS[args.peer](args)
-  return {name: _median_ms(fns[name], args.repeats) for name in PASSES}
+  times = {name: _median_ms(fns[name], args.repeats) for name in PASSES}
+  return dict(times, ran=getattr(args, 'ran', None))
 
 
 def _run_one(args, peer: str):
@@ -112,7 +116,8 @@ def _run_one(args, peer: str):
   cmd = [sys.executable, '-m', 'benchmarks.attention', '--child',
          f'--peer={peer}', f'--batch={args.batch}', f'--tokens={args.tokens}',
          f'--heads={args.heads}', f'--head_dim={args.head_dim}',
-         f'--dtype={args.dtype}', f'--repeats={args.repeats}']
+         f'--dtype={args.dtype}', f'--repeats={args.repeats}',
+         f'--attention_impl={args.attention_impl}']
   proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                         check=False)
   lines = proc.stdout.strip().splitlines()
@@ -123,8 +128,10 @@ def _run_one(args, peer: str):
 
 
 def compare(args) -> Dict[str, Any]:
-  """{peer: {pass: [ms per round]}}, or {peer: why it did not run}."""
+  """{row label: {pass: [ms per round]}}, or {label: why it did not run};
+  ours is labelled with the attention implementation that ran."""
   result: Dict[str, Any] = {p: {n: [] for n in PASSES} for p in args.peers}
+  ran: Dict[str, str] = {}
   for _ in range(args.rounds):
     for peer in args.peers:
       if isinstance(result[peer], str):
@@ -135,7 +142,10 @@ def compare(args) -> Dict[str, Any]:
         continue
       for name in PASSES:
         result[peer][name].append(got[name])
-  return result
+      if got.get('ran'):
+        ran[peer] = got['ran']
+  return {(f'{p} ({ran[p]})' if p in ran else p): rows
+          for p, rows in result.items()}
 
 
 def _threads(result) -> str:
@@ -177,6 +187,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--repeats', type=int, default=20)
   p.add_argument('--peers', default=','.join(PEERS),
                  type=lambda s: [x for x in s.split(',') if x])
+  p.add_argument('--attention_impl', default='auto',
+                 help='ours: auto, xla, cudnn or explicit')
   p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   p.add_argument('--peer', choices=PEERS, help=argparse.SUPPRESS)
   return p
@@ -190,6 +202,11 @@ def main(argv=None) -> str:
   unknown = sorted(set(args.peers) - set(PEERS))
   if unknown:
     raise SystemExit(f'--peers: unknown {unknown}; choose from {PEERS}')
+  from vit_jax.models import attention
+  try:
+    attention.check(args.attention_impl)
+  except ValueError as e:
+    raise SystemExit(f'--attention_impl: {e}') from None
   text = table(compare(args), args)
   print(text)
   return text

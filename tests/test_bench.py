@@ -263,14 +263,15 @@ def test_peers_give_huge_pages_as_each_command_would(monkeypatch):
 
 def test_attention_benchmark_times_each_peer_in_its_own_process():
   """`python -m benchmarks.attention` (docs/performance.md's attention
-  table): every implementation and pass gets a figure per round; a peer
-  that cannot run is named with the reason instead of failing the table."""
+  table): every implementation and pass gets a figure per round, ours
+  labelled with the attention implementation that ran; a peer that cannot
+  run is named with the reason instead of failing the table."""
   from benchmarks import attention
   text = attention.main(['--batch=1', '--tokens=9', '--heads=2',
                          '--head_dim=8', '--rounds=2', '--repeats=2',
                          '--peers=ours'])
   rows = {line.split('|')[2].strip(): line.split('|')[3]
-          for line in text.splitlines() if line.startswith('| ours')}
+          for line in text.splitlines() if line.startswith('| ours (xla) |')}
   assert set(rows) == set(attention.PASSES)
   for figures in rows.values():
     assert len(figures.split(',')) == 2
