@@ -119,6 +119,17 @@ def _heads_major(x):
   return jnp.swapaxes(x, 1, 2).reshape(b * n, l, h)
 
 
+def _tokens_major(x, b: int, n: int, length: int):
+  """`_heads_major`'s inverse: (B * N, L', H) -> (B, L, N, H), the first
+  `length` of L' rows (the rest: padding)."""
+  return jnp.swapaxes(x.reshape(b, n, -1, x.shape[-1])[:, :, :length], 1, 2)
+
+
+def _scale(q):
+  """The logits' scale, 1 / sqrt(head size)."""
+  return jnp.float32(1.0 / math.sqrt(q.shape[-1]))
+
+
 def _pad_rows(x):
   """(G, L, ...) -> (G, L', ...), zero rows appended up to L' = `_padded(L)`."""
   pad = [(0, 0)] * x.ndim
@@ -146,8 +157,7 @@ def _masked(logits, mask, shape):
 def _logits(q, k, mask, shape):
   """Scaled, masked float32 logits of heads-major q, k."""
   logits = matmul.cpu_batched(q, matmul.transposed_copy(k), jnp.float32)
-  return _masked(logits * jnp.float32(1.0 / math.sqrt(q.shape[-1])), mask,
-                 shape)
+  return _masked(logits * _scale(q), mask, shape)
 
 
 def _cpu_core(query, key, value, mask):
@@ -178,11 +188,13 @@ def _cpu_core(query, key, value, mask):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _flash(kv_len, query, key, value, mask):
+  return _flash_fwd(kv_len, query, key, value, mask)[0]
+
+
+def _flash_fwd(kv_len, query, key, value, mask):
+  """The output, and what the backward pass keeps: heads-major q, k, v,
+  the mask and the softmax's log-normaliser."""
   del kv_len
-  return _cpu_forward(query, key, value, mask)[0]
-
-
-def _cpu_forward(query, key, value, mask):
   b, t, n, _ = query.shape
   shape = (b, n, t, key.shape[1])
   q, k, v = _heads_major(query), _heads_major(key), _heads_major(value)
@@ -192,13 +204,7 @@ def _cpu_forward(query, key, value, mask):
   total = jnp.sum(unnormalised, axis=-1, keepdims=True)
   probs = (unnormalised / total).astype(value.dtype)
   out = matmul.cpu_batched(probs, v, value.dtype)
-  out = jnp.swapaxes(out.reshape(b, n, t, -1), 1, 2)
-  return out, (q, k, v, mask, top + jnp.log(total))
-
-
-def _flash_fwd(kv_len, query, key, value, mask):
-  del kv_len
-  return _cpu_forward(query, key, value, mask)
+  return _tokens_major(out, b, n, t), (q, k, v, mask, top + jnp.log(total))
 
 
 def _flash_bwd(kv_len, res, g):
@@ -219,8 +225,7 @@ def _flash_bwd(kv_len, res, g):
   probs = jnp.exp(_logits(q, k, mask, shape) - lse)  # float32 (BN, T', S')
   dprobs = bf(g, tr(v), jnp.float32)
   dlogits = probs * (dprobs - jnp.sum(dprobs * probs, -1, keepdims=True))
-  dlogits = (dlogits * jnp.float32(1.0 / math.sqrt(q.shape[-1]))
-             ).astype(q.dtype)
+  dlogits = (dlogits * _scale(q)).astype(q.dtype)
   dq = bf(dlogits, k, q.dtype)
   # dK = dlogits^T q and dV = probs^T g, each as its transpose:
   # (H, T) x (T, S) products, then (H, S) -> (S, H). The barrier keeps XLA
@@ -231,11 +236,8 @@ def _flash_bwd(kv_len, res, g):
     return jnp.swapaxes(out, 1, 2).astype(dtype)
   dk = transposed_product(tr(q), dlogits, k.dtype)
   dv = transposed_product(tr(g), probs.astype(v.dtype), v.dtype)
-
-  def tokens_major(x, l):
-    return jnp.swapaxes(x.reshape(b, n, -1, x.shape[-1])[:, :, :l], 1, 2)
-  return (tokens_major(dq, t), tokens_major(dk, kv_len),
-          tokens_major(dv, kv_len), None)
+  return (_tokens_major(dq, b, n, t), _tokens_major(dk, b, n, kv_len),
+          _tokens_major(dv, b, n, kv_len), None)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
