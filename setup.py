@@ -17,6 +17,8 @@ setup(
                            exclude=['vit_jax.configs', 'vit_jax.launch']) + [
                                'vit_jax.configs', 'vit_jax.launch'],
     package_dir={'vit_jax.configs': 'configs', 'vit_jax.launch': 'launch'},
+    # Compiled on first use where the onednn extra is installed.
+    package_data={'vit_jax.models': ['onednn_matmul.cc']},
     install_requires=[
         'absl-py>=2.1',
         'chex>=0.1.90',
@@ -60,5 +62,9 @@ setup(
         # base install.
         'export': ['onnx>=1.17', 'onnxruntime>=1.20', 'jax2onnx>=0.13',
                    'safetensors>=0.4', 'torch==2.13.0', 'transformers>=4.40'],
+        # The CPU matmul form 'onednn' (vit_jax/models/onednn.py): oneDNN
+        # 3.x and its headers, as Intel publishes them (with the SYCL and
+        # OpenCL CPU runtimes they need, ~2 GB). Also needs a C++ compiler.
+        'onednn': ['onednn>=2026.1', 'onednn-devel>=2026.1'],
     },
 )

@@ -39,7 +39,8 @@ def category(name: str, body_ops: frozenset = frozenset()) -> str:
   if body_ops:
     if any(op.startswith('custom-call:__cudnn$fmha') for op in body_ops):
       return ATTENTION
-    if any(op.startswith(('custom-call:__cublas', 'custom-call:__triton_gemm'))
+    if any(op.startswith(('custom-call:__cublas', 'custom-call:__triton_gemm',
+                          'custom-call:vit_jax_onednn'))
            for op in body_ops):
       return MATMUL
     if any(op.startswith('custom-call:__cudnn$conv') for op in body_ops):

@@ -228,6 +228,9 @@ def test_op_profile_reads_the_device_timeline():
       op_profile.ATTENTION)
   assert op_profile.category(
       'nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT') == op_profile.MATMUL
+  # The CPU matmul form 'onednn': its products are custom calls.
+  assert op_profile.category('ffi_call.3', frozenset(
+      {'custom-call:vit_jax_onednn_matmul'})) == op_profile.MATMUL
 
 
 def test_peers_give_huge_pages_as_each_command_would(monkeypatch):

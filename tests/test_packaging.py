@@ -1,4 +1,5 @@
-"""A real (non-editable) install: configs/ and launch/ land under vit_jax."""
+"""A real (non-editable) install: configs/ and launch/ land under vit_jax,
+with the package's data files."""
 
 import os
 import shutil
@@ -36,6 +37,8 @@ def test_install_has_no_top_level_configs_or_launch(tmp_path):
   for sub in ('configs', 'launch'):
     path = target / 'vit_jax' / sub
     assert path.is_dir() and not path.is_symlink(), path
+  # The oneDNN custom call's source, compiled on first use.
+  assert (target / 'vit_jax' / 'models' / 'onednn_matmul.cc').is_file()
   code = ('import vit_jax; from vit_jax.configs import pretrain, smoke; '
           'from vit_jax.launch import topology; '
           "c = pretrain.get_config('model=ViT-B/16,data=i21k'); "

@@ -322,7 +322,7 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
   import jax.numpy as jnp
 
   from vit_jax import accounting
-  from vit_jax.models import matmul
+  from vit_jax.models import matmul, onednn
 
   step_s = statistics.median(times)
   fwd = (accounting.module_forward_flops(model, (image_size, image_size, 3))
@@ -347,6 +347,8 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
     out.update(matmul_peak_tflops=peak / 1e12, mfu=achieved / peak)
   if device.platform == 'cpu' and dtype == 'bfloat16':
     out['cpu_matmul_form'] = matmul.cpu_form()
+    if out['cpu_matmul_form'] == 'onednn':
+      out['onednn'] = onednn.available()[1]
     out.update({f'cpu_probe_{k}_ms': v * 1e3
                 for k, v in matmul.MEASURED.items()})
   out.update(extra)

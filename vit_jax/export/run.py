@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from vit_jax.export import card, registry
+from vit_jax.models import matmul
 
 MANIFEST = 'export.json'
 TOLERANCE = {'float32': 1e-4, 'bfloat16': 5e-2, 'float16': 1e-2}
@@ -142,7 +143,9 @@ def export_model(trained, fmt_name: str, out: str,
   # neither in the exported graph nor in the reference it is checked with.
   precision = (jax.default_matmul_precision('highest')
                if options.dtype == 'float32' else contextlib.nullcontext())
-  with precision:
+  # The exported program runs elsewhere: no custom call of this process's
+  # CPU matmul form (matmul.portable) in it.
+  with precision, matmul.portable():
     start = time.time()
     info = fmt.export(trained, out, options)
     seconds = time.time() - start

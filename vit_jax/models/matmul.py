@@ -30,13 +30,20 @@ host for TPU or GPU carries no CPU-only construct):
     - 'f32': operands upcast to float32, a float32 matmul, the result
       rounded to bf16: for CPUs whose bf16 matmul is no faster than float32
       (no bf16 instructions, or slow ones).
-    `VIT_JAX_CPU_MATMUL=bf16|f32|auto` chooses; 'auto' (the default) takes
-    'f32' on a CPU without bf16 dot instructions (/proc/cpuinfo flags
-    `avx512_bf16`, `amx_bf16`) and otherwise times both forms once per
-    process on a ViT-B/16 MLP-shaped matmul, forward and backward, and keeps
-    the faster. The choice applies to programs this process compiles for
+    - 'onednn': the 2-D products (every dense layer) on oneDNN's kernels
+      through an XLA custom call (`vit_jax.models.onednn`: optional, needs
+      its install extra; twice XLA's rate on AMX CPUs). Other products as
+      'bf16'. Programs that carry it run only in a process that registered
+      the custom call, so exports trace under `portable()`, where this
+      form is 'bf16'; so do programs over several CPU devices (XLA cannot
+      partition a custom call).
+    `VIT_JAX_CPU_MATMUL=bf16|f32|onednn|auto` chooses; 'auto' (the default)
+    takes 'f32' on a CPU without bf16 dot instructions (/proc/cpuinfo flags
+    `avx512_bf16`, `amx_bf16`) and otherwise times the forms this process
+    can run ('onednn' where `onednn.available()`) once on a ViT-B/16
+    MLP-shaped matmul, forward and backward, and keeps the fastest. The choice applies to programs this process compiles for
     the CPU it runs on. The measured choice is remembered per machine (CPU
-    model, its bf16 flags, jax version) in `VIT_JAX_CPU_MATMUL_CACHE`
+    model, its bf16 flags, jax and oneDNN versions) in `VIT_JAX_CPU_MATMUL_CACHE`
     (default ~/.cache/vit_jax/cpu_matmul.json), so that every later process
     there runs the same numerics: a run resumed on a busy machine stays
     bitwise the uninterrupted one (the two forms round differently). Delete
@@ -45,6 +52,7 @@ host for TPU or GPU carries no CPU-only construct):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -59,6 +67,8 @@ import numpy as np
 from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
+from vit_jax.models import onednn
+
 F32 = jnp.float32
 BF16 = jnp.bfloat16
 # `checkpoint_name`s of the bf16 products (see `vit_jax.models.remat`).
@@ -66,7 +76,7 @@ NAME, BATCHED_NAME = 'bf16_matmul', 'bf16_batched_matmul'
 
 ENV = 'VIT_JAX_CPU_MATMUL'
 CACHE_ENV = 'VIT_JAX_CPU_MATMUL_CACHE'
-CPU_FORMS = ('bf16', 'f32')
+CPU_FORMS = ('bf16', 'f32', 'onednn')
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
 
 
@@ -100,9 +110,17 @@ def _accelerator_dot(lhs, rhs, *, dn):
 
 
 def _cpu_dot(lhs, rhs, *, dn):
-  if cpu_form() == 'f32':
+  form = cpu_form()
+  if form == 'f32':
     return lax.dot_general(lhs.astype(F32), rhs.astype(F32), dn).astype(BF16)
+  if form == 'onednn':
+    return _canonical(lhs, rhs, dn, _onednn_matmul)
   return _bf16_dot(lhs, rhs, dn=dn, barrier=True)
+
+
+def _onednn_matmul(a, b):
+  """2-D products on oneDNN (forward and backward); batched ones as 'bf16'."""
+  return onednn.dot(a, b) if a.ndim == 2 else _matmul(a, b, True, BF16)
 
 
 def _bf16_dot(lhs, rhs, *, dn, barrier: bool):
@@ -229,6 +247,7 @@ def transposed_copy(x):
 
 _lock = threading.Lock()
 _chosen: Dict[str, str] = {}
+_portable = threading.local()
 # What `cpu_form` measured (seconds per form), for the benchmark's report.
 MEASURED: Dict[str, float] = {}
 
@@ -247,12 +266,36 @@ def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> Optional[set]:
 
 
 def cpu_form() -> str:
-  """'bf16' or 'f32': how bf16 matmuls run on this process's CPU (see the
-  module doc); decided once per process."""
+  """'bf16', 'f32' or 'onednn': how bf16 matmuls run on this process's CPU
+  (see the module doc); decided once per process. Inside `portable()`, and
+  where the CPU backend has several devices, 'onednn' reads as 'bf16'."""
   with _lock:
     if 'form' not in _chosen:
       _chosen['form'] = _decide()
-    return _chosen['form']
+    form = _chosen['form']
+  if form == 'onednn' and (getattr(_portable, 'depth', 0)
+                           or _several_cpu_devices()):
+    return 'bf16'
+  return form
+
+
+def _several_cpu_devices() -> bool:
+  """XLA's SPMD partitioner cannot split a custom call: in a program over
+  several CPU devices (simulated ones, or processes) it would gather every
+  operand of the oneDNN product onto each device."""
+  return len(jax.devices('cpu')) > 1
+
+
+@contextlib.contextmanager
+def portable():
+  """Traces inside carry no custom call of this process (this thread): the
+  CPU form 'onednn' reads as 'bf16', XLA's own kernels, the same f32
+  accumulation. For programs serialised to run elsewhere (exports)."""
+  _portable.depth = getattr(_portable, 'depth', 0) + 1
+  try:
+    yield
+  finally:
+    _portable.depth -= 1
 
 
 def reset_cpu_form() -> None:
@@ -264,6 +307,12 @@ def reset_cpu_form() -> None:
 
 def _decide() -> str:
   setting = os.environ.get(ENV, 'auto').strip().lower()
+  if setting == 'onednn':
+    ok, why = onednn.available()
+    if not ok:
+      raise ValueError(f'{ENV}=onednn, but the oneDNN matmul is unavailable: '
+                       f'{why}. Or set {ENV}=bf16 or auto.')
+    return setting
   if setting in CPU_FORMS:
     return setting
   if setting != 'auto':
@@ -272,12 +321,13 @@ def _decide() -> str:
   flags = cpu_bf16_flags()
   if flags is not None and not flags:
     return 'f32'  # No bf16 dot instructions: bf16 matmuls are upcast anyway.
-  key = _machine_key(flags)
+  ok, what = onednn.available()
+  key = f'{_machine_key(flags)}|{what if ok else "no oneDNN"}'
   cached = _read_cache().get(key)
   if cached in CPU_FORMS:
     return cached
   times = _measure_forms()
-  form = min(CPU_FORMS, key=lambda f: (times[f], f != 'f32'))
+  form = min(times, key=lambda f: (times[f], f != 'f32'))
   _write_cache(key, form)
   return form
 
@@ -322,8 +372,9 @@ def _write_cache(key: str, form: str) -> None:
 
 
 def _measure_forms() -> Dict[str, float]:
-  """Best seconds of both forms on one CPU device; run in a thread of its
-  own, so that it never lands in a trace that triggered it."""
+  """Best seconds of each form this process can run, on one CPU device; run
+  in a thread of its own, so that it never lands in a trace that triggered
+  it."""
   out: Dict[str, float] = {}
   errors = []
 
@@ -338,7 +389,7 @@ def _measure_forms() -> Dict[str, float]:
   t.join()
   if errors:
     raise RuntimeError(f'measuring the CPU matmul forms failed ({errors[0]}); '
-                       f'set {ENV}=bf16 or {ENV}=f32 to skip it') from (
+                       f'set {ENV}=bf16, f32 or onednn to skip it') from (
                            errors[0])
   MEASURED.update(out)
   return out
@@ -347,7 +398,8 @@ def _measure_forms() -> Dict[str, float]:
 def _time_forms(m: int = 1576, k: int = 768, n: int = 3072,
                 repeats: int = 3) -> Dict[str, float]:
   """Forward + backward of an (m, k) x (k, n) bf16 matmul (ViT-B/16's MLP
-  at batch 8) in each CPU form; the best of `repeats` per form."""
+  at batch 8) in each CPU form this process can run; the best of `repeats`
+  per form."""
   cpu = jax.devices('cpu')[0]
   rng = np.random.default_rng(0)
   x = jax.device_put(rng.standard_normal((m, k), np.float32), cpu)
@@ -359,6 +411,8 @@ def _time_forms(m: int = 1576, k: int = 768, n: int = 3072,
       'f32': lambda a, b: lax.dot_general(a.astype(F32), b.astype(F32),
                                           dn).astype(BF16),
   }
+  if onednn.available()[0]:
+    forms['onednn'] = onednn.dot
   times = {}
   for name, dot in forms.items():
     step = jax.jit(jax.value_and_grad(
