@@ -144,13 +144,20 @@ def test_unavailable_oneDNN_is_named_with_its_fix(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(HERE),
              VIT_JAX_ONEDNN_ROOT=str(tmp_path / 'absent'),
              VIT_JAX_CPU_MATMUL='onednn')
-  code = ('from vit_jax.models import matmul, onednn\n'
+  code = ('import jax.numpy as jnp\n'
+          'from vit_jax.models import matmul, onednn\n'
           'print(onednn.available())\n'
+          'x = jnp.ones((2, 2), jnp.bfloat16)\n'
+          'try:\n'
+          '  onednn.matmul(x, x)\n'
+          'except RuntimeError as e:\n'
+          '  print("matmul:", e)\n'
           'matmul.cpu_form()\n')
   done = subprocess.run([sys.executable, '-c', code], capture_output=True,
                         text=True, env=env)
   assert done.returncode != 0
   assert 'VIT_JAX_ONEDNN_ROOT' in done.stdout + done.stderr
+  assert 'matmul: the oneDNN matmul is unavailable' in done.stdout
   assert 'VIT_JAX_CPU_MATMUL=onednn' in done.stderr
   assert 'pip install -e ".[onednn]"' in done.stderr
 
