@@ -405,16 +405,25 @@ def test_odd_sequence_padding_keeps_attention_and_its_gradients():
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize('form', ['bf16', 'onednn'])
 @pytest.mark.parametrize('kv_len', [9, 5])
-def test_cpu_attention_core_is_jax_xla_attention(kv_len):
+def test_cpu_attention_core_is_jax_xla_attention(kv_len, form, monkeypatch,
+                                                 request):
   """On CPUs "xla" attention runs as canonical-layout batched matmuls with
   flash attention's backward pass (`attention._cpu_core`, token axes padded
   there): float32 equals `jax.nn.dot_product_attention`'s XLA
   implementation, with and without a mask, for self- and cross-attention
   (fewer keys than queries); bf16 outputs within one bf16 step, gradients
-  (bf16 cotangents in the backward matmuls) within 2%. The recomputing
-  variant the encoder uses is the same function on CPUs."""
-  from vit_jax.models import attention
+  (bf16 cotangents in the backward matmuls) within 2%, in each CPU matmul
+  form that runs bf16 products (the batched products on XLA's kernel or on
+  oneDNN's). The recomputing variant the encoder uses is the same function
+  on CPUs."""
+  from vit_jax.models import attention, matmul, onednn
+  if form == 'onednn' and not onednn.available()[0]:
+    pytest.skip(f'the oneDNN matmul is unavailable: {onednn.available()[1]}')
+  monkeypatch.setenv(matmul.ENV, form)
+  matmul.reset_cpu_form()
+  request.addfinalizer(matmul.reset_cpu_form)
   rng = np.random.RandomState(1)
   q, g = (jnp.asarray(rng.normal(size=(2, 9, 3, 8)), jnp.float32)
           for _ in range(2))

@@ -29,7 +29,7 @@ def _bf16(rng, shape):
 
 def _op(x, transposed):
   x = np.asarray(x, np.float64)
-  return x.T if transposed else x
+  return np.swapaxes(x, -1, -2) if transposed else x
 
 
 def _assert_rounded_once(got, exact):
@@ -44,17 +44,18 @@ def _assert_rounded_once(got, exact):
 
 
 @needs_onednn
+@pytest.mark.parametrize('batch', [(), (3,)])
 @pytest.mark.parametrize('trans_a,trans_b', [(False, False), (False, True),
                                              (True, False), (True, True)])
-def test_kernel_is_the_float32_sum_rounded_once(trans_a, trans_b):
+def test_kernel_is_the_float32_sum_rounded_once(trans_a, trans_b, batch):
   rng = np.random.default_rng(0)
   m, k, n = 37, 300, 53  # Sizes that fill no kernel block exactly.
-  a = _bf16(rng, (k, m) if trans_a else (m, k))
-  b = _bf16(rng, (n, k) if trans_b else (k, n))
+  a = _bf16(rng, batch + ((k, m) if trans_a else (m, k)))
+  b = _bf16(rng, batch + ((n, k) if trans_b else (k, n)))
   exact = _op(a, trans_a) @ _op(b, trans_b)
   call = functools.partial(onednn.matmul, trans_a=trans_a, trans_b=trans_b)
   got = jax.jit(call)(a, b)
-  assert got.dtype == jnp.bfloat16 and got.shape == (m, n)
+  assert got.dtype == jnp.bfloat16 and got.shape == batch + (m, n)
   _assert_rounded_once(got, exact)
   f32 = jax.jit(functools.partial(call, out=jnp.float32))(a, b)
   assert f32.dtype == jnp.float32

@@ -223,12 +223,16 @@ def cpu_batched(a, b, out_dtype):
   (`attention`'s CPU core): autodiff's would fold transposes into the
   products. bf16 operands take this process's CPU form: float32
   accumulation, the result rounded once to `out_dtype` (float32 keeps the
-  accumulator). Other dtypes: `lax.dot_general`."""
+  accumulator); the 'onednn' form runs it on oneDNN. Other dtypes:
+  `lax.dot_general`."""
   dn = (((2,), (1,)), ((0,), (0,)))
   if a.dtype != BF16 or b.dtype != BF16:
     return lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
-  if cpu_form() == 'f32':
+  form = cpu_form()
+  if form == 'f32':
     return lax.dot_general(a.astype(F32), b.astype(F32), dn).astype(out_dtype)
+  if form == 'onednn' and out_dtype in (BF16, F32):
+    return onednn.matmul(a, b, out=out_dtype)
   return _dot(a, b, ((2,), (1,)), out_dtype)
 
 

@@ -67,16 +67,18 @@ def available() -> Tuple[bool, str]:
 
 def matmul(a, b, *, trans_a: bool = False, trans_b: bool = False,
            out=jnp.bfloat16):
-  """op(a) x op(b) of 2-D bf16 arrays on oneDNN, f32-accumulated, in `out`
-  (bf16 or f32); op transposes where asked: a stored (K, M), b (N, K). For
+  """op(a) x op(b) of bf16 arrays on oneDNN, f32-accumulated, in `out`
+  (bf16 or f32): 2-D, or 3-D with a leading batch axis; op transposes the
+  last two axes where asked (a stored (..., K, M), b (..., N, K)). For
   programs that run on the CPU (a `lax.platform_dependent` CPU branch).
   Registers the custom call first (`available()`), or says why it cannot."""
   ok, why = available()
   if not ok:
     raise RuntimeError(f'the oneDNN matmul is unavailable: {why}')
-  m = a.shape[1] if trans_a else a.shape[0]
-  n = b.shape[0] if trans_b else b.shape[1]
-  call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((m, n), out),
+  m = a.shape[-1] if trans_a else a.shape[-2]
+  n = b.shape[-2] if trans_b else b.shape[-1]
+  call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(a.shape[:-2] + (m, n),
+                                                       out),
                           vmap_method='sequential')
   return call(a, b, trans_a=trans_a, trans_b=trans_b)
 

@@ -1,11 +1,12 @@
 // bf16 x bf16 matmuls on oneDNN's CPU kernels, as XLA FFI custom calls.
 //
 // Built and loaded by vit_jax/models/onednn.py (which documents why). Each
-// call computes op(a) x op(b) for 2-D row-major operands, op a transpose
-// where the attribute says so (a stored (K, M) for trans_a, b stored (N, K)
-// for trans_b), accumulated in float32 and written in the result's dtype
-// (bf16: rounded once; f32: the accumulator). oneDNN primitives are created
-// once per shape and kept; executing one is thread-safe.
+// call computes op(a) x op(b) for row-major operands, 2-D or 3-D with a
+// leading batch axis, op a transpose of the last two axes where the
+// attribute says so (a stored (K, M) for trans_a, b stored (N, K) for
+// trans_b), accumulated in float32 and written in the result's dtype (bf16:
+// rounded once; f32: the accumulator). oneDNN primitives are created once
+// per shape and kept; executing one is thread-safe.
 
 #include <cstdint>
 #include <cstdio>
@@ -40,19 +41,29 @@ struct Primitive {
   dnnl::memory::desc a, b, c;
 };
 
-using Key = std::tuple<int64_t, int64_t, int64_t, bool, bool, int>;
+// batch 0: 2-D operands.
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, int>;
 
-const Primitive& Get(int64_t m, int64_t k, int64_t n, bool trans_a,
-                     bool trans_b, dt out) {
+const Primitive& Get(int64_t batch, int64_t m, int64_t k, int64_t n,
+                     bool trans_a, bool trans_b, dt out) {
   static std::mutex mu;
   static std::map<Key, Primitive> cache;
-  Key key{m, k, n, trans_a, trans_b, static_cast<int>(out)};
+  Key key{batch, m, k, n, trans_a, trans_b, static_cast<int>(out)};
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  dnnl::memory::desc a({m, k}, dt::bf16, trans_a ? tag::ba : tag::ab);
-  dnnl::memory::desc b({k, n}, dt::bf16, trans_b ? tag::ba : tag::ab);
-  dnnl::memory::desc c({m, n}, out, tag::ab);
+  dnnl::memory::desc a, b, c;
+  if (batch == 0) {
+    a = dnnl::memory::desc({m, k}, dt::bf16, trans_a ? tag::ba : tag::ab);
+    b = dnnl::memory::desc({k, n}, dt::bf16, trans_b ? tag::ba : tag::ab);
+    c = dnnl::memory::desc({m, n}, out, tag::ab);
+  } else {
+    a = dnnl::memory::desc({batch, m, k}, dt::bf16,
+                           trans_a ? tag::acb : tag::abc);
+    b = dnnl::memory::desc({batch, k, n}, dt::bf16,
+                           trans_b ? tag::acb : tag::abc);
+    c = dnnl::memory::desc({batch, m, n}, out, tag::abc);
+  }
   dnnl::matmul matmul(dnnl::matmul::primitive_desc(Engine(), a, b, c));
   return cache.emplace(key, Primitive{matmul, a, b, c}).first->second;
 }
@@ -67,15 +78,20 @@ ffi::Error Matmul(ffi::AnyBuffer a, ffi::AnyBuffer b,
   auto ad = a.dimensions();
   auto bd = b.dimensions();
   auto cd = c->dimensions();
-  if (ad.size() != 2 || bd.size() != 2 || cd.size() != 2 ||
+  const size_t rank = ad.size();
+  if ((rank != 2 && rank != 3) || bd.size() != rank || cd.size() != rank ||
       a.element_type() != ffi::DataType::BF16 ||
       b.element_type() != ffi::DataType::BF16) {
     return ffi::Error::InvalidArgument(
-        "vit_jax_onednn_matmul takes 2-D bf16 operands");
+        "vit_jax_onednn_matmul takes 2-D or 3-D bf16 operands");
   }
-  const int64_t m = trans_a ? ad[1] : ad[0], k = trans_a ? ad[0] : ad[1];
-  const int64_t n = trans_b ? bd[0] : bd[1];
-  if ((trans_b ? bd[1] : bd[0]) != k || cd[0] != m || cd[1] != n) {
+  const size_t r = rank - 2;  // The first matrix axis.
+  const int64_t batch = rank == 3 ? ad[0] : 0;
+  const int64_t m = trans_a ? ad[r + 1] : ad[r];
+  const int64_t k = trans_a ? ad[r] : ad[r + 1];
+  const int64_t n = trans_b ? bd[r] : bd[r + 1];
+  if ((trans_b ? bd[r + 1] : bd[r]) != k || cd[r] != m || cd[r + 1] != n ||
+      (rank == 3 && (bd[0] != batch || cd[0] != batch))) {
     return ffi::Error::InvalidArgument(
         "vit_jax_onednn_matmul: operand shapes do not match");
   }
@@ -88,7 +104,7 @@ ffi::Error Matmul(ffi::AnyBuffer a, ffi::AnyBuffer b,
           "vit_jax_onednn_matmul writes bf16 or f32");
   }
   try {
-    const Primitive& p = Get(m, k, n, trans_a, trans_b, out);
+    const Primitive& p = Get(batch, m, k, n, trans_a, trans_b, out);
     dnnl::memory am(p.a, Engine(), a.untyped_data());
     dnnl::memory bm(p.b, Engine(), b.untyped_data());
     dnnl::memory cm(p.c, Engine(), c->untyped_data());
