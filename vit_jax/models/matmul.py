@@ -30,10 +30,11 @@ host for TPU or GPU carries no CPU-only construct):
     - 'f32': operands upcast to float32, a float32 matmul, the result
       rounded to bf16: for CPUs whose bf16 matmul is no faster than float32
       (no bf16 instructions, or slow ones).
-    - 'onednn': the 2-D products (every dense layer) on oneDNN's kernels
+    - 'onednn': the 2-D products (every dense layer) and the CPU
+      attention core's batched ones (`cpu_batched`) on oneDNN's kernels
       through an XLA custom call (`vit_jax.models.onednn`: optional, needs
-      its install extra; twice XLA's rate on AMX CPUs). Other products as
-      'bf16'. Programs that carry it run only in a process that registered
+      its install extra; twice XLA's rate on AMX CPUs). Other products
+      (batched `dot_general`s) as 'bf16'. Programs that carry it run only in a process that registered
       the custom call, so exports trace under `portable()`, where this
       form is 'bf16'; so do programs over several CPU devices (XLA cannot
       partition a custom call).
