@@ -164,10 +164,14 @@ def test_unavailable_oneDNN_is_named_with_its_fix(tmp_path):
 
 
 @needs_onednn
-def test_a_failed_build_is_reported(monkeypatch, tmp_path):
-  """A compiler that fails: the reason says what was run and what it said."""
+@pytest.mark.parametrize('cxx,says', [
+    ('false', 'building the oneDNN custom call failed'),
+    ('/nonexistent/g++', 'FileNotFoundError')])
+def test_a_failed_build_is_reported(cxx, says, tmp_path):
+  """A compiler that fails, or is missing: unavailable, with a reason that
+  says what was run and what went wrong."""
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(HERE),
-             CXX='false', VIT_JAX_ONEDNN_CACHE=str(tmp_path / 'cache'))
+             CXX=cxx, VIT_JAX_ONEDNN_CACHE=str(tmp_path / 'cache'))
   code = ('from vit_jax.models import onednn\n'
           'ok, why = onednn.available()\n'
           'assert not ok\n'
@@ -175,8 +179,8 @@ def test_a_failed_build_is_reported(monkeypatch, tmp_path):
   done = subprocess.run([sys.executable, '-c', code], capture_output=True,
                         text=True, env=env)
   assert done.returncode == 0, done.stderr[-2000:]
-  assert 'building the oneDNN custom call failed' in done.stdout
-  assert 'onednn_matmul.cc' in done.stdout
+  assert says in done.stdout
+  assert ('onednn_matmul.cc' in done.stdout) == (cxx == 'false')
 
 
 @needs_onednn

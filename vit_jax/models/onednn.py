@@ -63,6 +63,8 @@ def available() -> Tuple[bool, str]:
         _state['result'] = (True, _load())
       except _Unavailable as e:
         _state['result'] = (False, str(e))
+      except OSError as e:  # A library or the compiler that cannot load/run.
+        _state['result'] = (False, f'{type(e).__name__}: {e}')
     return _state['result']
 
 
@@ -188,11 +190,4 @@ def _build(prefix: str, libdir: str, lib: str) -> str:
     if os.path.exists(tmp):
       os.remove(tmp)
   return out
-
-
-def reset() -> None:
-  """Forgets a failed attempt (tests); a registered target stays."""
-  with _lock:
-    if not _state.get('result', (True,))[0]:
-      _state.clear()
 
