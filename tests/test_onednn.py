@@ -23,6 +23,14 @@ needs_onednn = pytest.mark.skipif(
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _python(code, **env):
+  """`code` run by a fresh interpreter on the CPU, with `env` added."""
+  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(HERE),
+             **env)
+  return subprocess.run([sys.executable, '-c', code], capture_output=True,
+                        text=True, env=env)
+
+
 def _bf16(rng, shape):
   return jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
 
@@ -142,9 +150,6 @@ def test_export_of_a_bf16_model_carries_no_custom_call(monkeypatch,
 def test_unavailable_oneDNN_is_named_with_its_fix(tmp_path):
   """Asked for explicitly where it cannot load: the error names why and
   how to install it; 'auto' quietly measures the other forms."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(HERE),
-             VIT_JAX_ONEDNN_ROOT=str(tmp_path / 'absent'),
-             VIT_JAX_CPU_MATMUL='onednn')
   code = ('import jax.numpy as jnp\n'
           'from vit_jax.models import matmul, onednn\n'
           'print(onednn.available())\n'
@@ -154,8 +159,8 @@ def test_unavailable_oneDNN_is_named_with_its_fix(tmp_path):
           'except RuntimeError as e:\n'
           '  print("matmul:", e)\n'
           'matmul.cpu_form()\n')
-  done = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        text=True, env=env)
+  done = _python(code, VIT_JAX_ONEDNN_ROOT=str(tmp_path / 'absent'),
+                 VIT_JAX_CPU_MATMUL='onednn')
   assert done.returncode != 0
   assert 'VIT_JAX_ONEDNN_ROOT' in done.stdout + done.stderr
   assert 'matmul: the oneDNN matmul is unavailable' in done.stdout
@@ -170,14 +175,11 @@ def test_unavailable_oneDNN_is_named_with_its_fix(tmp_path):
 def test_a_failed_build_is_reported(cxx, says, tmp_path):
   """A compiler that fails, or is missing: unavailable, with a reason that
   says what was run and what went wrong."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(HERE),
-             CXX=cxx, VIT_JAX_ONEDNN_CACHE=str(tmp_path / 'cache'))
   code = ('from vit_jax.models import onednn\n'
           'ok, why = onednn.available()\n'
           'assert not ok\n'
           'print(why)\n')
-  done = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        text=True, env=env)
+  done = _python(code, CXX=cxx, VIT_JAX_ONEDNN_CACHE=str(tmp_path / 'cache'))
   assert done.returncode == 0, done.stderr[-2000:]
   assert says in done.stdout
   assert ('onednn_matmul.cc' in done.stdout) == (cxx == 'false')
@@ -187,9 +189,6 @@ def test_a_failed_build_is_reported(cxx, says, tmp_path):
 def test_programs_over_several_cpu_devices_keep_xla_dots():
   """XLA's partitioner cannot split the custom call; with 2 CPU devices the
   form reads as 'bf16' and the sharded program carries no custom call."""
-  env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(HERE),
-             VIT_JAX_CPU_MATMUL='onednn',
-             XLA_FLAGS='--xla_force_host_platform_device_count=2')
   code = ('import jax, jax.numpy as jnp\n'
           'from vit_jax.models import matmul, onednn\n'
           'assert matmul.cpu_form() == "bf16", matmul.cpu_form()\n'
@@ -198,6 +197,6 @@ def test_programs_over_several_cpu_devices_keep_xla_dots():
           '(((1,), (0,)), ((), ()))))\n'
           'assert onednn.TARGET not in f.lower(x).as_text()\n'
           'print("ok")\n')
-  done = subprocess.run([sys.executable, '-c', code], capture_output=True,
-                        text=True, env=env)
+  done = _python(code, VIT_JAX_CPU_MATMUL='onednn',
+                 XLA_FLAGS='--xla_force_host_platform_device_count=2')
   assert done.returncode == 0 and 'ok' in done.stdout, done.stderr[-2000:]

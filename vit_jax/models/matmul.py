@@ -34,21 +34,22 @@ host for TPU or GPU carries no CPU-only construct):
       attention core's batched ones (`cpu_batched`) on oneDNN's kernels
       through an XLA custom call (`vit_jax.models.onednn`: optional, needs
       its install extra; twice XLA's rate on AMX CPUs). Other products
-      (batched `dot_general`s) as 'bf16'. Programs that carry it run only in a process that registered
-      the custom call, so exports trace under `portable()`, where this
-      form is 'bf16'; so do programs over several CPU devices (XLA cannot
-      partition a custom call).
+      (batched `dot_general`s) as 'bf16'. Programs that carry it run only
+      in a process that registered the custom call, so exports trace under
+      `portable()`, where this form is 'bf16'; so do programs over several
+      CPU devices (XLA cannot partition a custom call).
     `VIT_JAX_CPU_MATMUL=bf16|f32|onednn|auto` chooses; 'auto' (the default)
     takes 'f32' on a CPU without bf16 dot instructions (/proc/cpuinfo flags
     `avx512_bf16`, `amx_bf16`) and otherwise times the forms this process
     can run ('onednn' where `onednn.available()`) once on a ViT-B/16
-    MLP-shaped matmul, forward and backward, and keeps the fastest. The choice applies to programs this process compiles for
-    the CPU it runs on. The measured choice is remembered per machine (CPU
-    model, its bf16 flags, jax and oneDNN versions) in `VIT_JAX_CPU_MATMUL_CACHE`
-    (default ~/.cache/vit_jax/cpu_matmul.json), so that every later process
-    there runs the same numerics: a run resumed on a busy machine stays
-    bitwise the uninterrupted one (the two forms round differently). Delete
-    the file to measure again.
+    MLP-shaped matmul, forward and backward, and keeps the fastest. The
+    choice applies to programs this process compiles for the CPU it runs
+    on. The measured choice is remembered per machine (CPU model, its bf16
+    flags, jax and oneDNN versions) in `VIT_JAX_CPU_MATMUL_CACHE` (default
+    ~/.cache/vit_jax/cpu_matmul.json), so that every later process there
+    runs the same numerics: a run resumed on a busy machine stays bitwise
+    the uninterrupted one (the forms round differently). Delete the file to
+    measure again.
 """
 
 from __future__ import annotations

@@ -121,18 +121,21 @@ def _prefix() -> str:
   # pip puts the wheels' lib/ and include/ under the environment's prefix,
   # or under the user base for `pip install --user`.
   for prefix in (sys.prefix, site.getuserbase()):
-    if os.path.exists(os.path.join(prefix, 'include', 'oneapi', 'dnnl')):
+    if os.path.exists(_header(prefix)):
       return prefix
   return sys.prefix
+
+
+def _header(prefix: str) -> str:
+  return os.path.join(prefix, 'include', 'oneapi', 'dnnl', 'dnnl.hpp')
 
 
 def _load() -> str:
   if not sys.platform.startswith('linux'):
     raise _Unavailable('the oneDNN matmul is built for Linux only')
   prefix = _prefix()
-  header = os.path.join(prefix, 'include', 'oneapi', 'dnnl', 'dnnl.hpp')
   libs = sorted(glob.glob(os.path.join(prefix, 'lib', 'libdnnl.so.3*')))
-  if not os.path.exists(header) or not libs:
+  if not os.path.exists(_header(prefix)) or not libs:
     raise _Unavailable(f'no oneDNN 3.x headers and library under {prefix}: '
                        + INSTALL_HINT)
   libdir = os.path.join(prefix, 'lib')
@@ -190,4 +193,3 @@ def _build(prefix: str, libdir: str, lib: str) -> str:
     if os.path.exists(tmp):
       os.remove(tmp)
   return out
-
