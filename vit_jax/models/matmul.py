@@ -33,7 +33,8 @@ host for TPU or GPU carries no CPU-only construct):
     - 'onednn': the 2-D products (every dense layer) and the CPU
       attention core's batched ones (`cpu_batched`) on oneDNN's kernels
       through an XLA custom call (`vit_jax.models.onednn`: optional, needs
-      its install extra; twice XLA's rate on AMX CPUs). Other products
+      its install extra; twice XLA's rate on an AMX Intel Xeon VM,
+      docs/performance.md). Other products
       (batched `dot_general`s) as 'bf16'. Programs that carry it run only
       in a process that registered the custom call, so exports trace under
       `portable()`, where this form is 'bf16'; so do programs over several

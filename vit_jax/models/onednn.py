@@ -3,7 +3,8 @@
 On CPUs with AMX (Intel Xeon 4th generation and later) oneDNN 3.x, the
 library PyTorch's CPU matmuls run on, multiplies ViT-B/16's dense-layer
 shapes about twice as fast as XLA:CPU's own bf16 kernel (measured side by
-side in one process, docs/performance.md). XLA cannot be told to use it, so
+side in one process on a 2-vCPU Intel Xeon VM with AMX, against XLA and
+PyTorch: docs/performance.md). XLA cannot be told to use it, so
 this module hands the dense layers' 2-D bf16 products, and the CPU
 attention core's batched ones, to oneDNN through an XLA FFI custom call
 (`onednn_matmul.cc`, next to this file).
