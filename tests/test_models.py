@@ -405,6 +405,47 @@ def test_odd_sequence_padding_keeps_attention_and_its_gradients():
     np.testing.assert_allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize('impl,scan', [('xla', False), ('xla', True),
+                                       ('explicit', False)])
+def test_encoder_pads_odd_token_counts_once_with_the_same_numbers(impl, scan):
+  """`Encoder(even_tokens=True)` pads 7 tokens to 8 once, hides the pad as
+  every block's key and slices it off: the outputs and the gradients (of
+  the parameters and the input) are those of the unpadded encoder. With
+  cuDNN attention that is the default (a GPU is needed to run it)."""
+  from vit_jax.models import vit
+  x = jax.random.normal(jax.random.key(0), (2, 7, 16))
+  make = lambda even: vit.Encoder(
+      num_layers=2, mlp_dim=32, num_heads=2, attention_impl=impl,
+      scan_layers=scan, even_tokens=even)
+  params = make(False).init(jax.random.key(1), x, train=False)
+
+  def loss(even, params, x):
+    return jnp.sum(jnp.sin(make(even).apply(params, x, train=True)))
+
+  out = make(True).apply(params, x, train=False)
+  assert out.shape == (2, 7, 16)
+  np.testing.assert_allclose(out, make(False).apply(params, x, train=False),
+                             atol=1e-5)
+  padded = jax.grad(functools.partial(loss, True), (0, 1))(params, x)
+  plain = jax.grad(functools.partial(loss, False), (0, 1))(params, x)
+  chex.assert_trees_all_close(padded, plain, atol=1e-5)
+
+
+def test_encoder_pads_only_for_cudnn_attention_by_default():
+  from vit_jax.models import vit
+  pads = lambda train=True, **kw: vit.Encoder(
+      num_layers=1, mlp_dim=8, num_heads=1, **kw)._pads(197, train)
+  assert pads(attention_impl='cudnn')
+  assert not pads(attention_impl='xla')
+  assert not pads(attention_impl='cudnn', capture_attention=True)
+  assert not pads(attention_impl='cudnn', attention_dropout_rate=0.1)
+  assert pads(False, attention_impl='cudnn', attention_dropout_rate=0.1)
+  assert not pads(attention_impl='cudnn', even_tokens=False)
+  assert pads(attention_impl='xla', even_tokens=True)
+  assert not vit.Encoder(num_layers=1, mlp_dim=8, num_heads=1,
+                         attention_impl='cudnn')._pads(196, True)
+
+
 @pytest.mark.parametrize('form', ['bf16', 'onednn'])
 @pytest.mark.parametrize('kv_len', [9, 5])
 def test_cpu_attention_core_is_jax_xla_attention(kv_len, form, monkeypatch,

@@ -69,6 +69,8 @@ def even_lengths(query, key, value, mask, implementation: str):
   key and value that the kernel's own padding mask (`key_value_seq_lengths`)
   hides: every query attends to exactly its keys, so outputs and gradients
   are those of the unpadded call. q, k, v: (batch, length, heads, head_dim).
+  The encoder pads its tokens once instead (`vit.Encoder`, `valid_length`),
+  which saves these per-layer pads and slices.
   """
   t, s = query.shape[1], key.shape[1]
   if mask is not None or (t % 2 == 0 and s % 2 == 0):
@@ -78,13 +80,27 @@ def even_lengths(query, key, value, mask, implementation: str):
   def pad(x):
     return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)))
 
+  return _valid_only(pad(query), pad(key), pad(value), t, s,
+                     implementation)[:, :t]
+
+
+def _valid_only(query, key, value, t: int, s: int, implementation: str):
+  """Attention of the first `t` queries over the first `s` keys and values
+  (the rest: padding, hidden by the kernel's own sequence-length mask;
+  padded query rows come out as zeros)."""
   b = query.shape[0]
-  out = jax.nn.dot_product_attention(
-      pad(query), pad(key), pad(value),
+  return jax.nn.dot_product_attention(
+      query, key, value,
       query_seq_lengths=jnp.full((b,), t, jnp.int32),
       key_value_seq_lengths=jnp.full((b,), s, jnp.int32),
       implementation=implementation)
-  return out[:, :t]
+
+
+def _keys_mask(mask, valid_length: int, key_length: int):
+  """`mask` (or none) and a mask that hides keys from `valid_length` on,
+  broadcastable to (batch, heads, queries, keys)."""
+  keep = (jnp.arange(key_length) < valid_length)[None, None, None, :]
+  return keep if mask is None else jnp.logical_and(mask, keep)
 
 
 def _xla(query, key, value, mask, recomputed: bool = False):
@@ -243,9 +259,13 @@ def _flash_bwd(kv_len, res, g):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-def attention_fn(impl: str, recompute: bool = False):
+def attention_fn(impl: str, recompute: bool = False,
+                 valid_length: Optional[int] = None):
   """An `attention_fn` for `flax.linen.MultiHeadDotProductAttention`;
-  `recompute`: "xla" keeps only its inputs for the backward pass."""
+  `recompute`: "xla" keeps only its inputs for the backward pass;
+  `valid_length`: the tokens from this index on are padding, hidden as keys
+  (cuDNN's sequence-length mask, a key mask elsewhere); their outputs are
+  whatever the implementation gives and must be dropped by the caller."""
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f'attention_impl={impl!r} must be resolved to one of '
                      f'{", ".join(IMPLEMENTATIONS)} (see attention.resolve)')
@@ -255,18 +275,25 @@ def attention_fn(impl: str, recompute: bool = False):
          broadcast_dropout=True, deterministic=False, dtype=None,
          precision=None, module=None):
     dropout = dropout_rate > 0.0 and not deterministic
-    if impl == 'explicit' or dropout or module is not None:
+    plain = not (impl == 'explicit' or dropout or module is not None)
+    lengths_only = valid_length is not None and mask is None
+    if valid_length is not None:
+      mask = _keys_mask(mask, valid_length, key.shape[1])
+    if impl == 'cudnn' and plain:
+      try:
+        if lengths_only:
+          return _valid_only(query, key, value, valid_length, valid_length,
+                             'cudnn')
+        return even_lengths(query, key, value, mask, 'cudnn')
+      except (RuntimeError, ValueError, NotImplementedError) as e:
+        logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
+                        "attention_impl='xla'", query.shape, query.dtype, e)
+    if not plain:
       return nn.dot_product_attention(
           query, key, value, mask=mask, dropout_rng=dropout_rng,
           dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
           deterministic=deterministic, dtype=dtype, precision=precision,
           module=module, einsum_dot_general=matmul.dot_general)
-    if impl == 'cudnn':
-      try:
-        return even_lengths(query, key, value, mask, 'cudnn')
-      except (RuntimeError, ValueError, NotImplementedError) as e:
-        logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
-                        "attention_impl='xla'", query.shape, query.dtype, e)
     return _xla(query, key, value, mask, recompute)
 
   return fn
@@ -279,13 +306,15 @@ class MultiHeadDotProductAttention(nn.Module):
   and numbers, its projections applied by `vit_jax.models.dense` (float32
   bias gradients).
 
-  `impl`: a resolved implementation (`attention_fn`); `sow_weights=True`
+  `impl`: a resolved implementation and `valid_length` the count of real
+  tokens, the rest padding (`attention_fn`); `sow_weights=True`
   sows the softmax weights into `intermediates` as `attention_weights`
   (flax's name, read by `vit_jax.inspect`).
   """
   num_heads: int
   impl: str = 'xla'
   recompute: bool = False
+  valid_length: Optional[int] = None
   dropout_rate: float = 0.0
   kernel_init: Callable = nn.initializers.xavier_uniform()
   bias_init: Callable = nn.initializers.zeros
@@ -305,7 +334,7 @@ class MultiHeadDotProductAttention(nn.Module):
         dtype=self.dtype, param_dtype=self.param_dtype)
     query, key, value = (project(name=n)(x) for n in ('query', 'key', 'value'))
     dropout = self.dropout_rate > 0.0 and not deterministic
-    fn = attention_fn(self.impl, self.recompute)
+    fn = attention_fn(self.impl, self.recompute, self.valid_length)
     y = fn(query, key, value,
            dropout_rng=self.make_rng('dropout') if dropout else None,
            dropout_rate=self.dropout_rate, broadcast_dropout=False,

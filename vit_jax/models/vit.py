@@ -147,7 +147,8 @@ class Encoder1DBlock(nn.Module):
 
   `attention_impl`: see `vit_jax.models.attention`; `capture_attention` sows
   the softmax weights into the `intermediates` collection (inspection only:
-  the train and eval steps never ask for them).
+  the train and eval steps never ask for them); `valid_length`: the tokens
+  from this index on are padding that no real token attends to (`Encoder`).
   """
   mlp_dim: int
   num_heads: int
@@ -159,6 +160,7 @@ class Encoder1DBlock(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   recompute_internals: bool = True
+  valid_length: Optional[int] = None
 
   @nn.compact
   def __call__(self, x, deterministic: bool, drop_path=0.0):
@@ -170,7 +172,7 @@ class Encoder1DBlock(nn.Module):
     y = norm(0)(x)
     y = attention.MultiHeadDotProductAttention(
         num_heads=self.num_heads, impl=self.attention_impl,
-        recompute=self.recompute_internals,
+        recompute=self.recompute_internals, valid_length=self.valid_length,
         dropout_rate=self.attention_dropout_rate, dtype=self.dtype,
         param_dtype=self.param_dtype)(
             y, deterministic=deterministic,
@@ -210,6 +212,14 @@ class Encoder(nn.Module):
   every intermediate (jax's default: the same numbers with about twice the
   activation memory, docs/performance.md). Independent of `remat`, which
   recomputes whole blocks.
+
+  `even_tokens`: an odd token count (a ViT's 197) is padded once by one zero
+  token, which every block's attention hides as a key, and sliced off
+  before the final LayerNorm: the same outputs and gradients. cuDNN's flash
+  attention needs even lengths in its backward pass; padding once here saves
+  each layer's pads and slices (`attention.even_lengths`). None (default):
+  only where it pays, for "cudnn" attention without captured weights or
+  attention dropout; True: for any implementation (tests); False: never.
   """
   num_layers: int
   mlp_dim: int
@@ -225,11 +235,23 @@ class Encoder(nn.Module):
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   recompute_internals: bool = True
+  even_tokens: Optional[bool] = None
+
+  def _pads(self, length: int, train: bool) -> bool:
+    if self.even_tokens is None:
+      return (length % 2 == 1 and self.attention_impl == 'cudnn'
+              and not self.capture_attention
+              and not (train and self.attention_dropout_rate > 0))
+    return self.even_tokens and length % 2 == 1
 
   @nn.compact
   def __call__(self, x, *, train: bool):
     x = AddPositionEmbs(self.param_dtype, name='posembed_input')(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
+    length = x.shape[1]
+    pads = self._pads(length, train)
+    if pads:
+      x = jnp.pad(x, ((0, 0), (0, 1), (0, 0)))
     kw = dict(mlp_dim=self.mlp_dim, num_heads=self.num_heads,
               dropout_rate=self.dropout_rate,
               attention_dropout_rate=self.attention_dropout_rate,
@@ -237,7 +259,8 @@ class Encoder(nn.Module):
               attention_impl=self.attention_impl,
               capture_attention=self.capture_attention,
               dtype=self.dtype, param_dtype=self.param_dtype,
-              recompute_internals=self.recompute_internals)
+              recompute_internals=self.recompute_internals,
+              valid_length=length if pads else None)
     policy = remat_lib.policy(self.remat)
     rates = depth_rates(self.stochastic_depth, self.num_layers)
     # Drop-path rates are static Python floats, except under nn.scan with
@@ -263,6 +286,8 @@ class Encoder(nn.Module):
         block = nn.remat(block, static_argnums=(2, 3), policy=policy)
       for i in range(self.num_layers):
         x = block(name=f'encoderblock_{i}', **kw)(x, not train, rates[i])
+    if pads:
+      x = x[:, :length]
     return LayerNorm(self.dtype, self.param_dtype, self.recompute_internals,
                      name='encoder_norm')(x)
 
