@@ -383,6 +383,23 @@ def test_dense_has_flax_parameters_and_a_float32_bias_gradient(features,
   np.testing.assert_array_equal(vjp(g)[0], g.astype(jnp.float32).sum(lead))
 
 
+def test_gpu_bias_gradient_product_is_the_float32_sum():
+  """On NVIDIA GPUs a bf16 bias gradient is ones x cotangent rows, bf16
+  products accumulated in float32 (`dense.bias_gradient`): the float32 sum
+  up to summation order; float32 cotangents keep the plain sum."""
+  from vit_jax.models import dense
+  g = jax.random.normal(jax.random.key(0), (4, 33, 3, 8)).astype(jnp.bfloat16)
+  want = g.astype(jnp.float32).sum((0, 1))
+  got = dense._by_product(g, 2)
+  assert got.dtype == jnp.float32 and got.shape == (3, 8)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(dense.bias_gradient(g, 2), want)  # CPU.
+  f32 = g.astype(jnp.float32)
+  lowered = jax.jit(lambda g: dense.bias_gradient(g, 2)).trace(f32).lower(
+      lowering_platforms=('cuda',)).as_text()
+  assert 'dot_general' not in lowered and 'reduce' in lowered
+
+
 def test_odd_sequence_padding_keeps_attention_and_its_gradients():
   """cuDNN's backward pass needs even lengths: `even_lengths` pads a ViT's
   odd token count by one hidden key and one dropped query. Checked here

@@ -45,8 +45,42 @@ def _add_bias_fwd(y, bias):
 
 
 def _add_bias_bwd(bias, g):
-  lead = tuple(range(g.ndim - bias.ndim))
-  return g, jnp.sum(g.astype(jnp.float32), axis=lead).astype(bias.dtype)
+  return g, bias_gradient(g, bias.ndim).astype(bias.dtype)
+
+
+def bias_gradient(g, bias_ndim: int):
+  """The float32 sum of cotangent `g` over its leading axes (all but the
+  last `bias_ndim`).
+
+  On NVIDIA GPUs a half-precision `g` is summed by a matrix product with
+  ones, bf16 x bf16 accumulated in float32 (the same sum in another order).
+  XLA's column-sum reduction over batch x tokens rows read the cotangent at
+  about a third of the memory bandwidth (an H200 profile of the ViT-B/16
+  train step: 2.6 ms for the MLP's first bias alone); as products the step
+  ran 8.8% faster on an H100 (docs/performance.md). The ones pass through
+  an optimisation barrier, as measured, so that no simplification can turn
+  the product back into that reduction. Elsewhere (CPUs; TPUs, not
+  measured) the plain float32 sum.
+  """
+  lead = g.ndim - bias_ndim
+  if g.dtype == jnp.float32 or not lead:
+    return _summed(g, lead)
+  return jax.lax.platform_dependent(
+      g, cuda=lambda g: _by_product(g, lead),
+      default=lambda g: _summed(g, lead))
+
+
+def _summed(g, lead: int):
+  return jnp.sum(g.astype(jnp.float32), axis=tuple(range(lead)))
+
+
+def _by_product(g, lead: int):
+  """`_summed` as ones (8 rows, as measured) times `g`'s rows."""
+  rows = g.reshape(-1, math.prod(g.shape[lead:]))
+  ones = jax.lax.optimization_barrier(jnp.ones((8, rows.shape[0]), g.dtype))
+  out = jax.lax.dot_general(ones, rows, (((1,), (0,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+  return out[0].reshape(g.shape[lead:])
 
 
 add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
