@@ -22,7 +22,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from vit_jax import accounting, evaluators, selfsup
+from vit_jax import accounting, evaluators, heap, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
@@ -161,6 +161,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   fwd = (accounting.module_forward_flops(model, image_shape) if mpp else
          accounting.forward_flops(config.model.name, image_shape[:2],
                                   num_classes, **_overrides(config)))
+  heap.release()  # What initialisation or the restore freed.
   return Run(config=config, workdir=workdir, mesh=mesh,
              num_classes=num_classes, steps=steps, image_shape=image_shape,
              state=state, state_sh=state_sh, ckpt=ckpt, train_it=train_it,
@@ -242,6 +243,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
         # step overlaps the device's work on the previous one).
         with progress.timed('step', wait_jax_async_dispatch=False):
           state, metrics = run.train_fn(state, batch)
+          if step == run.start:
+            heap.release()  # What compiling the step freed.
           if pending is not None:
             _check_finite(*pending, ckpt)
         step += 1
