@@ -172,7 +172,7 @@ def _masked(logits, mask, shape):
 
 def _logits(q, k, mask, shape):
   """Scaled, masked float32 logits of heads-major q, k."""
-  logits = matmul.cpu_batched(q, matmul.transposed_copy(k), jnp.float32)
+  logits = matmul.cpu_batched(q, k, jnp.float32, trans_b=True)
   return _masked(logits * _scale(q), mask, shape)
 
 
@@ -189,7 +189,8 @@ def _cpu_core(query, key, value, mask):
   softmax's log-normaliser, recomputes the probabilities once the
   cotangent has arrived, and takes every product in the canonical layout,
   transposing the small (tokens, head_dim) operands, never the (tokens,
-  tokens) ones, on token axes padded to a multiple of PAD. Autodiff of the
+  tokens) ones, on token axes padded to a multiple of PAD (the 'onednn'
+  CPU form reads the transposed operands in place). Autodiff of the
   forward pass ran XLA:CPU's transposes and float32 fallbacks: 1.4x the
   time of a ViT-B/16 layer's attention, forward and backward
   (docs/performance.md). The backward products take the cotangents rounded
@@ -236,22 +237,17 @@ def _flash_bwd(kv_len, res, g):
   q, k, v, lse = (_pad_rows(x) for x in (q, k, v, lse))
   shape = (b, n, t, kv_len)
   bf = matmul.cpu_batched
-  tr = matmul.transposed_copy
   g = _pad_rows(_heads_major(g.astype(v.dtype)))  # (BN, T', H)
   probs = jnp.exp(_logits(q, k, mask, shape) - lse)  # float32 (BN, T', S')
-  dprobs = bf(g, tr(v), jnp.float32)
+  dprobs = bf(g, v, jnp.float32, trans_b=True)
   dlogits = probs * (dprobs - jnp.sum(dprobs * probs, -1, keepdims=True))
   dlogits = (dlogits * _scale(q)).astype(q.dtype)
   dq = bf(dlogits, k, q.dtype)
-  # dK = dlogits^T q and dV = probs^T g, each as its transpose:
-  # (H, T) x (T, S) products, then (H, S) -> (S, H). The barrier keeps XLA
-  # from folding that transpose back into the product (as a (T, S)^T x
-  # (T, H) form its CPU runtime has no bf16 kernel for).
-  def transposed_product(a, b, dtype):
-    out = jax.lax.optimization_barrier(bf(a, b, jnp.float32))
-    return jnp.swapaxes(out, 1, 2).astype(dtype)
-  dk = transposed_product(tr(q), dlogits, k.dtype)
-  dv = transposed_product(tr(g), probs.astype(v.dtype), v.dtype)
+  # dK = dlogits^T q and dV = probs^T g: products over the rows of both
+  # operands (`cpu_batched`'s trans_a: read in place on oneDNN, else
+  # computed as (H, T) x (T, S) products and transposed to (S, H)).
+  dk = bf(dlogits, q, k.dtype, trans_a=True)
+  dv = bf(probs.astype(v.dtype), g, v.dtype, trans_a=True)
   return (_tokens_major(dq, b, n, t), _tokens_major(dk, b, n, kv_len),
           _tokens_major(dv, b, n, kv_len), None)
 

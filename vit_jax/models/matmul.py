@@ -219,7 +219,8 @@ def _matmul_bwd(barrier, out, res, g):
 _matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
-def cpu_batched(a, b, out_dtype):
+def cpu_batched(a, b, out_dtype, *, trans_a: bool = False,
+                trans_b: bool = False):
   """(B, M, K) x (B, K, N) -> (B, M, N) in `out_dtype`, for a program that
   runs on a CPU (call it inside a `lax.platform_dependent` CPU branch), by a
   caller that writes its own backward pass in the same canonical layout
@@ -227,7 +228,26 @@ def cpu_batched(a, b, out_dtype):
   products. bf16 operands take this process's CPU form: float32
   accumulation, the result rounded once to `out_dtype` (float32 keeps the
   accumulator); the 'onednn' form runs it on oneDNN. Other dtypes:
-  `lax.dot_general`."""
+  `lax.dot_general`.
+
+  `trans_a` / `trans_b`: that operand is stored with its last two axes
+  swapped, (B, K, M) / (B, N, K). The 'onednn' form reads it so in place.
+  The others take a transposed copy of `b`; for `a` they compute the
+  transposed product, bᵀ·a, of a transposed copy of `b` and transpose that
+  (M, N) result: XLA:CPU's kernel has no bf16 form for a contraction over
+  the rows of both operands."""
+  if (trans_a or trans_b) and cpu_form() == 'onednn' and (
+      a.dtype == b.dtype == BF16 and out_dtype in (BF16, F32)):
+    return onednn.matmul(a, b, trans_a=trans_a, trans_b=trans_b,
+                         out=out_dtype)
+  if trans_b:
+    b = transposed_copy(b)
+  if trans_a:
+    # The barrier keeps XLA from folding the transpose of the result back
+    # into the product (the form the kernel lacks).
+    out = lax.optimization_barrier(
+        cpu_batched(transposed_copy(b), a, F32))
+    return jnp.swapaxes(out, 1, 2).astype(out_dtype)
   dn = (((2,), (1,)), ((0,), (0,)))
   if a.dtype != BF16 or b.dtype != BF16:
     return lax.dot_general(a, b, dn, preferred_element_type=out_dtype)
