@@ -24,6 +24,27 @@ def test_float32_is_exactly_lax():
                                 lax.dot_general(x, w, DN_DENSE))
 
 
+def test_float32_dense_gradients_are_autodiffs_with_a_copied_transpose():
+  """On CPUs a float32 dense product's backward pass takes the weight
+  gradient's transposed activation as a copy (faster there,
+  docs/performance.md): autodiff's gradients within float32 rounding;
+  exports (`portable()`) keep the plain dot."""
+  for dn, shapes in [(DN_DENSE, ((4, 33, 64), (64, 96))),
+                     (DN_OUT, ((4, 33, 3, 16), (3, 16, 40)))]:
+    x, w = _inputs(2, *shapes)
+    grad = jax.jit(jax.grad(_loss(matmul.dot_general, dn, jnp.float32),
+                            (0, 1)))
+    g_ref = jax.grad(_loss(lax.dot_general, dn, jnp.float32), (0, 1))(x, w)
+    for a, b in zip(grad(x, w), g_ref):
+      np.testing.assert_allclose(a, b, rtol=1e-5,
+                                 atol=1e-5 * float(jnp.abs(b).max()))
+    assert 'optimization_barrier' in grad.lower(x, w).as_text()
+    with matmul.portable():
+      text = jax.jit(jax.grad(_loss(matmul.dot_general, dn, jnp.float32),
+                              (0, 1))).lower(x, w).as_text()
+    assert 'optimization_barrier' not in text
+
+
 def _loss(dot, dn, dtype):
   return lambda x, w: (dot(x.astype(dtype), w.astype(dtype), dn)
                        .astype(jnp.float32) ** 2).sum()

@@ -33,8 +33,9 @@ def policy(remat):
   """The `jax.checkpoint` policy for a model's `remat` value (None: no remat
   when `remat` is falsy; see `enabled`).
 
-  The dots policies also keep the bf16 products of `matmul.dot_general`,
-  which jax's own policies cannot see inside its custom VJP.
+  The dots policies also keep the bf16 products and the float32 dense ones
+  of `matmul.dot_general`, which jax's own policies cannot see inside its
+  custom VJP.
   """
   check(remat)
   name = 'nothing_saveable' if remat is True else remat
