@@ -131,10 +131,11 @@ def _cpu_dot(lhs, rhs, *, dn):
 def _cpu_f32_dot(lhs, rhs, *, dn):
   """A float32 dense product on a CPU: canonical layout, and a backward
   pass that takes the weight gradient's transposed activation as a
-  materialised copy (`_matmul`), as the bf16 form does. Autodiff's
-  transposed products ran a ViT-B/16 MLP layer's float32 forward and
-  backward in 140 ms against 87 ms this way (Intel Xeon VM,
-  docs/performance.md)."""
+  materialised copy, as the bf16 form does, except for rows of 4 KiB and
+  more, which XLA's float32 kernel reads transposed faster (`_matmul`).
+  Autodiff's transposed products ran a ViT-B/16 MLP layer's float32
+  forward and backward in 140 ms against 87 ms this way, and the train step
+  10-12% slower (Intel Xeon VM, docs/performance.md)."""
   return _canonical(lhs, rhs, dn, lambda a, b: _matmul(a, b, True, F32))
 
 
@@ -183,6 +184,10 @@ def _dot(a, b, contract, out=BF16, accumulate=F32):
 WIDE_ROW_BYTES = 4096
 
 
+def _wide_rows(x) -> bool:
+  return x.shape[-1] * x.dtype.itemsize >= WIDE_ROW_BYTES
+
+
 def _transposed(x, barrier: bool):
   """x with its last two axes swapped; with `barrier` (the CPU branch),
   materialised in row-major order for the library kernel (module doc).
@@ -200,7 +205,7 @@ def _transposed(x, barrier: bool):
   """
   if not barrier:
     return jnp.swapaxes(x, -1, -2)
-  if x.shape[-1] * x.dtype.itemsize >= WIDE_ROW_BYTES:
+  if _wide_rows(x):
     first = x[(0,) * x.ndim]
     shape = x.shape[:-2] + x.shape[-2:][::-1]
     return lax.cond(first == first, lambda v: jnp.swapaxes(v, -1, -2),
@@ -230,8 +235,14 @@ def _matmul_bwd(barrier, out, res, g):
   g = g.astype(a.dtype)
   last = g.ndim - 1
   da = _dot(g, b, ((last,), (last,)), a.dtype)  # (M, N) x (K, N)^T
-  db = _dot(_transposed(a, barrier), g, ((last,), (last - 1,)),
-            a.dtype)  # (K, M) x (M, N)
+  if a.dtype == F32 and _wide_rows(a):
+    # XLA:CPU's float32 kernel reads a wide activation transposed in place
+    # faster than `_transposed` copies it (27-36 ms against 48 ms for a
+    # ViT-B/16 MLP's second weight gradient, docs/performance.md).
+    db = _dot(a, g, ((last - 1,), (last - 1,)), a.dtype)  # (M,K)^T x (M,N)
+  else:
+    db = _dot(_transposed(a, barrier), g, ((last,), (last - 1,)),
+              a.dtype)  # (K, M) x (M, N)
   return da, db
 
 
