@@ -1,0 +1,46 @@
+#!/bin/bash
+# One prepared call on a lent GPU: the issue-14 measurements in order of
+# priority, each in a fresh process, each bounded by the time left, so that
+# a short lease still returns the first rows. Run from the repository root:
+#
+#   OUT=/tmp/gpu BUDGET=500 bash benchmarks/gpu_session.sh
+#
+# BUDGET: seconds for all of it (default 500). BASE: a copy of an earlier
+# tree (e.g. `git archive REV | tar -x -C .gpu/base`) to run first as the
+# same-machine baseline. Writes $OUT/log.txt (the summary lines),
+# $OUT/all.txt (every command's full output) and $OUT/json.txt (the bench
+# JSONs): at most three files, as a lent machine returns a few.
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
+START=$(date +%s); BUDGET=${BUDGET:-500}; OUT=${OUT:?set OUT to a folder}
+ROOT=$PWD; LOG=$OUT/log.txt; TMP=$(mktemp -d); mkdir -p "$OUT"
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+step() {  # name min_seconds max_seconds dir command...
+  local name=$1 min=$2 max=$3 dir=$4; shift 4
+  local l; l=$(left)
+  if (( l < min )); then echo "SKIP $name (left $l s)" | tee -a "$LOG"; return; fi
+  local t=$(( l - 5 < max ? l - 5 : max ))
+  echo "=== $name (limit $t s, at $(( $(date +%s) - START )) s)" | tee -a "$LOG"
+  (cd "$dir" && PYTHONPATH=$dir timeout "$t" "$@") > "$TMP/$name.out" 2>&1
+  echo "rc=$?" >> "$TMP/$name.out"
+  { echo "=== $name"; cat "$TMP/$name.out"; } >> "$OUT/all.txt"
+  grep -E "img_per_s |mfu_nominal|peak_device|img/s|rc=|Error" \
+    "$TMP/$name.out" | tail -6 | tee -a "$LOG"
+}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
+  | tee -a "$LOG"
+B="python3 -m vit_jax.bench --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=12 --warmup=2 --nomatmul_peak"
+if [ -n "$BASE" ]; then
+  step base_train 60 90 "$BASE" $B --json="$TMP/0base_train.json"
+fi
+step train 60 90 "$ROOT" $B --json="$TMP/1train.json"
+step infer 40 60 "$ROOT" $B --mode=infer --json="$TMP/2infer.json"
+step profile 70 110 "$ROOT" python3 -m benchmarks.op_profile \
+  --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=3 --top=30
+step h14 150 170 "$ROOT" python3 -m benchmarks.max_batch --model=ViT-H/14 \
+  --batches=1024,1536 --model_option=remat=nothing_saveable \
+  --model_option=scan_layers=True --timeout=80 --json="$TMP/3h14.json"
+step timm 120 150 "$ROOT" python3 -m benchmarks.peers --model=ViT-B/16 \
+  --batch=256 --dtypes=bfloat16 --peers=timm_compile --modes=train \
+  --rounds=1 --steps=10 --warmup=3
+cat "$TMP"/*.json > "$OUT/json.txt" 2>/dev/null
+echo "done at $(( $(date +%s) - START )) s" | tee -a "$LOG"
