@@ -1,8 +1,10 @@
 """Mixed-precision matmuls for the dense layers: bf16 in, f32 accumulate.
 
 `dot_general` is a drop-in for `lax.dot_general` (flax's `dot_general=` and
-`einsum_dot_general=` hooks). For float32 operands it is `lax.dot_general`.
-For bfloat16 operands every product is accumulated in float32, forward and
+`einsum_dot_general=` hooks). For float32 operands it computes what
+`lax.dot_general` does; on CPUs a dense (unbatched) product's backward pass
+takes the layout of the bf16 form below (`_cpu_f32_dot`). For bfloat16
+operands every product is accumulated in float32, forward and
 backward, and the result is rounded to bfloat16 once (what TPUs and GPUs do
 for bf16 matmuls anyway; plain autodiff would give bf16-accumulated or
 float32 backward matmuls).
@@ -86,11 +88,12 @@ BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None,
                 preferred_element_type=None, **kwargs):
-  """`lax.dot_general`, with float32 accumulation for bf16 x bf16."""
+  """`lax.dot_general`, with float32 accumulation for bf16 x bf16 and a
+  CPU layout of its own for float32 dense products (module doc)."""
   dn = tuple(tuple(map(tuple, pair)) for pair in dimension_numbers)
   if (lhs.dtype == rhs.dtype == F32 and not dn[1][0] and not kwargs
       and precision is None and preferred_element_type in (None, F32)
-      and not getattr(_portable, 'depth', 0)):
+      and not _in_portable()):
     return checkpoint_name(lax.platform_dependent(
         lhs, rhs, cpu=functools.partial(_cpu_f32_dot, dn=dn),
         default=lambda a, b: lax.dot_general(a, b, dn)), NAME)
@@ -330,7 +333,7 @@ def cpu_form() -> str:
     if 'form' not in _chosen:
       _chosen['form'] = _decide()
     form = _chosen['form']
-  if form == 'onednn' and (getattr(_portable, 'depth', 0)
+  if form == 'onednn' and (_in_portable()
                            or _several_cpu_devices()):
     return 'bf16'
   return form
@@ -341,6 +344,11 @@ def _several_cpu_devices() -> bool:
   several CPU devices (simulated ones, or processes) it would gather every
   operand of the oneDNN product onto each device."""
   return len(jax.devices('cpu')) > 1
+
+
+def _in_portable() -> bool:
+  """Whether this thread traces inside `portable()`."""
+  return bool(getattr(_portable, 'depth', 0))
 
 
 @contextlib.contextmanager

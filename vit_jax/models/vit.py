@@ -238,11 +238,10 @@ class Encoder(nn.Module):
   even_tokens: Optional[bool] = None
 
   def _pads(self, length: int, train: bool) -> bool:
-    if self.even_tokens is None:
-      return (length % 2 == 1 and self.attention_impl == 'cudnn'
-              and not self.capture_attention
-              and not (train and self.attention_dropout_rate > 0))
-    return self.even_tokens and length % 2 == 1
+    if length % 2 == 0 or self.even_tokens is not None:
+      return bool(self.even_tokens) and length % 2 == 1
+    return (self.attention_impl == 'cudnn' and not self.capture_attention
+            and not (train and self.attention_dropout_rate > 0))
 
   @nn.compact
   def __call__(self, x, *, train: bool):
