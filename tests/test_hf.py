@@ -16,8 +16,11 @@ transformers = pytest.importorskip('transformers')
 CASES = [('ViT-Ti/16', {}), ('ViT-B/16', {'num_layers': 2})]
 
 
-# Logits agree to float32 rounding.
-TOL = 1e-5
+# Logits agree to float32 rounding: typically 2e-6 (Ti/16) to 6e-6 (B/16),
+# once 2e-5 when PyTorch's kernels summed in another order late in a long
+# test process. The two GELUs' logits differ by 3.5e-4 and more (below), so
+# the tolerance still tells them apart.
+TOL = 4e-5
 
 
 def _hf_logits(hf_model, x):
@@ -79,12 +82,12 @@ def test_hf_to_ours(name, overrides, act):
 def test_activations_differ_enough_to_matter():
   # The two GELUs give different logits: the activation test above has teeth.
   name, overrides = CASES[0]
-  x = _images(1)
+  x = _images(2)
   tanh = models.create(name, num_classes=10, **overrides)
   erf = models.create(name, num_classes=10, gelu_approximate=False,
                       **overrides)
   params = perturb(tanh.init(jax.random.key(0), jnp.asarray(x))['params'],
-                   scale=0.05)
+                   scale=0.1)
   diff = np.abs(np.asarray(tanh.apply({'params': params}, x))
                 - np.asarray(erf.apply({'params': params}, x))).max()
   assert diff > 10 * TOL
