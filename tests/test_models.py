@@ -163,7 +163,7 @@ def test_bit_forward_and_zero_head(rng):
   x = jnp.asarray(rng.uniform(-1, 1, (2, 64, 64, 3)), jnp.float32)
   p = _init(model, x.shape)
   assert 'norm_pre_head' in p and 'unit3' in p['block1']
-  out = model.apply({'params': p}, x)
+  out = jax.jit(model.apply)({'params': p}, x)
   chex.assert_shape(out, (2, 5))
   np.testing.assert_array_equal(out, 0.0)
 
@@ -207,11 +207,13 @@ def test_scan_and_remat_compute_the_same(rng):
       _init(scanned, x.shape))
   chex.assert_shape(ps['Transformer']['encoderblock']['MlpBlock_0']['Dense_0']
                     ['kernel'], (2, 32, 64))
-  np.testing.assert_allclose(scanned.apply({'params': ps}, x),
-                             plain.apply({'params': p}, x), atol=1e-5)
+  np.testing.assert_allclose(jax.jit(scanned.apply)({'params': ps}, x),
+                             jax.jit(plain.apply)({'params': p}, x),
+                             atol=1e-5)
   loss = lambda m, q: m.apply({'params': q}, x, train=True).sum()
-  g = stack_blocks(jax.device_get(jax.grad(lambda q: loss(plain, q))(p)))
-  gs = jax.grad(lambda q: loss(scanned, q))(ps)
+  g = stack_blocks(jax.device_get(
+      jax.jit(jax.grad(lambda q: loss(plain, q)))(p)))
+  gs = jax.jit(jax.grad(lambda q: loss(scanned, q)))(ps)
   for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(gs)):
     np.testing.assert_allclose(a, b, atol=1e-5)
 
@@ -223,8 +225,8 @@ def test_named_remat_policies_give_the_same_gradients(rng, policy):
   plain = models.create('ViT-test', num_classes=5)
   p = jax.tree.map(lambda a: a + 0.05 * rng.normal(size=a.shape),
                    _init(plain, x.shape))
-  loss = lambda m: jax.grad(
-      lambda q: m.apply({'params': q}, x, train=True).sum())(p)
+  loss = lambda m: jax.jit(jax.grad(
+      lambda q: m.apply({'params': q}, x, train=True).sum()))(p)
   for a, b in zip(jax.tree.leaves(loss(plain)),
                   jax.tree.leaves(loss(plain.clone(remat=policy)))):
     np.testing.assert_allclose(a, b, atol=1e-5)
