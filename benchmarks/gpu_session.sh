@@ -6,8 +6,8 @@
 #   OUT=/tmp/gpu BUDGET=500 bash benchmarks/gpu_session.sh
 #
 # BUDGET: seconds for all of it (default 500). BASE: a copy of an earlier
-# tree (e.g. `git archive REV | tar -x -C .gpu/base`) to run first as the
-# same-machine baseline. Writes $OUT/log.txt (the summary lines),
+# tree (e.g. `git archive REV | tar -x -C .gpu/base`), the same-machine
+# baseline, run before and again after the new tree's train row. Writes $OUT/log.txt (the summary lines),
 # $OUT/all.txt (every command's full output) and $OUT/json.txt (the bench
 # JSONs): at most three files, as a lent machine returns a few.
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1

@@ -238,8 +238,10 @@ class Encoder(nn.Module):
   even_tokens: Optional[bool] = None
 
   def _pads(self, length: int, train: bool) -> bool:
-    if length % 2 == 0 or self.even_tokens is not None:
-      return bool(self.even_tokens) and length % 2 == 1
+    if length % 2 == 0:
+      return False
+    if self.even_tokens is not None:
+      return self.even_tokens
     return (self.attention_impl == 'cudnn' and not self.capture_attention
             and not (train and self.attention_dropout_rate > 0))
 
