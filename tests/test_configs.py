@@ -179,15 +179,23 @@ def test_cpu_recipe_ingredients_change_only_what_they_name():
   assert c.eval_ema == 'both' and c.input.pp_train == base.input.pp_train
 
 
-def _run(workdir, spec, *flags):
-  out = subprocess.run(
-      [sys.executable, '-m', 'vit_jax.main', f'--config={spec}',
-       f'--workdir={workdir}', '--config.async_checkpoints=false', *flags],
-      cwd=ROOT, capture_output=True, text=True,
-      env=dict(os.environ, JAX_PLATFORMS='cpu'))
-  assert out.returncode == 0, out.stderr[-4000:]
+def _run(workdir, spec, caplog):
+  """Trains `spec` ('configs/<file>.py:<args>', the --config the CLI takes)
+  in this process: the configs' test, not the CLI's (tests/test_loop.py
+  runs `python -m vit_jax.main`), without an interpreter start-up per run."""
+  import importlib
+  from vit_jax.train import loop
+  path, _, arg = spec.partition(':')
+  assert path.startswith('configs/') and path.endswith('.py'), spec
+  module = importlib.import_module(
+      'vit_jax.configs.' + os.path.basename(path)[:-3])
+  config = module.get_config(arg or None)
+  config.async_checkpoints = False
+  caplog.clear()
+  with caplog.at_level('INFO'):
+    loop.train_and_evaluate(config, workdir)
   summary = json.load(open(os.path.join(workdir, 'summary.json')))
-  summary['_log'] = out.stderr
+  summary['_log'] = caplog.text
   return summary
 
 
@@ -195,32 +203,33 @@ def _run(workdir, spec, *flags):
     'configs/smoke.py:smoke=true',
     'configs/pretrain.py:model=BiT-R50x1,data=jft,opt=sgd,smoke=true',
     'configs/pretrain.py:model=R50+ViT-B/32,data=i1k,smoke=true',
-    'configs/vtab.py:task=dtd,smoke=true',
     'configs/augreg.py:variant=B/16,data=i21k,smoke=true',
     pytest.param('configs/finetune.py:model=ViT-L/16,data=imagenet2012,'
                  'table2=true,smoke=true', marks=pytest.mark.slow),
     pytest.param('configs/cpu_recipes.py:ingredients=randaug+mixup+cutmix+'
                  'reg+ema,smoke=true', marks=pytest.mark.slow),
-    # BiT training is the R50x1 row's above; this one runs with -m slow.
+    # configs/vtab.py's smoke row is test_vtab_driver_runs_...'s (dtd and
+    # eurosat through `python -m vit_jax.vtab`). BiT training is the R50x1
+    # row's above; this one runs with -m slow.
     pytest.param('configs/cpu_reproduce.py:step=bit_1ep,smoke=true',
                  marks=pytest.mark.slow),
 ])
-def test_smoke_variant_trains(tmp_path, spec):
-  summary = _run(str(tmp_path), spec)
+def test_smoke_variant_trains(tmp_path, spec, caplog):
+  summary = _run(str(tmp_path), spec, caplog)
   assert summary['steps'] > 0 and 0 <= summary['eval_accuracy'] <= 1
   if 'smoke.py' not in spec:
     assert summary['report']['smoke'] is True
 
 
-def test_smoke_pretrain_then_finetune_at_higher_resolution(tmp_path):
+def test_smoke_pretrain_then_finetune_at_higher_resolution(tmp_path, caplog):
   """i21k pre-training (sigmoid loss, pre-logits) then Table 4 fine-tuning
   from its workdir at 1.5x the resolution."""
   pre = _run(str(tmp_path / 'pre'),
-             'configs/pretrain.py:model=ViT-B/16,data=i21k,smoke=true')
+             'configs/pretrain.py:model=ViT-B/16,data=i21k,smoke=true', caplog)
   assert pre['report']['task'] == 'pretrain'
   fine = _run(str(tmp_path / 'fine'),
               'configs/finetune.py:model=ViT-B/16,data=cifar10,smoke=true,'
-              f'init={tmp_path / "pre"}')
+              f'init={tmp_path / "pre"}', caplog)
   assert fine['report']['task'] == 'cifar10'
   assert fine['report']['pretrain_epochs'] == 90  # Table 3's i21k schedule.
   assert f'initialised from {tmp_path / "pre"}' in fine['_log']
@@ -228,14 +237,21 @@ def test_smoke_pretrain_then_finetune_at_higher_resolution(tmp_path):
   assert 'eval_accuracy' in log
 
 
-def test_smoke_cpu_reproduce_pretrain_fewshot_and_transfer(tmp_path):
+def test_smoke_cpu_reproduce_pretrain_with_fewshot(tmp_path, caplog):
   pre = _run(str(tmp_path / 'pre'),
-             'configs/cpu_reproduce.py:step=pretrain,smoke=true')
+             'configs/cpu_reproduce.py:step=pretrain,smoke=true', caplog)
   assert 0 <= pre['fewshot/digits/5shot'] <= 1
+
+
+@pytest.mark.slow  # The transfer is test_smoke_pretrain_then_finetune's path.
+def test_smoke_cpu_reproduce_pretrain_then_transfer(tmp_path, caplog):
+  _run(str(tmp_path / 'pre'),
+       'configs/cpu_reproduce.py:step=pretrain,smoke=true', caplog)
   transfer = _run(str(tmp_path / 'tr'),
                   'configs/cpu_reproduce.py:step=transfer,smoke=true,'
-                  f'init={tmp_path / "pre"}')
+                  f'init={tmp_path / "pre"}', caplog)
   assert transfer['dataset'] == 'mnist5k'
+  assert f'initialised from {tmp_path / "pre"}' in transfer['_log']
 
 
 def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
