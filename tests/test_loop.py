@@ -8,6 +8,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,10 +50,28 @@ def _leaves(tree, prefix=''):
 
 @pytest.fixture(scope='module')
 def reference_run(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('ref'))
-  out = _main(workdir, '--config.profile=12,3')  # Traces steps 13 to 15.
-  assert out.returncode == 0, out.stderr[-4000:]
+  """A 40-step run, made once per session (`trained_workdir.once`): tests
+  that write to a workdir copy it first (`_copy`)."""
+  import trained_workdir
+
+  def make(workdir):
+    out = _main(workdir, '--config.profile=12,3')  # Traces steps 13 to 15.
+    assert out.returncode == 0, out.stderr[-4000:]
+    for name in ('stdout', 'stderr'):
+      with open(f'{workdir}.{name}', 'w') as f:
+        f.write(getattr(out, name))
+
+  workdir = trained_workdir.once(tmp_path_factory, 'loop_reference_run', make)
+  out = subprocess.CompletedProcess(
+      [], 0, open(f'{workdir}.stdout').read(), open(f'{workdir}.stderr').read())
   return workdir, out
+
+
+def _copy(workdir, tmp_path):
+  """A copy of a shared workdir, for a test that writes to it."""
+  copy = str(tmp_path / 'run')
+  shutil.copytree(workdir, copy)
+  return copy
 
 
 def test_run_writes_summary_metrics_and_checkpoints(reference_run):
@@ -108,7 +127,7 @@ def test_bad_profile_window_is_a_clear_error():
 
 
 def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
-  workdir, _ = reference_run
+  workdir = _copy(reference_run[0], tmp_path)
   before = json.load(open(os.path.join(workdir, 'summary.json')))
   out = _main(workdir)
   assert out.returncode == 0, out.stderr[-4000:]
@@ -210,8 +229,9 @@ def test_missing_init_is_a_clear_error(tmp_path):
   assert 'no orbax train state' in out.stderr
 
 
-def test_workdir_of_a_different_model_is_a_clear_error(reference_run):
-  ref_dir, _ = reference_run
+def test_workdir_of_a_different_model_is_a_clear_error(reference_run,
+                                                      tmp_path):
+  ref_dir = _copy(reference_run[0], tmp_path)
   out = _main(ref_dir, '--config.model.name=ViT-Ti/16')
   assert out.returncode != 0
   assert 'holds a checkpoint (step 40) of a different model' in out.stderr

@@ -156,10 +156,9 @@ def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
   assert not os.path.exists(os.path.join(workdir, 'lock'))
   # The first run's rows are intact: nothing of the second was written.
   assert all(r.get('lr', 0) != 0.01 for r in _rows(workdir))
-  out = _main(workdir, '--config.total_steps=%d' % (saved[0] + 10),
-              '--config.checkpoint_every=0')
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert f'resumed from step {saved[0]}' in out.stderr
+  # The stop's checkpoint is a whole one (resuming from one is
+  # test_loop.py's SIGKILL test; this saves an interpreter start-up).
+  assert all(np.isfinite(x).all() for x in _params(workdir, saved[0]))
 
 
 def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path):

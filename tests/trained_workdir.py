@@ -1,4 +1,5 @@
-"""One smoke-trained workdir shared by the predict and export tests.
+"""Workdirs trained once per test session: the smoke run the predict, export
+and inspect tests read (`smoke_workdir`), and `once` for others.
 
 A tiny ViT trained for a few steps on scikit-learn's real `digits`
 (in-process: no interpreter start-up), made once per test session and
@@ -13,15 +14,23 @@ import filelock
 STEPS = 8
 
 
-def smoke_workdir(tmp_path_factory) -> str:
+def once(tmp_path_factory, name: str, make) -> str:
+  """`make(path)` run once per test session, however many pytest-xdist
+  workers ask (the others wait on a file lock); returns `path`. Tests read
+  what it wrote; one that writes copies it first."""
   root = tmp_path_factory.getbasetemp()
   if os.environ.get('PYTEST_XDIST_WORKER'):
     root = root.parent  # Shared by the workers of one session.
-  workdir = str(root / 'export_smoke_run')
-  with filelock.FileLock(workdir + '.lock'):
-    if not os.path.exists(os.path.join(workdir, 'summary.json')):
-      _train(workdir)
-  return workdir
+  path = str(root / name)
+  with filelock.FileLock(path + '.lock'):
+    if not os.path.exists(path + '.done'):
+      make(path)
+      open(path + '.done', 'w').close()
+  return path
+
+
+def smoke_workdir(tmp_path_factory) -> str:
+  return once(tmp_path_factory, 'export_smoke_run', _train)
 
 
 def _train(workdir: str) -> None:
