@@ -206,20 +206,18 @@ def test_fine_tune_from_earlier_run_at_new_resolution(reference_run, tmp_path):
   out = _main(str(tmp_path / 'ft'), f'--config.init={ref_dir}', *ft)
   assert out.returncode == 0, out.stderr[-4000:]
   assert f'initialised from {ref_dir}' in out.stderr
-  scratch = _main(str(tmp_path / 'scratch'), *ft)
-  assert scratch.returncode == 0, scratch.stderr[-4000:]
   _, ref = _final_params(ref_dir)
   _, tuned = _final_params(str(tmp_path / 'ft'))
-  _, fresh = _final_params(str(tmp_path / 'scratch'))
   pe = lambda p: np.asarray(p['Transformer']['posembed_input']['pos_embedding'])
   assert pe(ref).shape == (1, 17, 32) and pe(tuned).shape == (1, 37, 32)
   np.testing.assert_allclose(pe(tuned)[:, 0], pe(ref)[:, 0], atol=1e-3)
   # Two tiny SGD steps later the encoder still holds the pre-trained weights
-  # (and not a fresh initialisation); the head was reset to zeros first.
+  # (a fresh initialisation, an independent draw, would differ by about
+  # 1.4x their spread); the head was reset to zeros first.
   key = lambda p: np.asarray(p['Transformer']['encoderblock_1']['MlpBlock_0']
                              ['Dense_0']['kernel'])
   moved = np.abs(key(tuned) - key(ref)).max()
-  assert moved < 0.1 * np.abs(key(fresh) - key(ref)).max(), moved
+  assert moved < 0.05 * key(ref).std(), (moved, key(ref).std())
   assert np.abs(np.asarray(tuned['head']['kernel'])).max() < 0.05
 
 
