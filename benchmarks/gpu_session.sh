@@ -7,9 +7,10 @@
 #
 # BUDGET: seconds for all of it (default 500). BASE: a copy of an earlier
 # tree (e.g. `git archive REV | tar -x -C .gpu/base`), the same-machine
-# baseline, run before and again after the new tree's train row. Writes $OUT/log.txt (the summary lines),
-# $OUT/all.txt (every command's full output) and $OUT/json.txt (the bench
-# JSONs): at most three files, as a lent machine returns a few.
+# baseline, run before and again after the new tree's train row. Writes
+# $OUT/log.txt (the summary lines), $OUT/all.txt (every command's full
+# output) and $OUT/json.txt (the bench JSONs): at most three files, as a
+# lent machine returns a few.
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
 START=$(date +%s); BUDGET=${BUDGET:-500}; OUT=${OUT:?set OUT to a folder}
 ROOT=$PWD; LOG=$OUT/log.txt; TMP=$(mktemp -d); mkdir -p "$OUT"

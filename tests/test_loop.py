@@ -8,7 +8,6 @@ import json
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +16,8 @@ import time
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+
+import trained_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ['--config=configs/smoke.py:data=digits,steps=40,batch=32',
@@ -51,9 +52,7 @@ def _leaves(tree, prefix=''):
 @pytest.fixture(scope='module')
 def reference_run(tmp_path_factory):
   """A 40-step run, made once per session (`trained_workdir.once`): tests
-  that write to a workdir copy it first (`_copy`)."""
-  import trained_workdir
-
+  that write to a workdir copy it first (`trained_workdir.copy`)."""
   def make(workdir):
     out = _main(workdir, '--config.profile=12,3')  # Traces steps 13 to 15.
     assert out.returncode == 0, out.stderr[-4000:]
@@ -65,13 +64,6 @@ def reference_run(tmp_path_factory):
   out = subprocess.CompletedProcess(
       [], 0, open(f'{workdir}.stdout').read(), open(f'{workdir}.stderr').read())
   return workdir, out
-
-
-def _copy(workdir, tmp_path):
-  """A copy of a shared workdir, for a test that writes to it."""
-  copy = str(tmp_path / 'run')
-  shutil.copytree(workdir, copy)
-  return copy
 
 
 def test_run_writes_summary_metrics_and_checkpoints(reference_run):
@@ -127,7 +119,7 @@ def test_bad_profile_window_is_a_clear_error():
 
 
 def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
-  workdir = _copy(reference_run[0], tmp_path)
+  workdir = trained_workdir.copy(reference_run[0], tmp_path)
   before = json.load(open(os.path.join(workdir, 'summary.json')))
   out = _main(workdir)
   assert out.returncode == 0, out.stderr[-4000:]
@@ -229,7 +221,7 @@ def test_missing_init_is_a_clear_error(tmp_path):
 
 def test_workdir_of_a_different_model_is_a_clear_error(reference_run,
                                                       tmp_path):
-  ref_dir = _copy(reference_run[0], tmp_path)
+  ref_dir = trained_workdir.copy(reference_run[0], tmp_path)
   out = _main(ref_dir, '--config.model.name=ViT-Ti/16')
   assert out.returncode != 0
   assert 'holds a checkpoint (step 40) of a different model' in out.stderr

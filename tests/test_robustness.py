@@ -19,6 +19,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import trained_workdir
+
 from vit_jax.train import config_check, lock, loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,12 +74,6 @@ def reference(tmp_path_factory):
   assert out.returncode == 0, out.stderr[-4000:]
   assert _steps(workdir) == [20, 30, 40]
   assert not os.path.exists(os.path.join(workdir, 'lock'))  # Released.
-  return workdir
-
-
-def _copy(reference, tmp_path):
-  workdir = str(tmp_path / 'run')
-  shutil.copytree(reference, workdir)
   return workdir
 
 
@@ -218,7 +214,7 @@ FAST = ('data garbled', 'truncated arrays')
     d if d in FAST else pytest.param(d, marks=pytest.mark.slow)
     for d in sorted(DAMAGE)])
 def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
-  workdir = _copy(reference, tmp_path)
+  workdir = trained_workdir.copy(reference, tmp_path)
   os.remove(os.path.join(workdir, 'summary.json'))
   DAMAGE[damage](os.path.join(workdir, 'checkpoints', '40'))
   out = _main(workdir)
@@ -236,7 +232,7 @@ def test_damaged_newest_checkpoint_falls_back(reference, tmp_path, damage):
 
 
 def test_changed_optimiser_is_not_called_damage(reference, tmp_path):
-  workdir = _copy(reference, tmp_path)
+  workdir = trained_workdir.copy(reference, tmp_path)
   out = _main(workdir, '--config.optim.name=sgd')
   assert out.returncode == 1
   assert 'intact but holds another model or optimiser layout' in out.stderr
@@ -247,7 +243,7 @@ def test_changed_optimiser_is_not_called_damage(reference, tmp_path):
 
 def test_every_checkpoint_damaged_is_an_error_that_moves_nothing(
     reference, tmp_path):
-  workdir = _copy(reference, tmp_path)
+  workdir = trained_workdir.copy(reference, tmp_path)
   for step in (20, 30, 40):
     os.remove(os.path.join(workdir, 'checkpoints', str(step), 'state',
                            '_METADATA'))
@@ -260,7 +256,7 @@ def test_every_checkpoint_damaged_is_an_error_that_moves_nothing(
 # 4. Killed between the last checkpoint and the summary.
 
 def test_summary_complete_after_kill_before_it(reference, tmp_path):
-  workdir = _copy(reference, tmp_path)
+  workdir = trained_workdir.copy(reference, tmp_path)
   os.remove(os.path.join(workdir, 'summary.json'))  # Killed in final eval.
   out = _main(workdir)
   assert out.returncode == 0, out.stderr[-3000:]

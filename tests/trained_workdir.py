@@ -8,6 +8,7 @@ shared by pytest-xdist workers through a file lock.
 
 import json
 import os
+import shutil
 
 import filelock
 
@@ -27,6 +28,13 @@ def once(tmp_path_factory, name: str, make) -> str:
       make(path)
       open(path + '.done', 'w').close()
   return path
+
+
+def copy(workdir: str, tmp_path) -> str:
+  """A copy of a shared workdir (tmp_path/run), for a test that writes."""
+  out = str(tmp_path / 'run')
+  shutil.copytree(workdir, out)
+  return out
 
 
 def smoke_workdir(tmp_path_factory) -> str:
