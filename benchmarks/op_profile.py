@@ -6,17 +6,20 @@
 
 Compiles the real train step (`vit_jax.bench`), runs it once, traces
 `--steps` more with the host tracer at its most detailed level and prints
-the time per op category and the most expensive ops. On CPU every XLA op is
-an event of the runtime's thread pool, summed over threads (so the total
-can exceed wall time on several cores); on a GPU or TPU the device's own
-timeline counts (kernels by the HLO op they run), and wall time minus op
-time is the device's idle time. `--trace_dir` keeps the trace (TensorBoard's
+the time per op category and the most expensive ops. On CPU an op's time is
+the thread time spent on it, summed over the runtime's threads (so the
+total can reach threads × wall time): its own event, plus the thread-pool
+tasks it spawned (an Eigen dot's or a parallel loop's partitions, which run
+outside any op's event), found through the pool's task records. On a GPU
+or TPU the device's own timeline counts (kernels by the HLO op they run),
+and wall time minus op time is the device's idle time. `--trace_dir` keeps the trace (TensorBoard's
 profile plugin, or Perfetto through xprof).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import glob
 import os
@@ -31,11 +34,15 @@ REDUCTION = 'fusion with a reduction (LayerNorm, softmax, sums)'
 CONVERT = 'dtype conversion'
 TRANSPOSE = 'transpose / copy'
 ELEMENTWISE = 'other element-wise fusion'
+# CPU thread time in thread-pool tasks that no op's event or task led to.
+UNATTRIBUTED = 'thread-pool tasks of no op'
 
 
 def category(name: str, body_ops: frozenset = frozenset()) -> str:
   """An op's category from what its fused computation does (`body_ops`, the
   HLO opcodes in it, from `fused_ops`), else from its name."""
+  if name == UNATTRIBUTED:
+    return UNATTRIBUTED
   if body_ops:
     if any(op.startswith('custom-call:__cudnn$fmha') for op in body_ops):
       return ATTENTION
@@ -134,9 +141,10 @@ def op_times(profile, hlo_text: str, steps: int) -> collections.Counter:
   A GPU's or TPU's plane (`/device:...`) is the device's timeline: its
   kernels count, each under the HLO op it runs (its `hlo_op` stat; a TPU's
   `XLA Ops` line names them so). On CPU the XLA runtime's worker threads
-  (`tf_XLAEigen*`) run the ops; a program small enough to run inline leaves
-  them on the calling thread instead, so without worker-thread events every
-  thread's events named after the program's instructions count."""
+  (`tf_XLAEigen*`) run the ops (`cpu_thread_times`); a program small enough
+  to run inline leaves them on the calling thread instead, so without
+  worker-thread events every thread's events named after the program's
+  instructions count."""
   names = set(re.findall(r'%([\w.\-]+) = ', hlo_text))
   device = collections.Counter()
   for plane in profile.planes:
@@ -153,17 +161,106 @@ def op_times(profile, hlo_text: str, steps: int) -> collections.Counter:
         device[op] += ev.duration_ns / steps
   if device:
     return device
-  workers, anywhere = collections.Counter(), collections.Counter()
+  workers = cpu_thread_times(profile, names, steps)
+  if workers:
+    return workers
+  anywhere = collections.Counter()
   for plane in profile.planes:
     for line in plane.lines:
       for ev in line.events:
-        if '::' in ev.name:  # The runtime's own events, not XLA ops.
-          continue
-        if line.name.startswith('tf_XLAEigen'):
-          workers[ev.name] += ev.duration_ns / steps
-        elif ev.name in names:
+        if ev.name in names:
           anywhere[ev.name] += ev.duration_ns / steps
-  return workers or anywhere
+  return anywhere
+
+
+# XLA:CPU's YNNPACK/XNNPACK kernels share their helper tasks: a helper that
+# one kernel scheduled works for whichever such kernel runs at the time.
+_POOLED = re.compile(r'(ynn|xnn)_fusion')
+_START, _STOP, _RECORD = (f'ThreadpoolListener::{k}'
+                          for k in ('StartRegion', 'StopRegion', 'Record'))
+
+
+def cpu_thread_times(profile, names, steps: int) -> collections.Counter:
+  """ns per step of thread time per op on XLA:CPU's worker threads.
+
+  An op's event covers only the thread that runs it. Its partitions on
+  other threads (an Eigen dot's blocks, a parallel loop's chunks, a
+  YNNPACK kernel's tiles) run as thread-pool tasks outside any op's event:
+  a 20 ms Eigen dot shows a 0.1 ms event, and the rest looks like idle
+  time. The pool's listener marks each task's scheduling (`Record`, id
+  `_p`) and run (`StartRegion`, id `_c`, to `StopRegion`). A task belongs
+  to the op whose event encloses its `Record`, or else to the owner of the
+  task it was scheduled from; its run time outside any op's event is that
+  op's. YNNPACK kernels' helpers are shared (Slinky's pool): a helper's time
+  goes to the YNNPACK kernels running on other threads meanwhile, the rest
+  to its owner. Tasks with no owner count as `UNATTRIBUTED`."""
+  threads = {}
+  for plane in profile.planes:
+    for line in plane.lines:
+      if line.name.startswith('tf_XLAEigen'):
+        threads[line.name] = sorted(
+            ((ev.start_ns, ev.duration_ns, ev.name, dict(ev.stats))
+             for ev in line.events), key=lambda e: (e[0], -e[1]))
+  times = collections.Counter()
+  ops, regions, parent = {}, {}, {}
+  for th, evs in threads.items():
+    ops[th] = [(t, t + d, n) for t, d, n, _ in evs if n in names]
+    for t, e, n in ops[th]:
+      times[n] += e - t
+    regions[th], open_ = [], None
+    for t, _, n, stats in evs:
+      if n == _START:
+        open_ = (t, stats.get('_c'))
+      elif n == _STOP and open_:
+        regions[th].append((open_[0], t, open_[1]))
+        open_ = None
+  if not any(ops.values()):
+    return collections.Counter()
+
+  def enclosing(intervals, t):  # The innermost interval open at t.
+    i = bisect.bisect_right(intervals, (t, float('inf'))) - 1
+    for j in range(i, max(i - 8, -1), -1):  # Nested ones start later.
+      if intervals[j][1] >= t:
+        return intervals[j]
+    return None
+
+  for th, evs in threads.items():
+    for t, _, n, stats in evs:
+      if n == _RECORD:
+        op = enclosing(ops[th], t)
+        region = None if op else enclosing(regions[th], t)
+        parent[stats.get('_p')] = (op and op[2], region and region[2])
+
+  def owner(task):
+    seen = set()
+    while task in parent and task not in seen:
+      seen.add(task)
+      op, task = parent[task]
+      if op:
+        return op
+    return UNATTRIBUTED
+
+  pooled = {th: [o for o in ops[th] if _POOLED.match(o[2])] for th in ops}
+  for th in threads:
+    starts = [t for t, _, _ in ops[th]]
+    for t, e, task in regions[th]:
+      covered = 0  # By op events inside the task (a thunk run from it).
+      for s2, e2, _ in ops[th][bisect.bisect_left(starts, t):]:
+        if s2 >= e:
+          break
+        covered += max(0, min(e, e2) - s2)
+      free, op = e - t - covered, owner(task)
+      if free <= 0:
+        continue
+      if _POOLED.match(op):  # A helper: the kernels running meanwhile.
+        for other in threads.keys() - {th}:
+          for s2, e2, n in pooled[other]:
+            if s2 < e and e2 > t:
+              share = min(free, min(e, e2) - max(t, s2))
+              times[n] += share
+              free -= share
+      times[op] += free
+  return collections.Counter({n: v / steps for n, v in times.items()})
 
 
 def main(argv=None):
@@ -234,6 +331,12 @@ def main(argv=None):
         f'{args.mode}: '
         f'{wall:.4f} s/step wall, {total / 1e9:.4f} s of op time (all '
         f'threads, or the device), per step, on {jax.devices()[0].platform}')
+  workers = sum(line.name.startswith('tf_XLAEigen')
+                for plane in profile.planes for line in plane.lines)
+  if workers and not any(p.name.startswith('/device:')
+                         for p in profile.planes):
+    print(f'  {workers} XLA:CPU worker threads busy '
+          f'{100 * total / 1e9 / (workers * wall):.0f}% of the wall time')
   for cat, ns in by_cat.most_common():
     print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
     top = [(n, t) for n, t in per_op.most_common() if cats[n] == cat][:3]

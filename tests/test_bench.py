@@ -233,6 +233,45 @@ def test_op_profile_reads_the_device_timeline():
       {'custom-call:vit_jax_onednn_matmul'})) == op_profile.MATMUL
 
 
+def test_op_profile_counts_an_ops_thread_pool_tasks_on_cpu():
+  """On XLA:CPU an Eigen dot's event covers only its dispatch; its blocks
+  run as thread-pool tasks outside any op's event, on every thread. They
+  count for the op that scheduled them, directly or through a task, and a
+  thunk run inside a task counts for itself. YNNPACK kernels share their
+  helpers: one works for the kernel running beside it."""
+  from types import SimpleNamespace as NS
+  from benchmarks import op_profile
+  hlo = '\n'.join(['  %dot_general.4 = f32[8,8]{1,0} dot(%a, %b)',
+                   '  %add_fusion.2 = f32[8]{0} fusion(%c), kind=kLoop',
+                   '  %ynn_fusion.5 = f32[8,8]{1,0} fusion(%d), kind=kCustom',
+                   '  %ynn_fusion.6 = f32[] fusion(%e), kind=kCustom'])
+  start, stop, record = (f'ThreadpoolListener::{k}' for k in (
+      'StartRegion', 'StopRegion', 'Record'))
+  ev = lambda t, d, name, **stats: NS(start_ns=t, duration_ns=d, name=name,
+                                      stats=list(stats.items()))
+  a = [ev(0, 10, 'dot_general.4'), ev(5, 0, record, _p=1),  # In the dot.
+       ev(20, 0, start, _c=2), ev(120, 0, stop),  # A grandchild task.
+       ev(200, 0, start, _c=3), ev(210, 30, 'ThunkExecutor::Execute'),
+       ev(210, 30, 'add_fusion.2'), ev(260, 0, stop),  # A thunk in a task.
+       ev(300, 0, start, _c=9), ev(310, 0, stop),  # Nobody's.
+       ev(390, 5, 'ynn_fusion.6'), ev(392, 0, record, _p=7),
+       ev(410, 0, start, _c=7), ev(490, 0, stop)]  # Helps ynn_fusion.5.
+  b = [ev(12, 0, start, _c=1), ev(15, 0, record, _p=2), ev(100, 0, stop),
+       ev(150, 0, record, _p=3),  # Outside any op or task.
+       ev(400, 70, 'ynn_fusion.5')]
+  profile = NS(planes=[NS(name='/host:CPU', lines=[
+      NS(name='tf_XLAEigen/1', events=a), NS(name='tf_XLAEigen/2', events=b),
+      NS(name='python', events=[ev(0, 500, 'dot_general.4')])])])
+  times = op_profile.op_times(profile, hlo, steps=2)
+  assert times == {'dot_general.4': (10 + 88 + 100) / 2,
+                   'add_fusion.2': 30 / 2,
+                   'ynn_fusion.5': (70 + 60) / 2,  # The helper's overlap.
+                   'ynn_fusion.6': (5 + 20) / 2,  # The rest of it.
+                   op_profile.UNATTRIBUTED: (60 - 30 + 10) / 2}
+  assert op_profile.category(op_profile.UNATTRIBUTED) == (
+      op_profile.UNATTRIBUTED)
+
+
 def test_peers_give_huge_pages_as_each_command_would(monkeypatch):
   """`--huge_pages=own`: ours in the environment `python -m vit_jax.main`
   restarts itself in, PyTorch in this process's; `all` and `none` give
