@@ -241,6 +241,7 @@ def cpu_thread_times(profile, names, steps: int) -> collections.Counter:
     return UNATTRIBUTED
 
   pooled = {th: [o for o in ops[th] if _POOLED.match(o[2])] for th in ops}
+  pooled_starts = {th: [o[0] for o in pooled[th]] for th in pooled}
   for th in threads:
     starts = [t for t, _, _ in ops[th]]
     for t, e, task in regions[th]:
@@ -254,11 +255,13 @@ def cpu_thread_times(profile, names, steps: int) -> collections.Counter:
         continue
       if _POOLED.match(op):  # A helper: the kernels running meanwhile.
         for other in threads.keys() - {th}:
-          for s2, e2, n in pooled[other]:
-            if s2 < e and e2 > t:
-              share = min(free, min(e, e2) - max(t, s2))
-              times[n] += share
-              free -= share
+          j = bisect.bisect_left(pooled_starts[other], e) - 1
+          while j >= 0 and pooled[other][j][1] > t:  # One thread's events
+            s2, e2, n = pooled[other][j]             # do not overlap.
+            share = min(free, min(e, e2) - max(t, s2))
+            times[n] += share
+            free -= share
+            j -= 1
       times[op] += free
   return collections.Counter({n: v / steps for n, v in times.items()})
 
