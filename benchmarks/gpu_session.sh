@@ -7,7 +7,11 @@
 #
 # BUDGET: seconds for all of it (default 500). BASE: a copy of an earlier
 # tree (e.g. `git archive REV | tar -x -C .gpu/base`), the same-machine
-# baseline, run before and again after the new tree's train row. Writes
+# baseline, run before and again after the new tree's train row. TRIAL: a
+# copy of this tree with a change under test, and/or TRIAL_ENV: variables
+# for it (e.g. 'XLA_FLAGS=--xla_gpu_enable_cublaslt=true'; the trial runs
+# this tree when only TRIAL_ENV is set); its train rows alternate with
+# this tree's, twice, and an infer row follows this tree's. Writes
 # $OUT/log.txt (the summary lines), $OUT/all.txt (every command's full
 # output) and $OUT/json.txt (the bench JSONs): at most three files, as a
 # lent machine returns a few.
@@ -29,7 +33,8 @@ step() {  # name min_seconds max_seconds dir command...
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee -a "$LOG"
-B="python3 -m vit_jax.bench --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=12 --warmup=2 --nomatmul_peak"
+# BENCH: the bench command of every bench row (default: ViT-B/16, batch 256).
+B=${BENCH:-"python3 -m vit_jax.bench --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=12 --warmup=2 --nomatmul_peak"}
 # The first process on a fresh machine runs 3-6% slower than the rest,
 # whatever it runs (docs/performance.md, fourth GPU session): a short
 # throwaway run first, so that no measured row pays for it.
@@ -37,8 +42,22 @@ step warm 30 60 "$ROOT" $B --steps=2 --warmup=1
 if [ -n "$BASE" ]; then
   step base_train 60 90 "$BASE" $B --json="$TMP/0base_train.json"
 fi
+TRIAL_DIR=${TRIAL:-$ROOT}
+trial() {  # name min max extra-args...: the trial's row, if there is one.
+  if [ -n "$TRIAL$TRIAL_ENV" ]; then
+    local name=$1 min=$2 max=$3; shift 3
+    step "$name" "$min" "$max" "$TRIAL_DIR" env $TRIAL_ENV $B "$@" \
+      --json="$TMP/$name.json"
+  fi
+}
 step train 60 90 "$ROOT" $B --json="$TMP/1train.json"
+trial trial_train 60 90
+if [ -n "$TRIAL$TRIAL_ENV" ]; then  # The pair again, for the spread.
+  step train_b 60 90 "$ROOT" $B --json="$TMP/1train_b.json"
+  trial trial_train_b 60 90
+fi
 step infer 40 60 "$ROOT" $B --mode=infer --json="$TMP/2infer.json"
+trial trial_infer 40 60 --mode=infer
 step profile 70 110 "$ROOT" python3 -m benchmarks.op_profile \
   --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=3 --top=30
 step timm 120 150 "$ROOT" python3 -m benchmarks.peers --model=ViT-B/16 \
