@@ -12,8 +12,8 @@ total can reach threads × wall time): its own event, plus the thread-pool
 tasks it spawned (an Eigen dot's or a parallel loop's partitions, which run
 outside any op's event), found through the pool's task records. On a GPU
 or TPU the device's own timeline counts (kernels by the HLO op they run),
-and wall time minus op time is the device's idle time. `--trace_dir` keeps the trace (TensorBoard's
-profile plugin, or Perfetto through xprof).
+and wall time minus op time is the device's idle time. `--trace_dir` keeps
+the trace (TensorBoard's profile plugin, or Perfetto through xprof).
 """
 
 from __future__ import annotations
@@ -330,14 +330,14 @@ def main(argv=None):
   by_cat = collections.Counter()
   for name, ns in per_op.items():
     by_cat[cats[name]] += ns
+  platform = jax.devices()[0].platform
   print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype} '
         f'{args.mode}: '
         f'{wall:.4f} s/step wall, {total / 1e9:.4f} s of op time (all '
-        f'threads, or the device), per step, on {jax.devices()[0].platform}')
+        f'threads, or the device), per step, on {platform}')
   workers = sum(line.name.startswith('tf_XLAEigen')
                 for plane in profile.planes for line in plane.lines)
-  if workers and not any(p.name.startswith('/device:')
-                         for p in profile.planes):
+  if platform == 'cpu' and workers:
     print(f'  {workers} XLA:CPU worker threads busy '
           f'{100 * total / 1e9 / (workers * wall):.0f}% of the wall time')
   for cat, ns in by_cat.most_common():
