@@ -23,8 +23,6 @@ def test_missing_files_say_which_package(tmp_path):
     prepare.prepare('digits')
 
 
-@pytest.mark.skipif(not HAVE_FILES, reason='apt-get install '
-                    'dataset-fashion-mnist')
 def _tree(path):
   """{file: (size, mtime)} under `path`."""
   return {os.path.join(d, f): (os.path.getsize(os.path.join(d, f)),
@@ -32,6 +30,8 @@ def _tree(path):
           for d, _, files in os.walk(path) for f in files}
 
 
+@pytest.mark.skipif(not HAVE_FILES, reason='apt-get install '
+                    'dataset-fashion-mnist')
 def test_prepare_offline_then_read(tmp_path, monkeypatch):
   data_dir = str(tmp_path)
   assert not prepare.is_prepared('fashion_mnist', data_dir)

@@ -148,9 +148,16 @@ def _load() -> str:
   path = _build(prefix, libdir, libs[-1])
   lib = ctypes.CDLL(path)
   message = ctypes.create_string_buffer(512)
-  if lib.vit_jax_onednn_check(message, len(message)) != 0:
-    raise _Unavailable('oneDNN could not create its CPU engine: '
-                       f'{message.value.decode(errors="replace")}')
+  status = lib.vit_jax_onednn_check(message, len(message))
+  said = message.value.decode(errors='replace')
+  if status == 1:
+    raise _Unavailable(f'oneDNN could not create its CPU engine: {said}')
+  if status != 0:
+    raise _Unavailable(
+        f'{said.split(":", 1)[0]} has no bf16 matmul for this CPU (it needs '
+        'AVX512-BF16, AVX2-VNNI-2 or AMX; here bf16 matmuls run as float32, '
+        'the CPU form f32, which VIT_JAX_CPU_MATMUL=auto picks on such a '
+        f'CPU): {said.split(": ", 1)[-1]}')
   jax.ffi.register_ffi_target(
       TARGET, jax.ffi.pycapsule(lib.VitJaxOnednnMatmul), platform='cpu')
   return message.value.decode(errors='replace')

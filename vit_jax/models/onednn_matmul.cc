@@ -127,17 +127,30 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxOnednnMatmul, Matmul,
                                   .Attr<bool>("trans_a")
                                   .Attr<bool>("trans_b"));
 
-// 0 where oneDNN's CPU engine can be created; otherwise 1 and the reason
-// in `message` (at most `size` bytes with the terminating NUL).
+// 0 where oneDNN's CPU engine can be created and has a bf16 matmul for this
+// CPU, in each layout and result dtype the custom call uses (oneDNN 3.x has
+// none on CPUs without AVX512-BF16, AVX2-VNNI-2 or AMX: AVX2-only ones);
+// 1 where the engine fails, 2 where the bf16 matmul does; the reason in
+// `message` (at most `size` bytes with the terminating NUL).
 extern "C" int vit_jax_onednn_check(char* message, int size) {
   try {
     Engine();
-    const dnnl_version_t* v = dnnl_version();
-    std::snprintf(message, size, "oneDNN %d.%d.%d", v->major, v->minor,
-                  v->patch);
-    return 0;
   } catch (const std::exception& e) {
     std::snprintf(message, size, "%s", e.what());
     return 1;
   }
+  const dnnl_version_t* v = dnnl_version();
+  try {
+    for (bool trans : {false, true}) {
+      Get(0, 8, 8, 8, trans, trans, dt::bf16);
+      Get(2, 8, 8, 8, trans, trans, dt::f32);
+    }
+  } catch (const std::exception& e) {
+    std::snprintf(message, size, "oneDNN %d.%d.%d: %s", v->major, v->minor,
+                  v->patch, e.what());
+    return 2;
+  }
+  std::snprintf(message, size, "oneDNN %d.%d.%d", v->major, v->minor,
+                v->patch);
+  return 0;
 }
