@@ -182,6 +182,8 @@ def cpu_name() -> str:
     name = info.get('Model name', '').strip()
     flags = set(info.get('Flags', '').split())
     extras = [f for f in ('avx512_bf16', 'amx_bf16', 'amx_tile') if f in flags]
+    if 'avx512f' not in flags and 'avx2' in flags:
+      extras.append('AVX2, no AVX512')  # No bf16 matmul instructions either.
     return (f'{name}, {os.cpu_count()} CPUs'
             + (f' ({", ".join(extras)})' if extras else ''))
   except OSError:

@@ -10,9 +10,25 @@ os.environ.setdefault('VIT_JAX_CPU_MATMUL_CACHE', os.path.join(
     __import__('tempfile').gettempdir(),
     f'vit_jax_tests_cpu_matmul_{os.getppid()}.json'))
 
+# One persistent XLA compilation cache per test session: set by the process
+# that loads this first (pytest, or xdist's controller), inherited by the
+# xdist workers and the processes tests start, and removed by that process
+# when the session ends. The suite compiles the same smoke programs in many
+# tests and processes; a cache hit is the same executable.
+_CACHE = os.path.join(__import__('tempfile').gettempdir(),
+                      f'vit_jax_tests_xla_cache_{os.getpid()}')
+os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _CACHE)
+os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+
+def pytest_sessionfinish(session, exitstatus):
+  del session, exitstatus
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR') == _CACHE:
+    __import__('shutil').rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture
