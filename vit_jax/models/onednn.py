@@ -56,8 +56,9 @@ _state: dict = {}
 
 
 def available() -> Tuple[bool, str]:
-  """(True, what was loaded) once the custom call is registered for the CPU;
-  (False, why not) otherwise. Builds and loads it on the first call."""
+  """(True, what was loaded) once the custom call is registered for the CPU
+  and oneDNN has a bf16 matmul for this CPU (none for AVX2-only ones); (False,
+  why not) otherwise. Builds and loads it on the first call."""
   with _lock:
     if 'result' not in _state:
       try:
