@@ -1,13 +1,15 @@
 """Shared test set-up: quiet TF/JAX logs, CPU only, fixed seeds."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # The bf16 CPU matmul form measured once per test session (and worker), not
 # read from or written to this machine's cache (vit_jax/models/matmul.py).
 os.environ.setdefault('VIT_JAX_CPU_MATMUL_CACHE', os.path.join(
-    __import__('tempfile').gettempdir(),
+    tempfile.gettempdir(),
     f'vit_jax_tests_cpu_matmul_{os.getppid()}.json'))
 
 # One persistent XLA compilation cache per test session: set by the process
@@ -15,7 +17,7 @@ os.environ.setdefault('VIT_JAX_CPU_MATMUL_CACHE', os.path.join(
 # xdist workers and the processes tests start, and removed by that process
 # when the session ends. The suite compiles the same smoke programs in many
 # tests and processes; a cache hit is the same executable.
-_CACHE = os.path.join(__import__('tempfile').gettempdir(),
+_CACHE = os.path.join(tempfile.gettempdir(),
                       f'vit_jax_tests_xla_cache_{os.getpid()}')
 os.environ.setdefault('JAX_COMPILATION_CACHE_DIR', _CACHE)
 os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
@@ -28,7 +30,7 @@ import pytest  # noqa: E402
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   if os.environ.get('JAX_COMPILATION_CACHE_DIR') == _CACHE:
-    __import__('shutil').rmtree(_CACHE, ignore_errors=True)
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

@@ -155,13 +155,12 @@ def _load() -> str:
     raise _Unavailable(f'oneDNN could not create its CPU engine: {said}')
   if status != 0:
     raise _Unavailable(
-        f'{said.split(":", 1)[0]} has no bf16 matmul for this CPU (it needs '
-        'AVX512-BF16, AVX2-VNNI-2 or AMX; here bf16 matmuls run as float32, '
-        'the CPU form f32, which VIT_JAX_CPU_MATMUL=auto picks on such a '
-        f'CPU): {said.split(": ", 1)[-1]}')
+        'oneDNN has no bf16 matmul for this CPU (it needs AVX512-BF16, '
+        'AVX2-VNNI-2 or AMX; here bf16 matmuls run as float32, the CPU form '
+        f'f32, which VIT_JAX_CPU_MATMUL=auto picks on such a CPU): {said}')
   jax.ffi.register_ffi_target(
       TARGET, jax.ffi.pycapsule(lib.VitJaxOnednnMatmul), platform='cpu')
-  return message.value.decode(errors='replace')
+  return said
 
 
 def _build(prefix: str, libdir: str, lib: str) -> str:

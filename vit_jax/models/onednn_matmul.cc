@@ -140,17 +140,18 @@ extern "C" int vit_jax_onednn_check(char* message, int size) {
     return 1;
   }
   const dnnl_version_t* v = dnnl_version();
+  const std::string version = "oneDNN " + std::to_string(v->major) + "." +
+                              std::to_string(v->minor) + "." +
+                              std::to_string(v->patch);
   try {
     for (bool trans : {false, true}) {
       Get(0, 8, 8, 8, trans, trans, dt::bf16);
       Get(2, 8, 8, 8, trans, trans, dt::f32);
     }
   } catch (const std::exception& e) {
-    std::snprintf(message, size, "oneDNN %d.%d.%d: %s", v->major, v->minor,
-                  v->patch, e.what());
+    std::snprintf(message, size, "%s: %s", version.c_str(), e.what());
     return 2;
   }
-  std::snprintf(message, size, "oneDNN %d.%d.%d", v->major, v->minor,
-                v->patch);
+  std::snprintf(message, size, "%s", version.c_str());
   return 0;
 }
