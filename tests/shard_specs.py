@@ -27,8 +27,9 @@ ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
 
 def shard_specs(name, mesh, image_shape, module=None):
   """{path: [spec, shape]} of `name`'s parameters on 8 simulated devices."""
+  from conftest import xla_flags  # Not when run as the subprocess.
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags(8))
   args = [sys.executable, os.path.abspath(__file__), name, json.dumps(mesh),
           json.dumps(list(image_shape))]
   out = subprocess.run(args + ([module] if module else []),

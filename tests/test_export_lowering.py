@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import pytest
 from jax import export
 
+from conftest import xla_flags
 from vit_jax import models
 from vit_jax import sharding as shd
 from vit_jax.models import matmul
@@ -110,7 +111,7 @@ def test_cpu_export_keeps_its_cpu_form(bf16_step, monkeypatch):
 
 def fsdp_memory(name, mesh, overrides, batch=8, image_size=224):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags(8))
   out = subprocess.run(
       [sys.executable, os.path.join(HERE, 'fsdp_memory.py'), name,
        json.dumps(mesh), json.dumps(overrides), str(batch), str(image_size)],

@@ -27,6 +27,7 @@ import time
 
 import pytest
 
+from conftest import xla_flags
 from vit_jax.launch import commands, local, topology, tpu
 from vit_jax.launch.runner import Process, Result, Runner
 from vit_jax.train.preemption import EXIT_PREEMPTED
@@ -505,7 +506,7 @@ def test_wait_all_stops_the_others_when_one_fails():
 
 def _local_env(tmp_path):
   env = dict(os.environ, TMPDIR=str(tmp_path))  # The processes' logs.
-  env.pop('XLA_FLAGS', None)  # One CPU device per process.
+  env['XLA_FLAGS'] = xla_flags()  # One CPU device per process.
   return env
 
 

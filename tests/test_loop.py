@@ -17,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from conftest import xla_flags
 import trained_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -179,7 +180,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
 
 def test_batch_not_divisible_by_devices_is_a_clear_error(tmp_path):
   out = _main(str(tmp_path / 'bad'), '--config.input.batch_size=30',
-              env={'XLA_FLAGS': '--xla_force_host_platform_device_count=4'})
+              env={'XLA_FLAGS': xla_flags(4)})
   assert out.returncode != 0
   assert 'input.batch_size=30 is not divisible by the 4 devices' in out.stderr
 

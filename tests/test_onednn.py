@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import xla_flags
 from trained_workdir import smoke_workdir
 from vit_jax import export, models
 from vit_jax import trained as trained_lib
@@ -228,5 +229,5 @@ def test_programs_over_several_cpu_devices_keep_xla_dots():
           'assert onednn.TARGET not in f.lower(x).as_text()\n'
           'print("ok")\n')
   done = _python(code, VIT_JAX_CPU_MATMUL='onednn',
-                 XLA_FLAGS='--xla_force_host_platform_device_count=2')
+                 XLA_FLAGS=xla_flags(2))
   assert done.returncode == 0 and 'ok' in done.stdout, done.stderr[-2000:]

@@ -16,6 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 from absl.testing import absltest  # noqa: F401 (absl logging handlers)
 
+from conftest import xla_flags
 from vit_jax import models, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.configs import mpp as mpp_config
@@ -377,8 +378,7 @@ def test_mpp_step_under_a_mesh_matches_one_device():
   here = os.path.join(ROOT, 'tests')
 
   def run(mesh, devices):
-    env = dict(ENV, PYTHONPATH=ROOT, XLA_FLAGS='--xla_force_host_platform_'
-               f'device_count={devices}')
+    env = dict(ENV, PYTHONPATH=ROOT, XLA_FLAGS=xla_flags(devices))
     out = subprocess.run(
         [sys.executable, os.path.join(here, 'mesh_steps.py'),
          json.dumps(mesh), json.dumps({'objective': 'mpp'})],

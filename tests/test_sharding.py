@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from conftest import xla_flags
 from shard_specs import ROOT, HERE, shard_specs
 from vit_jax import models
 from vit_jax import sharding as shd
@@ -156,7 +157,7 @@ _KNOWN_BIT_FAILURE = pytest.mark.xfail(strict=True, reason=(
 ], ids=['dp2-tp4', 'fsdp4-tp2', 'dp4-tp2-numpy-init'])
 def test_bit_sharded_gradients_match_one_device(mesh, init):
   env = dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT,
-             XLA_FLAGS='--xla_force_host_platform_device_count=8')
+             XLA_FLAGS=xla_flags(8))
   out = subprocess.run(
       [sys.executable, os.path.join(HERE, 'tp_grads.py'), json.dumps(mesh),
        init], capture_output=True, text=True, env=env)

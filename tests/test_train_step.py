@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from conftest import xla_flags
 from vit_jax.train import optim
 from vit_jax import sharding as shd
 from vit_jax.train import step as step_lib
@@ -21,8 +22,7 @@ ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
 
 
 def _run(mesh, devices, **extra):
-  env = dict(os.environ, XLA_FLAGS=f'--xla_force_host_platform_device_count='
-             f'{devices}', JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
   out = subprocess.run(
       [sys.executable, os.path.join(HERE, 'mesh_steps.py'), json.dumps(mesh),
        json.dumps(extra)], capture_output=True, text=True, env=env)
@@ -195,7 +195,7 @@ def test_two_processes_match_one_process_with_four_devices():
   one = _run({'data': 2, 'fsdp': 2}, 4)
   port = _free_port()
   env = dict(os.environ, JAX_PLATFORMS='cpu',
-             XLA_FLAGS='--xla_force_host_platform_device_count=2')
+             XLA_FLAGS=xla_flags(2))
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(HERE, 'mesh_steps.py'),
        json.dumps({'data': 2, 'fsdp': 2}),
