@@ -22,7 +22,8 @@ ROOT = os.path.dirname(HERE)  # This checkout's vit_jax, not an installed one.
 
 
 def _run(mesh, devices, **extra):
-  env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu', PYTHONPATH=ROOT)
+  env = dict(os.environ, XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS='cpu',
+             PYTHONPATH=ROOT)
   out = subprocess.run(
       [sys.executable, os.path.join(HERE, 'mesh_steps.py'), json.dumps(mesh),
        json.dumps(extra)], capture_output=True, text=True, env=env)
