@@ -21,9 +21,7 @@ from conftest import xla_flags
 import trained_workdir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = ['--config=configs/smoke.py:data=digits,steps=40,batch=32',
-        '--config.log_every=10', '--config.checkpoint_every=10',
-        '--config.async_checkpoints=false']
+BASE = trained_workdir.CLI_BASE
 
 
 def _main(workdir, *flags, env=None, **kw):
@@ -52,16 +50,10 @@ def _leaves(tree, prefix=''):
 
 @pytest.fixture(scope='module')
 def reference_run(tmp_path_factory):
-  """A 40-step run, made once per session (`trained_workdir.once`): tests
-  that write to a workdir copy it first (`trained_workdir.copy`)."""
-  def make(workdir):
-    out = _main(workdir, '--config.profile=12,3')  # Traces steps 13 to 15.
-    assert out.returncode == 0, out.stderr[-4000:]
-    for name in ('stdout', 'stderr'):
-      with open(f'{workdir}.{name}', 'w') as f:
-        f.write(getattr(out, name))
-
-  workdir = trained_workdir.once(tmp_path_factory, 'loop_reference_run', make)
+  """A 40-step run with BASE, tracing steps 13 to 15, made once per session
+  (`trained_workdir.cli_reference_run`, test_robustness's too): tests that
+  write to a workdir copy it first (`trained_workdir.copy`)."""
+  workdir = trained_workdir.cli_reference_run(tmp_path_factory)
   out = subprocess.CompletedProcess(
       [], 0, open(f'{workdir}.stdout').read(), open(f'{workdir}.stderr').read())
   return workdir, out

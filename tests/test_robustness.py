@@ -24,9 +24,7 @@ import trained_workdir
 from vit_jax.train import config_check, lock, loop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = ['--config=configs/smoke.py:data=digits,steps=40,batch=32',
-        '--config.log_every=10', '--config.checkpoint_every=10',
-        '--config.async_checkpoints=false']
+BASE = trained_workdir.CLI_BASE
 ENV = dict(os.environ, JAX_PLATFORMS='cpu')
 
 
@@ -69,9 +67,9 @@ def _rows(workdir):
 
 @pytest.fixture(scope='module')
 def reference(tmp_path_factory):
-  workdir = str(tmp_path_factory.mktemp('ref') / 'run')
-  out = _main(workdir)
-  assert out.returncode == 0, out.stderr[-4000:]
+  """test_loop's 40-step run with BASE, made once per session: read it,
+  or copy it first (`trained_workdir.copy`)."""
+  workdir = trained_workdir.cli_reference_run(tmp_path_factory)
   assert _steps(workdir) == [20, 30, 40]
   assert not os.path.exists(os.path.join(workdir, 'lock'))  # Released.
   return workdir

@@ -1,5 +1,6 @@
 """Workdirs trained once per test session: the smoke run the predict, export
-and inspect tests read (`smoke_workdir`), and `once` for others.
+and inspect tests read (`smoke_workdir`), the command-line run test_loop and
+test_robustness start from (`cli_reference_run`), and `once` for others.
 
 A tiny ViT trained for a few steps on scikit-learn's real `digits`
 (in-process: no interpreter start-up), made once per test session and
@@ -9,10 +10,17 @@ shared by pytest-xdist workers through a file lock.
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import filelock
 
 STEPS = 8
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# `python -m vit_jax.main` flags of test_loop's and test_robustness's runs.
+CLI_BASE = ['--config=configs/smoke.py:data=digits,steps=40,batch=32',
+            '--config.log_every=10', '--config.checkpoint_every=10',
+            '--config.async_checkpoints=false']
 
 
 def once(tmp_path_factory, name: str, make) -> str:
@@ -51,3 +59,19 @@ def _train(workdir: str) -> None:
   config.input.eval_batch_size = 120
   summary = loop.train_and_evaluate(config, workdir)
   assert summary['steps'] == STEPS, json.dumps(summary)
+
+
+def cli_reference_run(tmp_path_factory) -> str:
+  """`python -m vit_jax.main` with CLI_BASE, profiling steps 13 to 15: 40
+  steps, checkpoints 20, 30 and 40 kept. Its stdout and stderr lie beside
+  it (`<path>.stdout`, `<path>.stderr`)."""
+  def make(workdir):
+    out = subprocess.run(
+        [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+         *CLI_BASE, '--config.profile=12,3'], cwd=ROOT, capture_output=True,
+        text=True, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+    assert out.returncode == 0, out.stderr[-4000:]
+    for name in ('stdout', 'stderr'):
+      with open(f'{workdir}.{name}', 'w') as f:
+        f.write(getattr(out, name))
+  return once(tmp_path_factory, 'cli_reference_run', make)
