@@ -511,11 +511,13 @@ def _local_env(tmp_path):
 
 
 def test_local_processes_fail(tmp_path):
-  """A batch the 2 processes cannot split: non-zero, the failure named."""
+  """A process that fails (here both, on a misspelt config field, before
+  their start-up's imports): non-zero, the failure named. Stopping the
+  others is test_wait_all_stops_the_others_when_one_fails's."""
   p = subprocess.run(
       [sys.executable, '-m', 'launch.tpu', 'run', '--local-processes=2',
        f'--config={SMOKE}', f'--workdir={tmp_path}', '--yes',
-       '--config.input.batch_size=33'],
+       '--config.optim.lrr=0.1'],
       capture_output=True, text=True, env=_local_env(tmp_path), cwd=ROOT,
       timeout=300)
   assert p.returncode != 0
