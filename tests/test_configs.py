@@ -126,7 +126,10 @@ def test_smoke_shrinks_every_model_keeping_its_family(model):
                     **{k: v for k, v in c.model.items() if k != 'name'})
   assert type(m) is models.spec(model)['cls']
   assert c.input.image_size % m.stride == 0
-  assert c.input.image_size // m.stride == 2
+  # The smallest final map the family runs fast on: 2x2 tokens for the
+  # ViTs; 1x1 for BiT, whose 3x3 convolutions on a 2x2 map fall off
+  # XLA:CPU's library kernels (models/bit.py:bit_shrink).
+  assert 1 <= c.input.image_size // m.stride <= 2
   assert c.input.data == 'digits' and c.total_steps == 10
 
 
