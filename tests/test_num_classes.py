@@ -52,7 +52,7 @@ def test_folder_labels_beyond_the_head_fail_before_compiling(tmp_path,
     raise AssertionError('compiled a train step for a head too small')
 
   monkeypatch.setattr(step_lib, 'compile_train_step', compile_)
-  monkeypatch.setattr(step_lib, 'create_state', compile_)
+  monkeypatch.setattr(step_lib, 'init_state', compile_)
   with pytest.raises(LabelRangeError) as e:
     loop.train_and_evaluate(config, str(tmp_path / 'work'))
   message = str(e.value)

@@ -94,6 +94,7 @@ def evaluate_run(config: ml_collections.ConfigDict,
 
 def _evaluate(config: ml_collections.ConfigDict,
               workdir: str) -> Dict[str, Any]:
+  source, own = _source(config, workdir)  # First: a missing one fails fast.
   prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   shd.check_batch_size(config.input.eval_batch_size, mesh,
@@ -107,7 +108,6 @@ def _evaluate(config: ml_collections.ConfigDict,
   model = selfsup.model_from_config(config, num_classes,
                                      shd.platform(mesh))
   image_shape = tuple(info.eval_image_shape)
-  source, own = _source(config, workdir)
   mode = config.get('eval_ema', 'ema')
   params, averages, params_sh = _load(config, source, model, image_shape,
                                       mesh, ema=mode != 'raw')

@@ -23,7 +23,7 @@ import ml_collections
 from absl import logging
 
 from vit_jax import accounting, evaluators, heap, selfsup
-from vit_jax.checkpoint import load_pretrained
+from vit_jax.checkpoint import load_npz, load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, optim, orbax_state
@@ -46,13 +46,18 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
   raise ValueError('config sets neither total_steps nor total_epochs')
 
 
-def _init_params(config, state, state_sh):
-  """Replaces fresh params with `config.init` weights (an .npz file, or an
-  orbax workdir / checkpoint directory of an earlier run)."""
-  host = jax.device_get(state.params)
+def _init_weights(config) -> Any:
+  """The host weights of `config.init`: an .npz file, or an orbax workdir /
+  checkpoint directory of an earlier run. Read before the fresh state is
+  computed, so a bad path fails first."""
   source = config.init
-  if not source.endswith('.npz'):
-    source = orbax_state.load_params(source)
+  return (load_npz(source) if source.endswith('.npz')
+          else orbax_state.load_params(source))
+
+
+def _init_params(config, source, state, state_sh):
+  """Replaces fresh params with `config.init`'s weights (`_init_weights`)."""
+  host = jax.device_get(state.params)
   params = load_pretrained(source, host)
   logging.info('initialised from %s', config.init)
   def place():  # A buffer of its own each: the state is donated.
@@ -127,9 +132,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
   ema = bool(config.optim.get('ema_decay'))
-  state, state_sh = step_lib.create_state(
-      model, tx, config.seed, image_shape, mesh,
-      config.get('fsdp_min_size', 2**18),
+  abstract, state_sh = step_lib.planned_state(
+      model, tx, image_shape, mesh, config.get('fsdp_min_size', 2**18),
       rules=config.get('sharding_rules', ()),
       overrides=config.get('sharding_overrides', ()), ema=ema)
   ckpt = orbax_state.Checkpointer(
@@ -139,19 +143,22 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   train_it = pipeline.train_iterator(
       config.input, seed=config.seed, process_index=jax.process_index(),
       process_count=jax.process_count())
-  start, restored, saved = ckpt.restore(
-      step_lib.abstract_state(model, tx, image_shape, config.seed, ema=ema),
-      state_sh,
+  # A resume reads the checkpoint into the planned shardings; only a fresh
+  # start computes a state (never both: one state's memory at a time).
+  start, state, saved = ckpt.restore(
+      abstract, state_sh,
       expect={'model': config.model.to_dict(), **_objective(config)})
   if start is not None:
-    state = restored
     train_it.set_state(saved['input'])
     logging.info('resumed from step %d in %s', start, workdir)
     _log_changes(saved, config, steps, start)
   else:
     start, saved = 0, {}
-    if config.get('init'):
-      state = _init_params(config, state, state_sh)
+    init = _init_weights(config) if config.get('init') else None
+    state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
+                                state_sh, ema=ema)
+    if init is not None:
+      state = _init_params(config, init, state, state_sh)
   label_ndim = 2 if (config.input.get('mixup')
                     or config.input.get('cutmix')) else 1
   train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,

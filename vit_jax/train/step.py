@@ -61,12 +61,20 @@ def create_state(model: nn.Module, tx: optax.GradientTransformation,
   and `overrides` (see `sharding.param_shardings`). `ema`: the state keeps
   Polyak averages of the parameters, starting equal to them.
   """
-  init = functools.partial(_init_state, model, tx, image_shape, ema=ema)
   _, shardings = planned_state(model, tx, image_shape, mesh, fsdp_min_size,
                                rules=rules, overrides=overrides, ema=ema)
+  return init_state(model, tx, seed, image_shape, mesh, shardings,
+                    ema=ema), shardings
+
+
+def init_state(model: nn.Module, tx: optax.GradientTransformation,
+               seed: int, image_shape, mesh: jax.sharding.Mesh, shardings,
+               *, ema: bool = False) -> TrainState:
+  """A fresh state computed straight into `shardings` (`planned_state`'s):
+  no device ever holds more than its shard."""
+  init = functools.partial(_init_state, model, tx, image_shape, ema=ema)
   with jax.set_mesh(mesh):
-    state = jax.jit(init, out_shardings=shardings)(seed)
-  return state, shardings
+    return jax.jit(init, out_shardings=shardings)(seed)
 
 
 def planned_state(model: nn.Module, tx: optax.GradientTransformation,
