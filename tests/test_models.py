@@ -18,11 +18,6 @@ def test_param_counts_equal_paper(name):
   assert accounting.param_count(name) == accounting.TABLE1_PARAMS[name]
 
 
-def test_every_name_builds_abstractly():
-  for name in models.names():
-    assert accounting.param_count(name, num_classes=10) > 0, name
-
-
 def _init(model, shape, seed=0):
   x = jnp.zeros(shape, jnp.float32)
   return jax.jit(model.init)(jax.random.key(seed), x)['params']
