@@ -40,6 +40,8 @@ def main(argv):
   runtime.setup()
   import jax
   from vit_jax.train import eval_run, lock, loop, orbax_state, preemption
+  from vit_jax.data import pipeline
+  pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
   config = _CONFIG.value
   mode = config.get('mode', 'train')
   if mode not in ('train', 'eval'):

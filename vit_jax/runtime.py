@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging as logging_std
 import os
+import sys
 
 from absl import flags, logging
 
@@ -43,13 +44,15 @@ def init_distributed() -> None:
 
 
 def setup() -> None:
-  """Call first in main(): logs, jax.distributed, TF on the host only."""
+  """Call first in main(): logs, jax.distributed, TF on the host only
+  (where TF is loaded; `pipeline.hide_accelerators_from_tf`)."""
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   logging.get_absl_handler().addFilter(_QuietLibraries())
   init_distributed()
   import jax
-  from vit_jax.data import pipeline
-  pipeline.hide_accelerators_from_tf()  # tf.data stays on the host.
+  if 'tensorflow' in sys.modules:  # tf.data stays on the host. Where TF is
+    from vit_jax.data import pipeline  # not loaded yet, every data entry
+    pipeline.hide_accelerators_from_tf()  # point hides it first.
   logging.info('process %d/%d, %d devices (%s)', jax.process_index(),
                jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind)

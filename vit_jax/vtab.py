@@ -42,12 +42,11 @@ def tasks(names) -> list:
 def _finished(workdir: str, config) -> bool:
   """Whether `workdir` holds this config's finished run; an earlier run
   with other settings (model, init, lr, ...) is an error, not a skip."""
-  import tensorflow as tf
-  path = os.path.join(workdir, 'summary.json')
-  if not tf.io.gfile.exists(path):
+  from etils import epath
+  path = epath.Path(workdir) / 'summary.json'
+  if not path.exists():
     return False
-  with tf.io.gfile.GFile(path) as f:
-    summary = json.load(f)
+  summary = json.loads(path.read_text())
   ours = {**config.report.to_dict(), 'init': config.init,
           'image_size': config.input.image_size}
   theirs = {**summary.get('report', {}), 'init': summary.get('init'),
@@ -69,7 +68,6 @@ def main(argv):
   import jax
   from vit_jax.configs import vtab as vtab_config
   from vit_jax import tables
-  from vit_jax.train import loop
   names = tasks(_TASKS.value)
   args = ','.join(filter(None, [_ARGS.value]))
   for task in names:
@@ -80,6 +78,7 @@ def main(argv):
       logging.info('%s: finished earlier, skipped', task)
       continue
     logging.info('%s: training in %s', task, workdir)
+    from vit_jax.train import loop  # Only here: skipping needs no TF.
     loop.train_and_evaluate(config, workdir)
   if jax.process_index() == 0:
     runs = tables.load_runs([_WORKDIR.value])

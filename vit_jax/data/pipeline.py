@@ -46,8 +46,11 @@ _hidden = False
 def hide_accelerators_from_tf() -> None:
   """tf.data runs on the host CPU; keep TensorFlow off GPUs JAX uses.
 
-  Called first by every entry point here and by `runtime.setup`: it only
-  works before TensorFlow runs an op (a no-op with tensorflow-cpu).
+  Called first by every entry point here, by `prepare.ensure_prepared`, by
+  `python -m vit_jax.main` once it has loaded TensorFlow and by
+  `runtime.setup` where TensorFlow is loaded already (`python -m
+  vit_jax.vtab` skips finished tasks without loading it): it only works
+  before TensorFlow runs an op (a no-op with tensorflow-cpu).
   """
   global _hidden
   if not _hidden:

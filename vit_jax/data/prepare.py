@@ -170,6 +170,8 @@ def ensure_prepared(input_config) -> None:
     return  # Folders, TFRecords and in-memory data need no preparation.
   if jax.process_index() == 0 and not _is_prepared(name, data_dir):
     logging.info('preparing %s in %s', name, data_dir or 'the tfds data dir')
+    from vit_jax.data import pipeline
+    pipeline.hide_accelerators_from_tf()  # Before tfds runs a TF op.
     prepare(name, data_dir=data_dir)
   if jax.process_count() > 1:
     multihost_utils.sync_global_devices('dataset prepared')
