@@ -183,7 +183,7 @@ def test_loss_curves_compare_across_backends(tmp_path, capsys):
   assert batch['image'].shape == (8, 32, 32, 3)
   assert batch['image'].min() == -1.0 and batch['image'].max() == 1.0
   path = tmp_path / 'cpu.json'
-  losses.main(['--model=ViT-Ti/16', '--image_size=32', '--batch=8',
+  losses.main(['--model=ViT-test', '--image_size=32', '--batch=8',
                '--steps=2', f'--json={path}'])
   curve = json.loads(path.read_text())
   assert len(curve['losses']) == 2 and curve['backend'] == 'cpu'
