@@ -50,9 +50,9 @@ def setup() -> None:
   logging.get_absl_handler().addFilter(_QuietLibraries())
   init_distributed()
   import jax
-  if 'tensorflow' in sys.modules:  # tf.data stays on the host. Where TF is
-    from vit_jax.data import pipeline  # not loaded yet, every data entry
-    pipeline.hide_accelerators_from_tf()  # point hides it first.
+  if 'tensorflow' in sys.modules:  # Else each data entry point hides it.
+    from vit_jax.data import pipeline
+    pipeline.hide_accelerators_from_tf()  # tf.data stays on the host.
   logging.info('process %d/%d, %d devices (%s)', jax.process_index(),
                jax.process_count(), jax.device_count(),
                jax.devices()[0].device_kind)
