@@ -29,6 +29,7 @@ augments each example exactly as the uninterrupted one did.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import tensorflow as tf
@@ -219,19 +220,15 @@ def _apply(image, seed, magnitude: float):
   return tf.where(apply, out, image)
 
 
-_LAYERS = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _layer(magnitude: float):
   """`_apply` at `magnitude` as one tf.function per process, traced once
   per image shape however many layers and pipelines call it. Its 16
   branches cost ~0.7 s of TensorFlow tracing per layer each time a
   pipeline was traced (`dataset_info` and the train iterator trace it
   three times per run); the outputs are bitwise the same."""
-  if magnitude not in _LAYERS:
-    _LAYERS[magnitude] = tf.function(
-        lambda image, seed: _apply(image, seed, magnitude), autograph=False)
-  return _LAYERS[magnitude]
+  return tf.function(lambda image, seed: _apply(image, seed, magnitude),
+                     autograph=False)
 
 
 @ops.register('randaug', random=True)
