@@ -38,6 +38,21 @@ def _main(workdir, *flags, base=BASE):
                         capture_output=True, text=True, env=ENV)
 
 
+# `python -m vit_jax.main` that says at exit whether it loaded TensorFlow.
+_TRACKED = ('import atexit, sys\n'
+            'atexit.register(lambda: print("loaded tensorflow:", '
+            '"tensorflow" in sys.modules, file=sys.stderr))\n'
+            'from absl import app\nfrom vit_jax import main\n'
+            'app.run(main.main)\n')
+
+
+def _main_tracked(workdir, *flags):
+  """`_main`; a refusal before training must not load TensorFlow (~7 s)."""
+  cmd = [sys.executable, '-c', _TRACKED, *_cmd(workdir, *flags)[3:]]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        env=ENV)
+
+
 def _steps(workdir):
   d = os.path.join(workdir, 'checkpoints')
   return sorted(int(s) for s in os.listdir(d) if s.isdigit())
@@ -134,9 +149,10 @@ def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
   first = _start(workdir, *long)
   try:
     _wait_for_row(workdir, first)
-    second = _main(workdir, *long, '--config.optim.lr=0.01')
+    second = _main_tracked(workdir, *long, '--config.optim.lr=0.01')
     assert second.returncode == 1
     assert 'is in use by another run' in second.stderr
+    assert 'loaded tensorflow: False' in second.stderr
     assert f'process {first.pid}' in second.stderr
     first.send_signal(sig)
     _, err = first.communicate(timeout=120)
@@ -179,6 +195,18 @@ def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path):
   held = lock.WorkdirLock(str(tmp_path))
   assert 'no heartbeat' in held.acquire()
   held.release()
+
+
+def test_a_process_holding_the_lock_may_hold_it_again(tmp_path):
+  """`main` locks before it imports the trainer, which locks again."""
+  path = tmp_path / 'lock'
+  with lock.hold(str(tmp_path)) as outer:
+    with lock.hold(str(tmp_path)) as inner:
+      assert inner is outer
+    assert path.exists()  # The inner exit keeps the outer's lock.
+    with pytest.raises(lock.WorkdirBusyError):
+      lock.WorkdirLock(str(tmp_path)).acquire()  # Still refuses others.
+  assert not path.exists()
 
 
 # 3. A damaged newest checkpoint: restore the previous good one.
@@ -293,7 +321,10 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
   with pytest.raises(ValueError, match=r"input.image_size=32 is ignored: "
                      r"input.pp_train=.* makes 16x16 images"):
     pipeline.dataset_info(ignored.input)
-  out = _main(str(tmp_path / 'bad'), '--config.total_steps=-5')
-  assert out.returncode != 0
+  out = _main_tracked(str(tmp_path / 'bad'), '--config.total_steps=-5',
+                      '--config.eval_ema=last')
+  assert out.returncode == 1
   assert '--config.total_steps=-5 cannot work' in out.stderr
+  assert "--config.eval_ema='last' cannot work" in out.stderr
+  assert 'loaded tensorflow: False' in out.stderr  # Refused in seconds.
   assert not os.path.exists(tmp_path / 'bad' / 'checkpoints')

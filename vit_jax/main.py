@@ -39,30 +39,47 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   runtime.setup()
   import jax
-  from vit_jax.train import eval_run, lock, loop, orbax_state, preemption
-  from vit_jax.data import pipeline
-  pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
-  config = _CONFIG.value
+  from vit_jax.train import config_check, lock
+  config, workdir = _CONFIG.value, _WORKDIR.value
   mode = config.get('mode', 'train')
   if mode not in ('train', 'eval'):
     raise app.UsageError(f'config.mode={mode!r}: expected train or eval')
-  run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
+  # A bad value or a busy workdir is refused in seconds, before the imports
+  # of TensorFlow and the trainer (`_run`).
   try:
-    summary = run(config, _WORKDIR.value)
-  except preemption.RunInterrupted as e:
-    print(f'vit_jax: {e}', file=sys.stderr)
-    sys.exit(e.exit_code)
-  except (lock.WorkdirBusyError, orbax_state.DamagedCheckpointError,
-          orbax_state.ConfigChangedError, loop.NonFiniteLossError) as e:
-    print(f'vit_jax: {type(e).__name__}: {e}', file=sys.stderr)
-    sys.exit(EXIT_ERROR)
+    config_check.check(config)
+    with lock.hold(workdir):
+      summary = _run(mode, config, workdir)
+  except (config_check.ConfigError, lock.WorkdirBusyError) as e:
+    _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
   if jax.process_index() == 0:
     keys = [k for k in summary if ('accuracy' in k or 'loss' in k or
                                    k.endswith('shot'))]
     width = max([len(k) for k in keys] + [16])
     print('\n'.join(f'{k:>{width}}: {summary[k]:.4f}' for k in sorted(keys)))
     name = 'summary.json' if mode == 'train' else 'eval_summary.json'
-    print(f'{"written to":>{width}}: {os.path.join(_WORKDIR.value, name)}')
+    print(f'{"written to":>{width}}: {os.path.join(workdir, name)}')
+
+
+def _run(mode: str, config, workdir: str):
+  """Trains or evaluates, in the workdir `main` has locked (the trainer's
+  own `lock.hold` finds it held by this process)."""
+  from vit_jax.data import pipeline
+  from vit_jax.train import eval_run, loop, orbax_state, preemption
+  pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
+  run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
+  try:
+    return run(config, workdir)
+  except preemption.RunInterrupted as e:
+    _exit(str(e), e.exit_code)
+  except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,
+          loop.NonFiniteLossError) as e:
+    _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
+
+
+def _exit(message: str, code: int):
+  print(f'vit_jax: {message}', file=sys.stderr)
+  sys.exit(code)
 
 
 if __name__ == '__main__':

@@ -25,6 +25,7 @@ from vit_jax.evaluators.base import Context, Evaluator, get, register
 from vit_jax.evaluators.classification import Classification
 from vit_jax.evaluators.fewshot import FewShot
 from vit_jax.evaluators.mpp import MaskedPatchEval
+from vit_jax.ema_modes import EMA_MODES, RAW_PREFIX
 
 
 def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
@@ -51,11 +52,6 @@ def run_all(evaluators: List[Evaluator], params: Any) -> Dict[str, float]:
   for evaluator in evaluators:
     metrics.update(evaluator.run(params))
   return metrics
-
-
-# config.eval_ema: which parameters a run with Polyak averages evaluates.
-EMA_MODES = ('ema', 'raw', 'both')
-RAW_PREFIX = 'raw/'
 
 
 def run_with_ema(evaluators: List[Evaluator], params: Any,

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterator, Tuple
 import ml_collections
 
 from vit_jax.train import profiling
-from vit_jax import evaluators, models, selfsup
+from vit_jax import models, selfsup
+from vit_jax.ema_modes import EMA_MODES
 
 # MPP colour bits per channel the head can take (2**15 RGB classes at 5).
 MPP_MAX_BITS = 5
@@ -85,9 +86,9 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
   except ValueError as e:
     yield str(e)
   eval_ema = config.get('eval_ema', 'ema')
-  if eval_ema not in evaluators.EMA_MODES:
+  if eval_ema not in EMA_MODES:
     yield (f'--config.eval_ema={eval_ema!r} cannot work; expected one of '
-           f'{", ".join(evaluators.EMA_MODES)}')
+           f'{", ".join(EMA_MODES)}')
   elif (eval_ema == 'both' and config.get('mode', 'train') == 'train'
         and not _get(config, 'optim.ema_decay')):
     yield ('--config.eval_ema=both but optim.ema_decay is unset: there are no '
@@ -157,8 +158,12 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            '--config.mpp.target=colour')
 
 
+class ConfigError(ValueError):
+  """Config values that cannot work (one line each)."""
+
+
 def check(config: ml_collections.ConfigDict) -> None:
-  """Raises ValueError listing every value that cannot work."""
+  """Raises ConfigError listing every value that cannot work."""
   found = list(problems(config)) + list(_mpp_problems(config))
   if found:
-    raise ValueError('invalid config:\n  ' + '\n  '.join(found))
+    raise ConfigError('invalid config:\n  ' + '\n  '.join(found))

@@ -20,7 +20,7 @@ import sys
 import threading
 import contextlib
 import time
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 import jax
 from absl import logging
@@ -192,11 +192,21 @@ class WorkdirLock:
     self.release()
 
 
+# The workdirs this process holds (`hold` inside `hold` is a no-op:
+# `python -m vit_jax.main` locks before it imports the trainer, which locks).
+_HELD: Dict[str, WorkdirLock] = {}
+
+
 @contextlib.contextmanager
 def hold(workdir: str) -> Iterator[WorkdirLock]:
   """Holds `workdir`'s lock for a run: process 0 takes it, every process
-  learns the outcome (and raises if it failed)."""
+  learns the outcome (and raises if it failed). Re-entrant within a
+  process."""
   lock = WorkdirLock(workdir, active=jax.process_index() == 0)
+  key = str(lock.path)
+  if key in _HELD:
+    yield _HELD[key]
+    return
   error = None
   try:
     note = lock.acquire()
@@ -211,7 +221,9 @@ def hold(workdir: str) -> Iterator[WorkdirLock]:
                                'its log says why')
   if error is not None:
     raise error
+  _HELD[key] = lock
   try:
     yield lock
   finally:
+    del _HELD[key]
     lock.release()
