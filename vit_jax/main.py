@@ -39,7 +39,7 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   runtime.setup()
   import jax
-  from vit_jax.train import config_check, lock
+  from vit_jax.train import config_check, lock, run_files
   config, workdir = _CONFIG.value, _WORKDIR.value
   mode = config.get('mode', 'train')
   if mode not in ('train', 'eval'):
@@ -57,7 +57,7 @@ def main(argv):
                                    k.endswith('shot'))]
     width = max([len(k) for k in keys] + [16])
     print('\n'.join(f'{k:>{width}}: {summary[k]:.4f}' for k in sorted(keys)))
-    name = 'summary.json' if mode == 'train' else 'eval_summary.json'
+    name = run_files.SUMMARY if mode == 'train' else run_files.EVAL_SUMMARY
     print(f'{"written to":>{width}}: {os.path.join(workdir, name)}')
 
 

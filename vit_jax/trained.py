@@ -216,7 +216,7 @@ def reinitialised(trained: Trained, seed: int = 0) -> Trained:
 def _from_workdir(path: str, model: Optional[str],
                   require_head: bool = True,
                   ema: Optional[bool] = None) -> Trained:
-  from vit_jax.train import orbax_state, reporting
+  from vit_jax.train import orbax_state, run_files
   try:
     source = orbax_state.resolve(path)
   except FileNotFoundError:
@@ -229,9 +229,9 @@ def _from_workdir(path: str, model: Optional[str],
         'checkpoints/<step>, an .npz file or a Hugging Face '
         'save_pretrained directory') from None
   workdir = source.rstrip('/').rsplit('/', 2)[0]  # .../checkpoints/<step>
-  recorded = reporting.read_config(workdir)
+  recorded = run_files.read_config(workdir)
   config = recorded.get('config') or {}
-  run = reporting.read_summary(workdir)
+  run = run_files.read_summary(workdir)
   spec = dict(orbax_state.load_run_state(source).get('model')
               or config.get('model') or {})
   if not spec.get('name'):

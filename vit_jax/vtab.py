@@ -12,7 +12,6 @@ renders the same table later from the workdirs).
 
 from __future__ import annotations
 
-import json
 import os
 
 from absl import app, flags, logging
@@ -42,11 +41,10 @@ def tasks(names) -> list:
 def _finished(workdir: str, config) -> bool:
   """Whether `workdir` holds this config's finished run; an earlier run
   with other settings (model, init, lr, ...) is an error, not a skip."""
-  from etils import epath
-  path = epath.Path(workdir) / 'summary.json'
-  if not path.exists():
+  from vit_jax.train import run_files  # Loads no TensorFlow.
+  summary = run_files.read_summary(workdir)
+  if not summary:
     return False
-  summary = json.loads(path.read_text())
   ours = {**config.report.to_dict(), 'init': config.init,
           'image_size': config.input.image_size}
   theirs = {**summary.get('report', {}), 'init': summary.get('init'),

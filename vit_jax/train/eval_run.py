@@ -29,6 +29,7 @@ from vit_jax.checkpoint import load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, orbax_state, reporting
+from vit_jax.train import run_files
 
 
 def _source(config, workdir: str) -> Tuple[str, bool]:
@@ -119,10 +120,10 @@ def _evaluate(config: ml_collections.ConfigDict,
   step = int(last) if last.isdigit() else 0
   result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],
             'eval_split': info.eval_split, **metrics}
-  reporting.write_json(workdir, 'eval_summary.json', result)
-  run = reporting.read_summary(workdir)
+  run_files.write_json(workdir, run_files.EVAL_SUMMARY, result)
+  run = run_files.read_summary(workdir)
   if own and run.get('image_size', image_shape[0]) == image_shape[0]:
-    reporting.write_summary(workdir, metrics)
+    run_files.write_summary(workdir, metrics)
     writer = reporting.make_writer(workdir)
     writer.write_scalars(step, metrics)
     writer.close()

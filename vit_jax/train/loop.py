@@ -28,7 +28,7 @@ from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
-from vit_jax.train import reporting
+from vit_jax.train import reporting, run_files
 from vit_jax.train import step as step_lib
 
 
@@ -73,7 +73,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   the summary written to `workdir/summary.json`."""
   config_check.check(config)
   with lock.hold(workdir):
-    reporting.write_config(workdir, config)
+    run_files.write_config(workdir, config)
     run = setup(config, workdir)
     try:
       outcome = train(run)
@@ -324,7 +324,7 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
-  path = reporting.write_summary(run.workdir, summary)
+  path = run_files.write_summary(run.workdir, summary)
   logging.info('summary written to %s: %s', path, summary)
   return summary
 

@@ -1,4 +1,4 @@
-"""Metric writers, progress and cost accounting during a run, summary.json.
+"""Metric writers, progress and cost accounting during a run.
 
 Only process 0 writes (TensorBoard event files + `metrics.jsonl` in the
 workdir); other processes log. Progress adds what a run costs so far: img/s
@@ -16,10 +16,11 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 import numpy as np
 from absl import logging
-import tensorflow as tf
 from clu import metric_writers, periodic_actions
+from etils import epath
 
 from vit_jax import accounting
+from vit_jax.train.run_files import write_text
 
 
 class JsonlWriter(metric_writers.LoggingWriter):
@@ -38,11 +39,11 @@ class JsonlWriter(metric_writers.LoggingWriter):
   def __init__(self, path: str, resume_step: Optional[int] = None):
     super().__init__()
     self._path = path
-    tf.io.gfile.makedirs(os.path.dirname(path))
+    epath.Path(path).parent.mkdir(parents=True, exist_ok=True)
     self._lines = []
-    if tf.io.gfile.exists(path):
-      with tf.io.gfile.GFile(path, 'r') as f:
-        self._lines = [l for l in f.read().splitlines() if l.strip()]
+    if epath.Path(path).exists():
+      self._lines = [l for l in epath.Path(path).read_text().splitlines()
+                     if l.strip()]
       if resume_step is not None:
         self._lines = [l for l in self._lines
                        if _row_step(l) is None or _row_step(l) <= resume_step]
@@ -70,7 +71,7 @@ class JsonlWriter(metric_writers.LoggingWriter):
 
   def flush(self):
     if self._dirty:
-      _write_text(self._path, '\n'.join(self._lines) + '\n')
+      write_text(self._path, '\n'.join(self._lines) + '\n')
       self._dirty = False
 
   def close(self):
@@ -167,86 +168,3 @@ class Progress(periodic_actions.ReportProgress):
         'exaflops': examples * self.flops_per_example / 1e18,
         **split,
     }
-
-
-def write_json(workdir: str, name: str, content: Dict[str, Any]) -> str:
-  """Writes `workdir/name` atomically (process 0 only); returns its path."""
-  path = os.path.join(workdir, name)
-  if jax.process_index() == 0:
-    tf.io.gfile.makedirs(workdir)
-    _write_text(path, json.dumps(content, indent=2, sort_keys=True) + '\n')
-  return path
-
-
-def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
-  """Writes summary.json atomically (process 0 only); returns its path.
-
-  Keys of an earlier summary in the workdir that this one lacks (e.g. the
-  final train metrics, when a finished run is resumed and only evaluates)
-  are kept.
-  """
-  path = os.path.join(workdir, 'summary.json')
-  if jax.process_index() == 0:
-    summary = {**read_summary(workdir), **summary}
-    _write_text(path, json.dumps(summary, indent=2, sort_keys=True) + '\n')
-  return path
-
-
-def write_config(workdir: str, config, command: Optional[str] = None) -> str:
-  """Writes `workdir/config.json`: the run's full config and the command
-  that started it (process 0 only), read back by `read_config` (predict,
-  export and the model card rebuild the evaluated model from it)."""
-  import shlex
-  import sys
-  if command is None:
-    script = sys.argv[0] if sys.argv else ''
-    package = os.path.basename(os.path.dirname(os.path.abspath(script)))
-    module = os.path.splitext(os.path.basename(script))[0]
-    prog = (['python', '-m', f'{package}.{module}'] if package == 'vit_jax'
-            else ['python', script])
-    command = shlex.join(prog + sys.argv[1:])
-  content = {'command': command,
-             'config': json.loads(config.to_json_best_effort())}
-  return write_json(workdir, 'config.json', content)
-
-
-def read_config(workdir: str) -> Dict[str, Any]:
-  """`workdir/config.json` ({'command', 'config'}), {} if absent or
-  unreadable (runs of earlier versions did not write it)."""
-  path = os.path.join(workdir, 'config.json')
-  try:
-    with tf.io.gfile.GFile(path, 'r') as f:
-      content = json.load(f)
-  except (tf.errors.NotFoundError, ValueError, OSError):
-    return {}
-  return content if isinstance(content, dict) else {}
-
-
-def read_summary(workdir: str) -> Dict[str, Any]:
-  """`workdir/summary.json` as a dict ({} if absent). An unreadable one
-  (edited by hand, a foreign file) is renamed aside with a warning, never
-  silently dropped."""
-  path = os.path.join(workdir, 'summary.json')
-  if not tf.io.gfile.exists(path):
-    return {}
-  try:
-    with tf.io.gfile.GFile(path, 'r') as f:
-      content = json.load(f)
-    if not isinstance(content, dict):
-      raise ValueError('not a JSON object')
-    return content
-  except ValueError as e:
-    aside = f'{path}.unreadable-{int(time.time())}'
-    logging.warning('%s is unreadable (%s); renamed to %s and written anew',
-                    path, e, aside)
-    if jax.process_index() == 0:
-      tf.io.gfile.rename(path, aside, overwrite=True)
-    return {}
-
-
-def _write_text(path: str, text: str) -> None:
-  """Writes via a temporary file and a rename (local or gs:// paths)."""
-  tmp = path + '.tmp'
-  with tf.io.gfile.GFile(tmp, 'w') as f:
-    f.write(text)
-  tf.io.gfile.rename(tmp, path, overwrite=True)

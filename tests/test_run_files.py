@@ -1,0 +1,65 @@
+"""A workdir's JSON files (`vit_jax/train/run_files.py`): atomic writes,
+merged summaries, and an unreadable summary kept aside, never lost."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from vit_jax.train import run_files
+
+
+def test_summaries_merge_and_writes_leave_no_temporary_file(tmp_path):
+  workdir = str(tmp_path / 'run')  # Created on the first write.
+  run_files.write_summary(workdir, {'train_loss': 1.5, 'steps': 10})
+  run_files.write_summary(workdir, {'eval_accuracy': 0.5, 'steps': 20})
+  assert run_files.read_summary(workdir) == {
+      'train_loss': 1.5, 'eval_accuracy': 0.5, 'steps': 20}
+  assert sorted(os.listdir(workdir)) == ['summary.json']
+
+
+@pytest.mark.parametrize('text', ['{"steps": 1', '[1, 2]', '\xff'])
+def test_an_unreadable_summary_is_set_aside_not_lost(tmp_path, text):
+  path = tmp_path / 'summary.json'
+  path.write_text(text, encoding='latin-1')
+  assert run_files.read_summary(str(tmp_path)) == {}
+  aside = [p for p in os.listdir(tmp_path) if p.startswith(
+      'summary.json.unreadable-')]
+  assert len(aside) == 1 and not path.exists()
+  assert (tmp_path / aside[0]).read_bytes() == text.encode('latin-1')
+  run_files.write_summary(str(tmp_path), {'steps': 2})  # Written anew.
+  assert json.loads(path.read_text()) == {'steps': 2}
+
+
+def test_config_json_is_optional(tmp_path):
+  assert run_files.read_config(str(tmp_path)) == {}
+  (tmp_path / 'config.json').write_text('not json')
+  assert run_files.read_config(str(tmp_path)) == {}
+  config = ml_collections.ConfigDict(dict(model=dict(name='ViT-B/16')))
+  run_files.write_config(str(tmp_path), config, command='python -m x')
+  assert run_files.read_config(str(tmp_path)) == {
+      'command': 'python -m x', 'config': {'model': {'name': 'ViT-B/16'}}}
+
+
+def test_vtab_treats_an_unreadable_summary_as_unfinished(tmp_path):
+  """`python -m vit_jax.vtab` re-trains that task (a traceback before)."""
+  from vit_jax import vtab  # Defines the driver's flags: only here.
+  (tmp_path / 'summary.json').write_text('{"steps": ')
+  config = ml_collections.ConfigDict(dict(
+      report=dict(task='dtd'), init='/w', total_steps=10,
+      input=dict(image_size=32)))
+  assert vtab._finished(str(tmp_path), config) is False  # pylint: disable=protected-access
+
+
+def test_reading_a_workdir_loads_no_tensorflow(tmp_path):
+  run_files.write_summary(str(tmp_path), {'steps': 1})
+  code = ('import sys; from vit_jax.train import run_files; '
+          f'assert run_files.read_summary({str(tmp_path)!r}) == '
+          "{'steps': 1}; print('tensorflow' in sys.modules)")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True,
+                       text=True, env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip() == 'False'

@@ -1,0 +1,100 @@
+"""A workdir's JSON files: config.json, summary.json, eval_summary.json.
+
+Written atomically (a temporary file, then a rename) by process 0, read by
+every reader of a workdir: the trainer, `mode=eval`, `python -m
+vit_jax.vtab` (is a task done?), predict and export (`vit_jax.trained`).
+Local or gs:// paths through `etils.epath`, which loads TensorFlow only for
+gs:// (its `tf.io.gfile` backend): reading a local workdir loads none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from typing import Any, Dict, Optional
+
+import jax
+from absl import logging
+from etils import epath
+
+SUMMARY = 'summary.json'
+CONFIG = 'config.json'
+EVAL_SUMMARY = 'eval_summary.json'
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes via a temporary file and a rename (local or gs:// paths)."""
+  tmp = epath.Path(path + '.tmp')
+  tmp.write_text(text)
+  tmp.replace(path)
+
+
+def write_json(workdir: str, name: str, content: Dict[str, Any]) -> str:
+  """Writes `workdir/name` atomically (process 0 only); returns its path."""
+  path = os.path.join(workdir, name)
+  if jax.process_index() == 0:
+    epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(content, indent=2, sort_keys=True) + '\n')
+  return path
+
+
+def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
+  """Writes summary.json atomically (process 0 only); returns its path.
+
+  Keys of an earlier summary in the workdir that this one lacks (e.g. the
+  final train metrics, when a finished run is resumed and only evaluates)
+  are kept.
+  """
+  if jax.process_index() == 0:
+    summary = {**read_summary(workdir), **summary}
+  return write_json(workdir, SUMMARY, summary)
+
+
+def write_config(workdir: str, config, command: Optional[str] = None) -> str:
+  """Writes `workdir/config.json`: the run's full config and the command
+  that started it (process 0 only), read back by `read_config` (predict,
+  export and the model card rebuild the evaluated model from it)."""
+  if command is None:
+    script = sys.argv[0] if sys.argv else ''
+    package = os.path.basename(os.path.dirname(os.path.abspath(script)))
+    module = os.path.splitext(os.path.basename(script))[0]
+    prog = (['python', '-m', f'{package}.{module}'] if package == 'vit_jax'
+            else ['python', script])
+    command = shlex.join(prog + sys.argv[1:])
+  content = {'command': command,
+             'config': json.loads(config.to_json_best_effort())}
+  return write_json(workdir, CONFIG, content)
+
+
+def read_config(workdir: str) -> Dict[str, Any]:
+  """`workdir/config.json` ({'command', 'config'}), {} if absent or
+  unreadable (runs of earlier versions did not write it)."""
+  try:
+    content = json.loads((epath.Path(workdir) / CONFIG).read_text())
+  except (ValueError, OSError):  # FileNotFoundError is an OSError.
+    return {}
+  return content if isinstance(content, dict) else {}
+
+
+def read_summary(workdir: str) -> Dict[str, Any]:
+  """`workdir/summary.json` as a dict ({} if absent). An unreadable one
+  (edited by hand, a foreign file) is renamed aside with a warning, never
+  silently dropped."""
+  path = epath.Path(workdir) / SUMMARY
+  if not path.exists():
+    return {}
+  try:
+    content = json.loads(path.read_text())
+    if not isinstance(content, dict):
+      raise ValueError('not a JSON object')
+    return content
+  except (ValueError, UnicodeDecodeError) as e:
+    aside = f'{path}.unreadable-{int(time.time())}'
+    logging.warning('%s is unreadable (%s); renamed to %s and written anew',
+                    path, e, aside)
+    if jax.process_index() == 0:
+      path.replace(aside)
+    return {}
