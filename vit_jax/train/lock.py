@@ -204,6 +204,7 @@ def hold(workdir: str) -> Iterator[WorkdirLock]:
   process."""
   lock = WorkdirLock(workdir, active=jax.process_index() == 0)
   key = str(lock.path)
+  key = key if '://' in key else os.path.abspath(key)
   if key in _HELD:
     yield _HELD[key]
     return
