@@ -232,6 +232,47 @@ def test_a_format_registered_from_outside(trained, tmp_path):
     registry.FORMATS.pop(fmt.name)
 
 
+def test_a_failed_overwrite_keeps_the_earlier_export(trained, tmp_path):
+  """--overwrite replaces an export only once the new one is verified."""
+  from vit_jax.checkpoint import load_npz, save_npz
+  broken = []
+
+  def write(t, out, options):
+    save_npz(t.params, os.path.join(out, 'params.npz'))
+    return {'files': ['params.npz']}
+
+  def run(out, images):
+    loaded = dataclasses.replace(
+        trained, params=load_npz(os.path.join(out, 'params.npz')),
+        _jitted={})
+    return loaded.logits(images) + (1.0 if broken else 0.0)
+
+  fmt = export.register(export.Format(name='npz-overwrite', export=write,
+                                      run=run))
+  out = tmp_path / 'n'
+  try:
+    export.export_model(trained, fmt.name, str(out))
+    before = {p: (out / p).read_bytes() for p in os.listdir(out)}
+    broken.append(True)
+    with pytest.raises(export.ExportError, match='is wrong'):
+      export.export_model(trained, fmt.name, str(out), overwrite=True)
+    assert {p: (out / p).read_bytes() for p in os.listdir(out)} == before
+    assert os.listdir(tmp_path) == ['n']  # No staging folder left behind.
+    broken.clear()
+    export.export_model(trained, fmt.name, str(out), overwrite=True)
+    assert sorted(os.listdir(out)) == sorted(before)
+    assert os.listdir(tmp_path) == ['n']
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~_umask())
+  finally:
+    registry.FORMATS.pop(fmt.name)
+
+
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
 def test_command_line(trained, tmp_path, capsys):
   out = str(tmp_path / 'cli')
   args = [f'--init={trained.workdir}', '--format=stablehlo', f'--out={out}']
@@ -244,7 +285,8 @@ def test_command_line(trained, tmp_path, capsys):
       (['--format=tflite'], "unknown export format 'tflite'"),
       (['--format=onnx', '--with-preprocessing'], 'no JPEG / PNG decoder'),
       (['--batch=0', '--format=onnx'], 'a positive integer'),
-      (['--format=hf', f'--init={tmp_path}/none'], 'does not exist')):
+      (['--format=hf', f'--init={tmp_path}/none'], 'does not exist'),
+      (['--format=stablehlo', '--dtype=float16'], 'Export --dtype=bfloat16')):
     argv = [f'--init={trained.workdir}', f'--out={tmp_path}/x'] + bad
     try:
       assert cli.main(argv) == 1, bad

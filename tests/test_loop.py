@@ -215,7 +215,10 @@ def test_missing_init_is_a_clear_error(tmp_path):
 def test_workdir_of_a_different_model_is_a_clear_error(reference_run,
                                                       tmp_path):
   ref_dir = trained_workdir.copy(reference_run[0], tmp_path)
+  record = open(os.path.join(ref_dir, 'config.json')).read()
   out = _main(ref_dir, '--config.model.name=ViT-Ti/16')
   assert out.returncode != 0
   assert 'holds a checkpoint (step 40) of a different model' in out.stderr
   assert 'ViT-Ti/16' in out.stderr
+  # The run's record (predict and export rebuild the model from it) stays.
+  assert open(os.path.join(ref_dir, 'config.json')).read() == record

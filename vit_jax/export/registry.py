@@ -72,7 +72,14 @@ def get(name: str) -> Format:
 
 
 def check_options(fmt: Format, options: Options) -> None:
-  """ValueError for options the format cannot honour, saying why."""
+  """ValueError for options the format or this machine cannot honour,
+  saying why."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if options.dtype == 'float16' and jax.default_backend() == 'cpu':
+    raise ValueError(
+        '--dtype=float16: XLA:CPU has no float16 products with float32 '
+        'accumulation, so the export cannot be verified on this machine. '
+        'Export --dtype=bfloat16 or float32 here, or float16 on a GPU')
   if options.with_preprocessing and not fmt.embeds_preprocessing:
     raise ValueError(
         f'--format={fmt.name} cannot embed the pre-processing: '

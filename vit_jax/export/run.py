@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -31,7 +32,10 @@ class ExportError(RuntimeError):
   """An export that failed or whose outputs differ from the model's."""
 
 
-def _prepare_dir(out: str, overwrite: bool) -> None:
+def _staging_dir(out: str, overwrite: bool) -> str:
+  """Checks `out` and returns a new empty folder beside it to export into:
+  an earlier export in `out` is replaced only once the new one is verified
+  (`_publish`), so a failed export never loses a good one."""
   if os.path.isdir(out) and os.listdir(out):
     if not overwrite:
       raise ExportError(f'{out} exists and is not empty: pass a new --out, '
@@ -39,8 +43,29 @@ def _prepare_dir(out: str, overwrite: bool) -> None:
     if not os.path.exists(os.path.join(out, MANIFEST)):
       raise ExportError(f'{out} is not an earlier export (no {MANIFEST}): '
                         'refusing to delete it; pass a new --out')
-    shutil.rmtree(out)
-  os.makedirs(out, exist_ok=True)
+  elif os.path.exists(out) and not os.path.isdir(out):
+    raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-',
+                             dir=parent)
+  umask = os.umask(0)
+  os.umask(umask)
+  os.chmod(staging, 0o777 & ~umask)  # As os.makedirs would (not 0700).
+  return staging
+
+
+def _publish(staging: str, out: str) -> None:
+  """Moves the verified export in `staging` to `out` (replacing the earlier
+  export there, which is removed only after the move)."""
+  old = None
+  if os.path.isdir(out):
+    old = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.old-',
+                           dir=os.path.dirname(os.path.abspath(out)))
+    os.rename(out, os.path.join(old, 'export'))
+  os.rename(staging, out)
+  if old:
+    shutil.rmtree(old)
 
 
 def sample_images(trained, n: int, seed: int = 0) -> np.ndarray:
@@ -138,7 +163,19 @@ def export_model(trained, fmt_name: str, out: str,
   registry.check_options(fmt, options)
   registry.check_model(fmt, trained)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
-  _prepare_dir(out, overwrite)
+  final, out = out, _staging_dir(out, overwrite)
+  try:
+    manifest = _export(fmt, trained, out, options, tolerance)
+  except BaseException:
+    shutil.rmtree(out, ignore_errors=True)
+    raise
+  _publish(out, final)
+  return manifest
+
+
+def _export(fmt, trained, out: str, options, tolerance: float
+            ) -> Dict[str, Any]:
+  """Writes, verifies and documents the export in the folder `out`."""
   # float32 means float32: no TF32 / bf16-pass matmuls on GPUs and TPUs,
   # neither in the exported graph nor in the reference it is checked with.
   precision = (jax.default_matmul_precision('highest')

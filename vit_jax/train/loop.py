@@ -73,8 +73,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   the summary written to `workdir/summary.json`."""
   config_check.check(config)
   with lock.hold(workdir):
-    run_files.write_config(workdir, config)
     run = setup(config, workdir)
+    # After the restore accepted this config: a refused one (another model,
+    # a changed input pipeline) leaves the run's record as it was.
+    run_files.write_config(workdir, config)
     try:
       outcome = train(run)
     finally:
