@@ -258,17 +258,20 @@ def test_smoke_cpu_reproduce_pretrain_then_transfer(tmp_path, caplog):
 
 
 def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
-  """Runs tasks and reports means; re-running skips finished tasks; other
-  settings in the same workdir are an error rather than a silently reused
-  result."""
+  """Runs tasks and reports means; a failing task costs none of the
+  others; re-running skips finished tasks; other settings in the same
+  workdir are an error rather than a silently reused result."""
   cmd = [sys.executable, '-m', 'vit_jax.vtab', f'--workdir={tmp_path}']
   env = dict(os.environ, JAX_PLATFORMS='cpu')
+  (tmp_path / 'caltech101').write_text('a file where its workdir goes')
   out = subprocess.run(cmd + ['--config_args=smoke=true',
-                              '--tasks=dtd,eurosat'],
+                              '--tasks=caltech101,dtd,eurosat'],
                        cwd=ROOT, capture_output=True, text=True, env=env)
-  assert out.returncode == 0, out.stderr[-4000:]
-  assert sorted(os.listdir(tmp_path)) == ['dtd', 'eurosat']
+  assert out.returncode == 1, out.stderr[-4000:]
+  assert 'vit_jax.vtab: caltech101 failed:' in out.stderr
+  assert sorted(os.listdir(tmp_path)) == ['caltech101', 'dtd', 'eurosat']
   assert 'dtd' in out.stdout and 'eurosat' in out.stdout
+  (tmp_path / 'caltech101').unlink()
   again = subprocess.run(cmd + ['--config_args=smoke=true', '--tasks=dtd'],
                          cwd=ROOT, capture_output=True, text=True, env=env)
   assert again.returncode == 0 and 'finished earlier, skipped' in again.stderr

@@ -95,6 +95,23 @@ def test_missing_tfds_data_names_the_prepare_command(tmp_path):
                                   data_dir=str(tmp_path / 'none')))
 
 
+def test_every_prepare_hint_is_a_command_prepare_accepts():
+  """The command a missing dataset's error prints names a registry dataset
+  whose tfds builder is the one read (VTAB tasks: vtab/<task>, not the
+  tfds name, which prepare refuses)."""
+  from vit_jax.data import prepare
+  checked = 0
+  for name in registry.names():
+    spec = registry.get(name)
+    if spec.source != 'tfds' or not (spec.prepare or '').startswith(
+        registry.PREPARE_CMD):
+      continue
+    named = spec.prepare[len(registry.PREPARE_CMD):].split()[0]
+    assert prepare._builder_name(named) == spec.tfds_name, (name, named)  # pylint: disable=protected-access
+    checked += 1
+  assert checked >= 20  # ImageNet, CIFAR, ... and the 19 VTAB tasks.
+
+
 def test_batch_must_divide_over_processes():
   with pytest.raises(ValueError, match='not divisible by the process count 3'):
     pipeline.train_iterator(_config(batch_size=64), seed=0, process_index=0,

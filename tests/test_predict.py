@@ -57,7 +57,7 @@ def test_workdir_loads_as_it_was_evaluated(trained, workdir):
 
 def test_folder_with_corrupt_files_reports_them_and_classifies_the_rest(
     trained, images, tmp_path, capsys):
-  out = tmp_path / 'out.json'
+  out = tmp_path / 'new' / 'out.json'  # Its folder is made before the run.
   code = predict.main([f'--init={trained.workdir}', '--top=3', '--batch=4',
                        f'--json={out}', str(images)])
   captured = capsys.readouterr()
@@ -105,6 +105,8 @@ def test_labels_from_tfds_info_and_from_a_file(workdir, tmp_path):
   names.write_text('a\nb\n')
   with pytest.raises(trained_lib.TrainedModelError, match='2 names .* 10'):
     trained_lib.load(workdir, labels=str(names))
+  with pytest.raises(trained_lib.TrainedModelError, match='no such file'):
+    trained_lib.load(workdir, labels=str(tmp_path / 'nmaes.txt'))
 
 
 def test_npz_needs_a_model_name_and_predicts_alike(trained, tmp_path):

@@ -22,7 +22,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from vit_jax import hugepages, runtime
+from vit_jax import hugepages, outputs, runtime
 
 _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Config file and args, e.g. configs/smoke.py.',
@@ -40,7 +40,11 @@ def main(argv):
   runtime.setup()
   import jax
   from vit_jax.train import config_check, lock, run_files
-  config, workdir = _CONFIG.value, _WORKDIR.value
+  config = _CONFIG.value
+  try:
+    workdir = outputs.directory(_WORKDIR.value)
+  except outputs.OutputPathError as e:
+    raise app.UsageError(str(e)) from None
   mode = config.get('mode', 'train')
   if mode not in ('train', 'eval'):
     raise app.UsageError(f'config.mode={mode!r}: expected train or eval')

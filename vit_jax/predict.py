@@ -31,7 +31,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from vit_jax import hugepages
+from vit_jax import hugepages, outputs
 
 EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
 
@@ -177,6 +177,17 @@ def _progress(total: int):
               disable=total <= 1 or not sys.stderr.isatty())
 
 
+def _positive(value: str) -> int:
+  try:
+    n = int(value)
+  except ValueError:
+    n = 0
+  if n < 1:
+    raise argparse.ArgumentTypeError(f'{value!r}: expected a positive '
+                                     'integer')
+  return n
+
+
 def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(
       prog='python -m vit_jax.predict',
@@ -189,10 +200,11 @@ def _parser() -> argparse.ArgumentParser:
                  'names, one per line (default: the run\'s dataset)')
   p.add_argument('--image_size', type=int, help='input resolution for '
                  '.npz models (default: from the checkpoint)')
-  p.add_argument('--top', type=int, default=5, help='classes per image')
-  p.add_argument('--batch', type=int, default=64, help='images per batch '
+  p.add_argument('--top', type=_positive, default=5, help='classes per image')
+  p.add_argument('--batch', type=_positive, default=64, help='images per batch '
                  '(rounded up to a multiple of the local devices)')
-  p.add_argument('--dtype', help="compute dtype (default: the run's)")
+  p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'),
+                 help="compute dtype (default: the run's)")
   p.add_argument('--json', help='also write the results to this file')
   p.add_argument('paths', nargs='+', help='image files and folders')
   return p
@@ -203,6 +215,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   from vit_jax import trained as trained_lib
   try:
+    if args.json is not None:  # Checked first: never lose the results.
+      args.json = outputs.file(args.json, '--json')
     trained = trained_lib.load(args.init, model=args.model,
                                labels=args.labels,
                                image_size=args.image_size)

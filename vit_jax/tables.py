@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from vit_jax import paper
+from vit_jax import outputs, paper
 from vit_jax.data import registry
 
 TABLES = ('2', '6', 'optim', 'vtab', 'fewshot', 'sweep', 'other')
@@ -701,6 +701,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
+    if args.output:  # Checked first: never lose the tables.
+      args.output = outputs.file(args.output, '--output')
     if args.paper_only:
       text = paper_only(args.tables, flops=args.flops)
     elif args.workdirs:
@@ -708,7 +710,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
       raise TablesError('nothing to do: pass --workdirs=DIR[,DIR...] or '
                         '--paper-only')
-  except TablesError as e:
+  except (TablesError, outputs.OutputPathError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
   if args.output:

@@ -477,6 +477,11 @@ def _labels(labels: Optional[str], trained: Trained) -> List[str]:
       where = labels
     else:
       from vit_jax.data import registry
+      if labels not in registry.DATASETS and (
+          labels.startswith(('/', '.', '~')) or labels.endswith('.txt')):
+        raise TrainedModelError(f'--labels={labels}: no such file (a text '
+                                'file of class names, one per line, or a '
+                                'dataset name)')
       registry.get(labels)  # An unknown name lists the known ones.
       names = _dataset_labels({'data': labels})
       where = f'dataset {labels}'

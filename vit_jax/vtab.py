@@ -7,16 +7,20 @@ Runs `configs/vtab.py:<config_args>,task=<task>` for every task, each in
 `<workdir>/<task>` (a finished task is skipped, an interrupted one resumes
 from its checkpoint), then prints the per-task table with the Natural /
 Specialized / Structured and overall means (`python -m vit_jax.tables`
-renders the same table later from the workdirs).
+renders the same table later from the workdirs). A task that fails (its
+data not prepared, say) does not stop the others: the failures are listed
+after the table and the exit status is 1; re-running trains only what is
+missing.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from absl import app, flags, logging
 
-from vit_jax import hugepages, runtime
+from vit_jax import hugepages, outputs, runtime
 
 _ARGS = flags.DEFINE_string('config_args', '', 'Arguments of configs/vtab.py '
                             'except task, e.g. model=ViT-B/16,init=DIR.')
@@ -66,21 +70,41 @@ def main(argv):
   import jax
   from vit_jax.configs import vtab as vtab_config
   from vit_jax import tables
+  try:
+    root = outputs.directory(_WORKDIR.value)
+  except outputs.OutputPathError as e:
+    raise app.UsageError(str(e)) from None
   names = tasks(_TASKS.value)
   args = ','.join(filter(None, [_ARGS.value]))
+  todo = []  # Every task checked first: a refusal comes before any training.
   for task in names:
     config = vtab_config.get_config(','.join(filter(None, [args,
                                                             f'task={task}'])))
-    workdir = os.path.join(_WORKDIR.value, task)
+    workdir = os.path.join(root, task)
     if _finished(workdir, config):
       logging.info('%s: finished earlier, skipped', task)
-      continue
+    else:
+      todo.append((task, config, workdir))
+  failed = {}
+  for task, config, workdir in todo:
     logging.info('%s: training in %s', task, workdir)
-    from vit_jax.train import loop  # Only here: skipping needs no TF.
-    loop.train_and_evaluate(config, workdir)
-  if jax.process_index() == 0:
-    runs = tables.load_runs([_WORKDIR.value])
-    print(tables.render(runs, tables='vtab'))
+    from vit_jax.train import loop, preemption  # Only here: no TF to skip.
+    try:
+      loop.train_and_evaluate(config, workdir)
+    except preemption.RunInterrupted as e:  # Saved: re-run to resume.
+      print(f'vit_jax.vtab: {task}: {e}', file=sys.stderr)
+      sys.exit(e.exit_code)
+    except Exception as e:  # pylint: disable=broad-except
+      # One task's failure (data not prepared, a bad image, ...) does not
+      # cost the others: they run, and the failures are listed at the end.
+      logging.exception('%s failed; going on with the other tasks', task)
+      failed[task] = f'{type(e).__name__}: {e}'
+  if jax.process_index() == 0 and len(failed) < len(names):
+    print(tables.render(tables.load_runs([root]), tables='vtab'))
+  for task, why in failed.items():
+    print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
+  if failed:
+    sys.exit(1)
 
 
 if __name__ == '__main__':

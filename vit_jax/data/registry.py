@@ -120,7 +120,8 @@ def _vtab(task: str, tfds_name: str, classes: int, group: str, *,
       num_classes=classes, train_split='train800val200', eval_split='test',
       base_splits=tuple(base), splits=splits, num_train_examples=1000,
       pp_train='resize', pp_eval='resize', task=label_fn,
-      label_key=label_key, group=group, prepare=_tfds_prepare(tfds_name))
+      label_key=label_key, group=group,
+      prepare=_tfds_prepare(f'vtab/{task}'))  # prepare takes registry names.
 
 
 _TRAIN_TEST = ('train', 'test')

@@ -63,10 +63,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   args = _parser().parse_args(argv)
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   from vit_jax import trained as trained_lib
-  from vit_jax import export
+  from vit_jax import export, outputs
   from vit_jax.data import pipeline
   pipeline.hide_accelerators_from_tf()
   try:
+    args.out = outputs.directory(args.out, '--out')
     fmt = export.get(args.format)
     options = export.Options(batch=args.batch,
                              with_preprocessing=args.with_preprocessing,
