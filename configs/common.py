@@ -38,7 +38,12 @@ def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
     elif default is None or isinstance(default, str):
       out[key] = value
     else:
-      out[key] = type(default)(value)
+      try:
+        out[key] = type(default)(value)
+      except ValueError:
+        raise ValueError(f'config arg {key}={value!r}: expected '
+                         f'{type(default).__name__}, e.g. {key}={default}'
+                         ) from None
   return ml_collections.ConfigDict(out)
 
 

@@ -24,6 +24,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from vit_jax.configs import config_file
 from vit_jax.launch import commands, local
 from vit_jax.launch import topology as topology_lib
 from vit_jax.launch.runner import CommandError, Result, Runner
@@ -168,19 +169,10 @@ def _runtime_version(args) -> str:
       args.topology.name.strip().lower())
 
 
-def _config_file(spec: str) -> tuple:
-  """`path:args` -> (absolute path, ':args' or '')."""
-  path, sep, arg = spec.partition(':')
-  full = os.path.abspath(path)
-  if not os.path.isfile(full):
-    raise ValueError(f'--config={spec}: no such file {full}')
-  return full, sep + arg
-
-
 def _main_args(args, remote: bool) -> list:
   """vit_jax.main's flags: the config (path as the workers / processes see
   it), the workdir and the --config.FIELD overrides."""
-  full, arg = _config_file(args.config)
+  full, arg = config_file(args.config)
   path, workdir = full, args.workdir
   if remote:
     repo = _repo(args.repo)[0] or ROOT  # A git URL: assume the same layout.
@@ -241,7 +233,7 @@ def describe_launch(args) -> list:
     lines.append(f'TPU {args.name} in {args.zone}: {kind}, runtime '
                  f'{_runtime_version(args)}')
   if topo and args.config:
-    config = load_config(''.join(_config_file(args.config)), args.overrides)
+    config = load_config(''.join(config_file(args.config)), args.overrides)
     if not args.local_processes:
       check_batches(config, topo)
     lines.append(f'estimate for {args.config} on {topo.name}:')

@@ -222,8 +222,10 @@ def test_not_an_npz(tmp_path):
   path = str(tmp_path / 'weights.npz')
   with open(path, 'w') as f:
     f.write('this is text, not a checkpoint')
-  with pytest.raises(CheckpointError, match='not an .npz checkpoint'):
+  with pytest.raises(CheckpointError, match='not an .npz checkpoint') as e:
     checkpoint.load_npz(path)
+  assert 'not a zip archive' in str(e.value)
+  assert 'allow_pickle' not in str(e.value)  # No hint to load it unsafely.
 
 
 def test_pickled_arrays_refused(tmp_path):

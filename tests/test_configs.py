@@ -106,7 +106,7 @@ def test_vtab_one_setting_for_all_tasks():
     (finetune.get_config, 'data=svhn', 'expected one of'),
     (vtab.get_config, 'task=mnist', 'expected one of'),
     (cpu_reproduce.get_config, 'step=transfer', 'pass init='),
-    (smoke.get_config, 'steps=ten', 'invalid literal'),
+    (smoke.get_config, 'steps=ten', "steps='ten': expected int, e.g. steps="),
     (augreg.get_config, 'variant=H/14', 'expected one of Ti/16'),
     (augreg.get_config, 'aug=heavy', 'expected one of none, light1'),
     (finetune.get_config, 'model=ViT-B/16,data=i1k,table2=true',

@@ -197,6 +197,20 @@ def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path):
   held.release()
 
 
+@pytest.mark.parametrize('flags,message', [
+    (['--config=configs/smok.py'], 'no such file'),
+    (['--config=configs/smoke.py:data=digits,steps=ten'],
+     "steps='ten': expected int"),
+    (['--config.model.name=ViT-B16'], "Did you mean ['ViT-B/16'"),
+    (['--config.input.image_size=18'], 'not divisible by the patch size 4'),
+    (['--config.mode=eval'], 'has no checkpoint and config.init is not set'),
+])
+def test_mistakes_get_one_message_not_a_traceback(tmp_path, flags, message):
+  out = _main(str(tmp_path / 'run'), *flags)
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert message in out.stderr and 'Traceback' not in out.stderr
+
+
 def test_a_process_holding_the_lock_may_hold_it_again(tmp_path):
   """`main` locks before it imports the trainer, which locks again."""
   path = tmp_path / 'lock'

@@ -16,6 +16,7 @@ Ctrl-C; 1 an error (the message says what to do).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -68,7 +69,9 @@ def main(argv):
 def _run(mode: str, config, workdir: str):
   """Trains or evaluates, in the workdir `main` has locked (the trainer's
   own `lock.hold` finds it held by this process)."""
+  from vit_jax.checkpoint import CheckpointError
   from vit_jax.data import pipeline
+  from vit_jax.data.errors import DataError
   from vit_jax.train import eval_run, loop, orbax_state, preemption
   pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
   run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
@@ -76,8 +79,11 @@ def _run(mode: str, config, workdir: str):
     return run(config, workdir)
   except preemption.RunInterrupted as e:
     _exit(str(e), e.exit_code)
+  # What users cause and the message explains (the data, a checkpoint, a
+  # path): no traceback. Anything else keeps its traceback.
   except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,
-          loop.NonFiniteLossError) as e:
+          loop.NonFiniteLossError, DataError, CheckpointError,
+          FileNotFoundError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
 
 
@@ -86,6 +92,37 @@ def _exit(message: str, code: int):
   sys.exit(code)
 
 
+def _find_config(argv):
+  """`argv` with its --config file found (`configs.config_file`: the
+  installed configs/ outside a checkout); a missing one ends the process
+  with the reason, not with absl's chained tracebacks."""
+  from vit_jax.configs import config_file
+
+  def found(spec):
+    try:
+      path, arg = config_file(spec)
+    except ValueError as e:
+      _exit(str(e), EXIT_ERROR)
+    # Built once here, so that a bad `:args` is its own message rather than
+    # absl's chained tracebacks (config_flags builds it again).
+    loader = importlib.util.spec_from_file_location('_vit_jax_config', path)
+    module = importlib.util.module_from_spec(loader)
+    try:
+      loader.loader.exec_module(module)
+      module.get_config(arg[1:] or None)
+    except Exception as e:  # pylint: disable=broad-except
+      _exit(f'--config={spec}: {type(e).__name__}: {e}', EXIT_ERROR)
+    return path + arg
+
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith('--config='):
+      out[i] = '--config=' + found(arg[len('--config='):])
+    elif arg == '--config' and i + 1 < len(out):
+      out[i + 1] = found(out[i + 1])
+  return out
+
+
 if __name__ == '__main__':
   hugepages.reexec()  # First: restarts the process where it helps.
-  app.run(main)
+  app.run(main, argv=_find_config(sys.argv))

@@ -71,6 +71,13 @@ def read_flat(path: str) -> Dict[str, np.ndarray]:
   """The file's arrays by key; errors name the file and what is wrong."""
   if not os.path.exists(path):
     raise FileNotFoundError(f'checkpoint not found: {path}')
+  with open(path, 'rb') as f:
+    head = f.read(64)
+  if not head.startswith((b'PK', b'\x93NUMPY')):  # zip (.npz) or .npy
+    raise CheckpointError(
+        f'{path} is not an .npz checkpoint: it starts with {head[:24]!r}, '
+        'not a zip archive (an HTML page or a Git LFS pointer saved in '
+        'place of the file?); download the checkpoint itself')
   try:
     with np.load(path, allow_pickle=False) as data:
       if not hasattr(data, 'files'):

@@ -93,6 +93,12 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
         and not _get(config, 'optim.ema_decay')):
     yield ('--config.eval_ema=both but optim.ema_decay is unset: there are no '
            'averages to evaluate; set e.g. --config.optim.ema_decay=0.9999')
+  name = _get(config, 'model.name')
+  if name is not None and name not in models.names():
+    try:
+      models.spec(name)
+    except ValueError as e:  # Names the close ones and every known one.
+      yield f'--config.model.name={name!r}: {e}'
   if (config.get('mode', 'train') == 'train' and not config.get('total_steps')
       and not config.get('total_epochs')):
     yield ('the config sets neither total_steps nor total_epochs; set one, '
@@ -129,7 +135,7 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            'reads: unset it (--config.input.mixup=None)')
   name = config.model.get('name')
   if name not in models.names():
-    return  # The model zoo names the problem when the model is built.
+    return  # problems() names it.
   module = models.spec(name)['cls']
   if not issubclass(module, models.VisionTransformer):
     yield (f'--config.model.name={name!r} has no patch embeddings '
@@ -142,17 +148,8 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            'prediction trains no pre_logits layer: unset it '
            '(--config.model.representation_size=None) and add it when '
            'fine-tuning')
-  try:
-    stride = models.from_config(config.model, 0).stride
-  except (TypeError, ValueError):
-    return  # A bad model option: building the model names it.
-  size = config.get('input', {}).get('image_size')
-  if isinstance(size, int) and size % stride:
-    yield (f'--config.input.image_size={size} is not divisible by the patch '
-           f'size {stride} of {name}, so the patches (and their MPP targets) '
-           f'do not tile the image; use a multiple of {stride}, e.g. '
-           f'{max(stride, size // stride * stride)}')
-  if target == 'downsized' and stride % selfsup.model.DOWNSIZED:
+  stride = _stride(config)
+  if stride and target == 'downsized' and stride % selfsup.model.DOWNSIZED:
     yield (f'--config.mpp.target=downsized needs a patch size divisible by '
            f'{selfsup.model.DOWNSIZED}; {name} has {stride}: use '
            '--config.mpp.target=colour')
@@ -162,8 +159,33 @@ class ConfigError(ValueError):
   """Config values that cannot work (one line each)."""
 
 
+def _stride(config) -> int:
+  """Pixels per token of the config's ViT (0: not a ViT, or a bad option,
+  which building the model names)."""
+  name = config.model.get('name')
+  if name not in models.names() or not issubclass(
+      models.spec(name)['cls'], models.VisionTransformer):
+    return 0
+  try:
+    return models.from_config(config.model, 0).stride
+  except (TypeError, ValueError):
+    return 0
+
+
+def _image_problems(config) -> Iterator[str]:
+  """A ViT's images must cut into whole patches."""
+  stride = _stride(config)
+  size = config.get('input', {}).get('image_size')
+  if stride and isinstance(size, int) and size > 0 and size % stride:
+    yield (f'--config.input.image_size={size} is not divisible by the patch '
+           f'size {stride} of {config.model.name} (pixels per token), so the '
+           f'patches do not tile the image; use a multiple of {stride}, e.g. '
+           f'{max(stride, size // stride * stride)}')
+
+
 def check(config: ml_collections.ConfigDict) -> None:
   """Raises ConfigError listing every value that cannot work."""
-  found = list(problems(config)) + list(_mpp_problems(config))
+  found = (list(problems(config)) + list(_image_problems(config)) +
+           list(_mpp_problems(config)))
   if found:
     raise ConfigError('invalid config:\n  ' + '\n  '.join(found))
