@@ -227,4 +227,6 @@ class FolderSource(Source):
         f'cannot decode {len(bad)} image file(s) of folder dataset '
         f'{self.root}: {shown}. Remove or replace them, or set '
         'input.skip_bad_images=True to skip such files (they are counted in '
-        'the logs).', bad)
+        'the logs; it changes the input stream, so a run that saved a '
+        'checkpoint continues in a new --workdir with --config.init=<its '
+        'workdir>).', bad)

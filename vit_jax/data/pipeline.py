@@ -229,29 +229,33 @@ class TrainIterator:
   def set_state(self, state: Dict[str, Any]) -> None:
     """Continues from `state` (from `get_state` of any process)."""
     if state.get('format') != _STATE_FORMAT:
-      raise ValueError(
+      raise DataError(
           f'cannot resume the input pipeline exactly: the saved state has '
           f'format {state.get("format")!r}, this version writes '
-          f'{_STATE_FORMAT} (its stream differs). Start the input stream '
-          'afresh.')
+          f'{_STATE_FORMAT} (its stream differs). Keep the trained weights '
+          'and start the input stream afresh: a new --workdir with '
+          '--config.init=<this workdir>.')
     mine = self._identity()
     diff = {k: (state.get(k), v) for k, v in mine.items()
             if state.get(k) != v}
     if diff:
-      raise ValueError(
+      raise DataError(
           'cannot resume the input pipeline exactly: the saved state was '
-          f'made with other settings (saved, now): {diff}. Restore with the '
-          'same input config, seed and process count, or start the input '
-          'stream afresh.')
+          f'made with other settings (saved, now): {diff}. Resume with the '
+          'same input config, seed and process count; or keep the trained '
+          'weights and start a new stream: a new --workdir with '
+          '--config.init=<this workdir> (the optimiser starts afresh).')
     previous, self._batches = self._batches, int(state['batches'])
     saved = (state.get('epoch'), state.get('index'))
     if state.get('process_index') == self._pi and saved != self._position():
       self._batches = previous
-      raise ValueError(
+      raise DataError(
           f'cannot resume the input pipeline exactly: the shard of process '
           f'{self._pi} changed size since the state was saved (saved '
-          f'position {saved}, now {self._position()}). Restore with the '
-          'same data, or start the input stream afresh.')
+          f'position {saved}, now {self._position()}). Resume with the '
+          'same data; or keep the trained weights and start the input '
+          'stream afresh: a new --workdir with --config.init=<this '
+          'workdir>.')
     self._iterator = None
 
 
