@@ -93,7 +93,24 @@ def _parse_mesh(spec: str) -> Dict[str, int]:
       raise app.UsageError(f'--mesh item {item!r}: expected data=N, fsdp=N '
                            'or model=N (one of them may be -1)')
     out[key] = int(value)
+  from vit_jax import sharding as shd
+  try:
+    shd.make_mesh(**out)  # A mesh that does not fit: before any compile.
+  except ValueError as e:
+    raise app.UsageError(f'--mesh={spec}: {e}') from None
   return out
+
+
+def _check_model(name: str) -> bool:
+  from vit_jax import models
+  try:
+    models.spec(name)
+  except ValueError as e:  # Names the close ones and every known one.
+    raise flags.ValidationError(str(e)) from None
+  return True
+
+
+flags.register_validator('model', _check_model)
 
 
 def matmul_peak(dtype, n: int | None = None, repeats: int = 5) -> float:
