@@ -247,6 +247,16 @@ def test_errors(tmp_path):
       {'report': _report('ViT-B/16', 'cifar10', epochs='seven')}))
   with pytest.raises(tables.TablesError, match='bad report'):
     tables.load_runs([str(bad)])
+  (bad / 'summary.json').write_text(json.dumps(
+      {'report': _report('ViT-B/16', 'cifar10'), 'eval_accuracy': 'n/a'}))
+  with pytest.raises(tables.TablesError, match="eval_accuracy='n/a' is not"):
+    tables.load_runs([str(bad)])
+  # With a `skipped` list (the command line): the others are read.
+  good = _write(tmp_path, 'good', {})
+  skipped = []
+  runs = tables.load_runs([str(bad), str(good)], skipped=skipped)
+  assert [r.workdir for r in runs] == [str(good)]
+  assert len(skipped) == 1 and str(bad) in skipped[0]
   with pytest.raises(tables.TablesError, match='unknown tables'):
     tables.paper_only(tables='2,7')
 

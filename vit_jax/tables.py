@@ -182,6 +182,12 @@ def _read_run(path: str) -> Run:
   if not isinstance(summary, dict):
     raise TablesError(f'malformed {path}: expected a JSON object, got '
                       f'{type(summary).__name__}')
+  metrics = sorted(k for k, v in summary.items()
+                   if ('accuracy' in k or k.startswith('fewshot/')) and (
+                       isinstance(v, bool) or not isinstance(v, (int, float))))
+  if metrics:
+    raise TablesError(f'malformed {path}: {metrics[0]}='
+                      f'{summary[metrics[0]]!r} is not a number')
   report = summary.get('report')
   if report is not None and not isinstance(report, dict):
     raise TablesError(f'malformed {path}: "report" must be an object, got '
@@ -194,14 +200,29 @@ def _read_run(path: str) -> Run:
   return run
 
 
-def load_runs(paths: Iterable[str] | str) -> list[Run]:
-  """Every summary.json at or below `paths` (files, directories or globs)."""
+def load_runs(paths: Iterable[str] | str, *,
+              skipped: list[str] | None = None) -> list[Run]:
+  """Every summary.json at or below `paths` (files, directories or globs).
+
+  A malformed one is a TablesError, or with a `skipped` list, its message
+  is appended there and the others are read (an error if none is left).
+  """
   if isinstance(paths, str):
     paths = [p for p in paths.split(',') if p]
   files = []
   for path in paths:
     files += [f for f in _summary_files(path) if f not in files]
-  return [_read_run(f) for f in files]
+  runs = []
+  for f in files:
+    try:
+      runs.append(_read_run(f))
+    except TablesError as e:
+      if skipped is None:
+        raise
+      skipped.append(str(e))
+  if not runs:
+    raise TablesError('; '.join(skipped))
+  return runs
 
 
 # --------------------------------------------------------------------------
@@ -706,7 +727,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.paper_only:
       text = paper_only(args.tables, flops=args.flops)
     elif args.workdirs:
-      text = render(load_runs(args.workdirs), args.tables, flops=args.flops)
+      skipped = []  # One bad summary among many does not cost the table.
+      runs = load_runs(args.workdirs, skipped=skipped)
+      for why in skipped:
+        print(f'warning: skipped {why}', file=sys.stderr)
+      text = render(runs, args.tables, flops=args.flops)
     else:
       raise TablesError('nothing to do: pass --workdirs=DIR[,DIR...] or '
                         '--paper-only')

@@ -100,7 +100,11 @@ def main(argv):
       logging.exception('%s failed; going on with the other tasks', task)
       failed[task] = f'{type(e).__name__}: {e}'
   if jax.process_index() == 0 and len(failed) < len(names):
-    print(tables.render(tables.load_runs([root]), tables='vtab'))
+    skipped = []
+    print(tables.render(tables.load_runs([root], skipped=skipped),
+                        tables='vtab'))
+    for why in skipped:
+      logging.warning('not in the table: %s', why)
   for task, why in failed.items():
     print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
   if failed:
