@@ -17,6 +17,8 @@ def test_directories(tmp_path, monkeypatch):
   monkeypatch.setenv('HOME', str(tmp_path))
   assert outputs.directory('~/run') == str(tmp_path / 'run')
   assert outputs.directory('gs://b/~x') == 'gs://b/~x'
+  with pytest.raises(outputs.OutputPathError, match='local files only'):
+    outputs.directory('gs://b/x', '--out', remote=False)
   for empty in ('', '  ', None):
     with pytest.raises(outputs.OutputPathError, match='unset shell variable'):
       outputs.directory(empty)
@@ -30,6 +32,9 @@ def test_files_get_their_folder_first(tmp_path):
   assert os.path.isdir(tmp_path / 'a' / 'b') and not os.path.exists(path)
   with pytest.raises(outputs.OutputPathError, match='is a folder'):
     outputs.file(str(tmp_path / 'a'), '--json')
+  with pytest.raises(outputs.OutputPathError, match='local files only'):
+    outputs.file('gs://b/out.json', '--json')
+  assert outputs.file('gs://b/t.md', '--output', remote=True) == 'gs://b/t.md'
   (tmp_path / 'a' / 'f').write_text('x')
   with pytest.raises(outputs.OutputPathError, match='cannot create'):
     outputs.file(str(tmp_path / 'a' / 'f' / 'out.json'), '--json')

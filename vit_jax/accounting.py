@@ -408,12 +408,20 @@ if __name__ == '__main__':
   flags.DEFINE_bool('table', False, "Print Tables 1, 6 and 2: paper vs ours.")
   config_flags.DEFINE_config_file('config', None, 'Config spec to estimate, '
                                   'e.g. configs/pretrain.py:model=ViT-B/16.')
-  flags.DEFINE_enum('hardware', None, list(HARDWARE),
-                    'Default: the config\'s accounting.hardware or tpu_v3.')
+  flags.DEFINE_string('hardware', None, f'One of {", ".join(HARDWARE)} '
+                      '(TPUv4, tpu-v4, H100 also do); default: the config\'s '
+                      'accounting.hardware or tpu_v3.')
   flags.DEFINE_integer('devices', None, 'JAX devices, for wall-clock hours.',
                        lower_bound=1)
   flags.DEFINE_float('utilization', None, 'Share of bf16 peak; default: the '
                      "paper-implied TPUv3 utilisation.")
+  def _known(name):
+    try:
+      return name is None or bool(hardware(name))
+    except ValueError:
+      return False
+  flags.register_validator(
+      'hardware', _known, f'expected one of {", ".join(HARDWARE)}')
   flags.register_validator(
       'utilization', lambda u: u is None or 0 < u <= 1,
       '--utilization is a share of the peak in (0, 1], e.g. 0.45 (not a '

@@ -69,7 +69,7 @@ def main(argv):
 def _run(mode: str, config, workdir: str):
   """Trains or evaluates, in the workdir `main` has locked (the trainer's
   own `lock.hold` finds it held by this process)."""
-  from vit_jax.checkpoint import CheckpointError
+  from vit_jax.checkpoint import CheckpointError, CheckpointNotFoundError
   from vit_jax.data import pipeline
   from vit_jax.data.errors import DataError
   from vit_jax.train import eval_run, loop, orbax_state, preemption
@@ -83,7 +83,7 @@ def _run(mode: str, config, workdir: str):
   # path): no traceback. Anything else keeps its traceback.
   except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,
           loop.NonFiniteLossError, DataError, CheckpointError,
-          FileNotFoundError) as e:
+          CheckpointNotFoundError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
 
 
@@ -105,13 +105,17 @@ def _find_config(argv):
       _exit(str(e), EXIT_ERROR)
     # Built once here, so that a bad `:args` is its own message rather than
     # absl's chained tracebacks (config_flags builds it again).
-    loader = importlib.util.spec_from_file_location('_vit_jax_config', path)
+    name = '_vit_jax_config_check'
+    loader = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(loader)
+    sys.modules[name] = module  # As an import would (dataclasses need it).
     try:
       loader.loader.exec_module(module)
-      module.get_config(arg[1:] or None)
+      module.get_config(*([arg[1:]] if arg else []))  # As config_flags.
     except Exception as e:  # pylint: disable=broad-except
       _exit(f'--config={spec}: {type(e).__name__}: {e}', EXIT_ERROR)
+    finally:
+      del sys.modules[name]
     return path + arg
 
   out = list(argv)

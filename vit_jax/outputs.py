@@ -17,26 +17,32 @@ class OutputPathError(ValueError):
   """An output path that cannot work; the message names the fix."""
 
 
-def _expanded(path, flag: str, example: str) -> str:
+def _expanded(path, flag: str, example: str, remote: bool) -> str:
   if path is None or not str(path).strip():
     raise OutputPathError(
         f'{flag} is empty (an unset shell variable?); pass where to write, '
         f'e.g. {flag}={example}')
   path = str(path)
+  if '://' in path and not remote:
+    raise OutputPathError(f'{flag}={path}: this command writes local files '
+                          'only; write locally and copy (gsutil / gcloud '
+                          'storage cp)')
   return path if '://' in path else os.path.expanduser(path)
 
 
-def directory(path, flag: str = '--workdir') -> str:
-  """`path` as a folder to write into (new or existing; local or gs://)."""
-  path = _expanded(path, flag, '/tmp/run')
+def directory(path, flag: str = '--workdir', *, remote: bool = True) -> str:
+  """`path` as a folder to write into (new or existing; gs:// where
+  `remote`)."""
+  path = _expanded(path, flag, '/tmp/run', remote)
   if '://' not in path and os.path.exists(path) and not os.path.isdir(path):
     raise OutputPathError(f'{flag}={path} is a file; pass a folder')
   return path
 
 
-def file(path, flag: str) -> str:
-  """`path` as a local file to write: its folder is created now."""
-  path = _expanded(path, flag, '/tmp/out.json')
+def file(path, flag: str, *, remote: bool = False) -> str:
+  """`path` as a file to write (gs:// where `remote`): a local one's folder
+  is created now."""
+  path = _expanded(path, flag, '/tmp/out.json', remote)
   if '://' in path:
     return path
   if os.path.isdir(path):

@@ -220,7 +220,7 @@ def load_runs(paths: Iterable[str] | str, *,
       if skipped is None:
         raise
       skipped.append(str(e))
-  if not runs:
+  if not runs and skipped:
     raise TablesError('; '.join(skipped))
   return runs
 
@@ -723,7 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   try:
     if args.output:  # Checked first: never lose the tables.
-      args.output = outputs.file(args.output, '--output')
+      args.output = outputs.file(args.output, '--output', remote=True)
     if args.paper_only:
       text = paper_only(args.tables, flops=args.flops)
     elif args.workdirs:

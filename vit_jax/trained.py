@@ -471,7 +471,8 @@ def _labels(labels: Optional[str], trained: Trained) -> List[str]:
     return []
   names = list(trained.labels)
   if labels:
-    if os.path.isfile(labels):
+    if os.path.isfile(os.path.expanduser(labels)):
+      labels = os.path.expanduser(labels)
       with open(labels) as f:
         names = [l.strip() for l in f.read().splitlines() if l.strip()]
       where = labels

@@ -8,9 +8,9 @@ Runs `configs/vtab.py:<config_args>,task=<task>` for every task, each in
 from its checkpoint), then prints the per-task table with the Natural /
 Specialized / Structured and overall means (`python -m vit_jax.tables`
 renders the same table later from the workdirs). A task that fails (its
-data not prepared, say) does not stop the others: the failures are listed
-after the table and the exit status is 1; re-running trains only what is
-missing.
+data not prepared, say) does not stop the others (in a one-process run):
+the failures are listed before the table and the exit status is 1;
+re-running trains only what is missing.
 """
 
 from __future__ import annotations
@@ -95,18 +95,20 @@ def main(argv):
       print(f'vit_jax.vtab: {task}: {e}', file=sys.stderr)
       sys.exit(e.exit_code)
     except Exception as e:  # pylint: disable=broad-except
+      if jax.process_count() > 1:
+        raise  # The processes would no longer run the same programs.
       # One task's failure (data not prepared, a bad image, ...) does not
       # cost the others: they run, and the failures are listed at the end.
       logging.exception('%s failed; going on with the other tasks', task)
       failed[task] = f'{type(e).__name__}: {e}'
+  for task, why in failed.items():
+    print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
   if jax.process_index() == 0 and len(failed) < len(names):
     skipped = []
     print(tables.render(tables.load_runs([root], skipped=skipped),
                         tables='vtab'))
     for why in skipped:
       logging.warning('not in the table: %s', why)
-  for task, why in failed.items():
-    print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
   if failed:
     sys.exit(1)
 

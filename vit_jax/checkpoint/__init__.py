@@ -13,12 +13,12 @@
 
 from vit_jax.checkpoint.hf import from_hf, from_hf_model, hf_config, to_hf
 from vit_jax.checkpoint.layers import stack_blocks, unstack_blocks
-from vit_jax.checkpoint.npz import (CheckpointError, check_params, load_npz,
-                                    save_npz)
+from vit_jax.checkpoint.npz import (CheckpointError, CheckpointNotFoundError,
+                                    check_params, load_npz, save_npz)
 from vit_jax.checkpoint.pretrained import load_pretrained, resize_posemb
 
 __all__ = [
-    'CheckpointError', 'check_params', 'from_hf', 'from_hf_model',
+    'CheckpointError', 'CheckpointNotFoundError', 'check_params', 'from_hf', 'from_hf_model',
     'hf_config', 'load_npz',
     'load_pretrained', 'resize_posemb', 'save_npz', 'stack_blocks', 'to_hf',
     'unstack_blocks',

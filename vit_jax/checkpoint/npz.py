@@ -34,6 +34,10 @@ class CheckpointError(ValueError):
   """A checkpoint file that cannot be read or does not fit the model."""
 
 
+class CheckpointNotFoundError(FileNotFoundError):
+  """No checkpoint where one was asked for (the message says what to pass)."""
+
+
 def save_npz(params: Mapping[str, Any], path: str) -> None:
   """Writes `params` as a flat npz, atomically (a crash keeps the old file)."""
   flat = {'/'.join(k): _to_numpy(v)
@@ -70,7 +74,7 @@ def load_npz(path: str) -> Params:
 def read_flat(path: str) -> Dict[str, np.ndarray]:
   """The file's arrays by key; errors name the file and what is wrong."""
   if not os.path.exists(path):
-    raise FileNotFoundError(f'checkpoint not found: {path}')
+    raise CheckpointNotFoundError(f'checkpoint not found: {path}')
   with open(path, 'rb') as f:
     head = f.read(64)
   if not head.startswith((b'PK', b'\x93NUMPY')):  # zip (.npz) or .npy

@@ -228,5 +228,5 @@ class FolderSource(Source):
         f'{self.root}: {shown}. Remove or replace them, or set '
         'input.skip_bad_images=True to skip such files (they are counted in '
         'the logs; it changes the input stream, so a run that saved a '
-        'checkpoint continues in a new --workdir with --config.init=<its '
-        'workdir>).', bad)
+        'checkpoint can only start afresh from its weights: a new --workdir '
+        'with --config.init=<its workdir>).', bad)

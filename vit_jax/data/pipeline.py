@@ -232,9 +232,9 @@ class TrainIterator:
       raise DataError(
           f'cannot resume the input pipeline exactly: the saved state has '
           f'format {state.get("format")!r}, this version writes '
-          f'{_STATE_FORMAT} (its stream differs). Keep the trained weights '
-          'and start the input stream afresh: a new --workdir with '
-          '--config.init=<this workdir>.')
+          f'{_STATE_FORMAT} (its stream differs). Start afresh from its '
+          'weights: a new --workdir with --config.init=<this workdir> (the '
+          'encoder carries over; head, optimiser and schedule restart).')
     mine = self._identity()
     diff = {k: (state.get(k), v) for k, v in mine.items()
             if state.get(k) != v}
@@ -242,9 +242,10 @@ class TrainIterator:
       raise DataError(
           'cannot resume the input pipeline exactly: the saved state was '
           f'made with other settings (saved, now): {diff}. Resume with the '
-          'same input config, seed and process count; or keep the trained '
-          'weights and start a new stream: a new --workdir with '
-          '--config.init=<this workdir> (the optimiser starts afresh).')
+          'same input config, seed and process count; or start afresh from '
+          'its weights: a new --workdir with --config.init=<this workdir> '
+          '(the encoder carries over; head, optimiser and schedule '
+          'restart).')
     previous, self._batches = self._batches, int(state['batches'])
     saved = (state.get('epoch'), state.get('index'))
     if state.get('process_index') == self._pi and saved != self._position():
@@ -253,9 +254,9 @@ class TrainIterator:
           f'cannot resume the input pipeline exactly: the shard of process '
           f'{self._pi} changed size since the state was saved (saved '
           f'position {saved}, now {self._position()}). Resume with the '
-          'same data; or keep the trained weights and start the input '
-          'stream afresh: a new --workdir with --config.init=<this '
-          'workdir>.')
+          'same data; or start afresh from its weights: a new --workdir '
+          'with --config.init=<this workdir> (the encoder carries over; '
+          'head, optimiser and schedule restart).')
     self._iterator = None
 
 

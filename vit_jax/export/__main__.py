@@ -67,7 +67,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   from vit_jax.data import pipeline
   pipeline.hide_accelerators_from_tf()
   try:
-    args.out = outputs.directory(args.out, '--out')
+    args.out = outputs.directory(args.out, '--out', remote=False)
     fmt = export.get(args.format)
     options = export.Options(batch=args.batch,
                              with_preprocessing=args.with_preprocessing,

@@ -16,7 +16,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 import numpy as np
@@ -32,40 +32,57 @@ class ExportError(RuntimeError):
   """An export that failed or whose outputs differ from the model's."""
 
 
-def _staging_dir(out: str, overwrite: bool) -> str:
-  """Checks `out` and returns a new empty folder beside it to export into:
-  an earlier export in `out` is replaced only once the new one is verified
-  (`_publish`), so a failed export never loses a good one."""
-  if os.path.isdir(out) and os.listdir(out):
-    if not overwrite:
-      raise ExportError(f'{out} exists and is not empty: pass a new --out, '
-                        'or --overwrite to replace an earlier export there')
-    if not os.path.exists(os.path.join(out, MANIFEST)):
-      raise ExportError(f'{out} is not an earlier export (no {MANIFEST}): '
-                        'refusing to delete it; pass a new --out')
-  elif os.path.exists(out) and not os.path.isdir(out):
+def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
+  """(the folder to export into, whether it replaces an earlier export).
+
+  A new or empty `out` is exported into directly. An earlier export there
+  (with --overwrite) is replaced only once the new one is verified: the new
+  one is written to a folder beside it first (`_publish` swaps them), so a
+  failed export never loses a good one.
+  """
+  if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
-  parent = os.path.dirname(os.path.abspath(out))
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-',
-                             dir=parent)
+  if not (os.path.isdir(out) and os.listdir(out)):
+    os.makedirs(out, exist_ok=True)
+    return out, False
+  if not overwrite:
+    raise ExportError(f'{out} exists and is not empty: pass a new --out, '
+                      'or --overwrite to replace an earlier export there')
+  if not os.path.exists(os.path.join(out, MANIFEST)):
+    raise ExportError(f'{out} is not an earlier export (no {MANIFEST}): '
+                      'refusing to delete it; pass a new --out')
+  real = os.path.realpath(out)  # A symlink keeps pointing at the export.
+  try:
+    staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(real)}.new-',
+                               dir=os.path.dirname(real))
+  except OSError as e:
+    raise ExportError(f'--overwrite needs a folder beside {real} to write '
+                      f'the new export to first: {e}') from None
   umask = os.umask(0)
   os.umask(umask)
   os.chmod(staging, 0o777 & ~umask)  # As os.makedirs would (not 0700).
-  return staging
+  return staging, True
 
 
 def _publish(staging: str, out: str) -> None:
-  """Moves the verified export in `staging` to `out` (replacing the earlier
-  export there, which is removed only after the move)."""
-  old = None
-  if os.path.isdir(out):
-    old = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.old-',
-                           dir=os.path.dirname(os.path.abspath(out)))
-    os.rename(out, os.path.join(old, 'export'))
-  os.rename(staging, out)
-  if old:
-    shutil.rmtree(old)
+  """Swaps the verified export in `staging` in for the earlier one in `out`
+  (which is put back if the swap fails, `staging` then kept)."""
+  real = os.path.realpath(out)
+  old = os.path.join(os.path.dirname(real),
+                     f'.{os.path.basename(real)}.old-{os.getpid()}')
+  failed = (f'the earlier export in {real} is unchanged, and the verified new '
+            f'one is in {staging}')
+  try:
+    os.rename(real, old)
+  except OSError as e:
+    raise ExportError(f'could not move {real} aside ({e}): {failed}') from e
+  try:
+    os.rename(staging, real)
+  except OSError as e:
+    os.rename(old, real)
+    raise ExportError(f'could not move the new export in ({e}): {failed}'
+                      ) from e
+  shutil.rmtree(old)
 
 
 def sample_images(trained, n: int, seed: int = 0) -> np.ndarray:
@@ -163,13 +180,15 @@ def export_model(trained, fmt_name: str, out: str,
   registry.check_options(fmt, options)
   registry.check_model(fmt, trained)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
-  final, out = out, _staging_dir(out, overwrite)
+  target, replacing = _target(out, overwrite)
   try:
-    manifest = _export(fmt, trained, out, options, tolerance)
+    manifest = _export(fmt, trained, target, options, tolerance)
   except BaseException:
-    shutil.rmtree(out, ignore_errors=True)
+    if replacing:  # The earlier export in `out` is untouched.
+      shutil.rmtree(target, ignore_errors=True)
     raise
-  _publish(out, final)
+  if replacing:
+    _publish(target, out)
   return manifest
 
 

@@ -166,8 +166,10 @@ def _stride(config) -> int:
   if name not in models.names() or not issubclass(
       models.spec(name)['cls'], models.VisionTransformer):
     return 0
-  try:
-    return models.from_config(config.model, 0).stride
+  options = {k: v for k, v in config.model.items() if v is not None and k
+             not in ('name', 'dtype', 'param_dtype', 'attention_impl')}
+  try:  # The patch size and stem only: no dtype, attention or head.
+    return models.create(name, num_classes=0, **options).stride
   except (TypeError, ValueError):
     return 0
 

@@ -25,7 +25,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax import evaluators, selfsup
-from vit_jax.checkpoint import load_pretrained
+from vit_jax.checkpoint import CheckpointNotFoundError, load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, orbax_state, reporting
@@ -38,7 +38,7 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
     source = orbax_state.resolve(workdir)
   except FileNotFoundError:
     if not config.get('init'):
-      raise FileNotFoundError(
+      raise CheckpointNotFoundError(
           f'--config.mode=eval: {workdir} has no checkpoint and config.init '
           'is not set; pass the workdir of a training run or '
           '--config.init=PATH(.npz or workdir)') from None
@@ -49,7 +49,7 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
             False)
   saved = orbax_state.load_run_state(source).get('model')
   if saved is not None and saved != config.model.to_dict():
-    raise ValueError(
+    raise orbax_state.ConfigChangedError(
         f'{source} is a checkpoint of model {saved}; this config has '
         f'{config.model.to_dict()}. Evaluate it with the config it was '
         'trained with (the same config args)')

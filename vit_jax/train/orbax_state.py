@@ -20,6 +20,8 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
+from vit_jax.checkpoint.npz import CheckpointNotFoundError
+
 
 class DamagedCheckpointError(RuntimeError):
   """A checkpoint step that cannot be read completely."""
@@ -182,7 +184,7 @@ def resolve(path: str) -> str:
       path = f'{directory}/{max(steps)}'
       break
   if not epath.Path(path + '/state').is_dir():
-    raise FileNotFoundError(
+    raise CheckpointNotFoundError(
         f'no orbax train state under {path}: expected a workdir, its '
         'checkpoints/ folder or checkpoints/<step> (or pass an .npz file)')
   return path
