@@ -209,7 +209,9 @@ def test_resnet_families_export_to_savedmodel_and_stablehlo(name, tmp_path):
     assert manifest['verification']['max_abs_diff'] <= TOL
 
 
-def test_a_format_registered_from_outside(trained, tmp_path):
+def _npz_format(trained, name, offset=lambda: 0.0):
+  """A format registered from outside: the params as an .npz file; its
+  runtime adds `offset()` to the logits (non-zero: a wrong export)."""
   from vit_jax.checkpoint import load_npz, save_npz
 
   def write(t, out, options):
@@ -220,10 +222,13 @@ def test_a_format_registered_from_outside(trained, tmp_path):
     loaded = dataclasses.replace(
         trained, params=load_npz(os.path.join(out, 'params.npz')),
         _jitted={})
-    return loaded.logits(images)
+    return loaded.logits(images) + offset()
 
-  fmt = export.register(export.Format(name='npz-test', export=write,
-                                      run=run))
+  return export.register(export.Format(name=name, export=write, run=run))
+
+
+def test_a_format_registered_from_outside(trained, tmp_path):
+  fmt = _npz_format(trained, 'npz-test')
   try:
     manifest = export.export_model(trained, 'npz-test', str(tmp_path / 'n'))
     assert manifest['verification']['max_abs_diff'] <= TOL
@@ -234,21 +239,9 @@ def test_a_format_registered_from_outside(trained, tmp_path):
 
 def test_a_failed_overwrite_keeps_the_earlier_export(trained, tmp_path):
   """--overwrite replaces an export only once the new one is verified."""
-  from vit_jax.checkpoint import load_npz, save_npz
   broken = []
-
-  def write(t, out, options):
-    save_npz(t.params, os.path.join(out, 'params.npz'))
-    return {'files': ['params.npz']}
-
-  def run(out, images):
-    loaded = dataclasses.replace(
-        trained, params=load_npz(os.path.join(out, 'params.npz')),
-        _jitted={})
-    return loaded.logits(images) + (1.0 if broken else 0.0)
-
-  fmt = export.register(export.Format(name='npz-overwrite', export=write,
-                                      run=run))
+  fmt = _npz_format(trained, 'npz-overwrite',
+                    lambda: 1.0 if broken else 0.0)
   out = tmp_path / 'n'
   try:
     export.export_model(trained, fmt.name, str(out))

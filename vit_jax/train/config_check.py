@@ -94,11 +94,11 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
     yield ('--config.eval_ema=both but optim.ema_decay is unset: there are no '
            'averages to evaluate; set e.g. --config.optim.ema_decay=0.9999')
   name = _get(config, 'model.name')
-  if name is not None and name not in models.names():
-    try:
+  try:
+    if name is not None:
       models.spec(name)
-    except ValueError as e:  # Names the close ones and every known one.
-      yield f'--config.model.name={name!r}: {e}'
+  except ValueError as e:  # Names the close ones and every known one.
+    yield f'--config.model.name={name!r}: {e}'
   if (config.get('mode', 'train') == 'train' and not config.get('total_steps')
       and not config.get('total_epochs')):
     yield ('the config sets neither total_steps nor total_epochs; set one, '
