@@ -187,7 +187,8 @@ def test_cli_writes_every_figure_from_a_smoke_trained_workdir(
   assert 'mean attention distance per layer' in res.stdout
 
 
-@pytest.mark.parametrize('case', ['empty_folder', 'other_model', 'bad_grid'])
+@pytest.mark.parametrize('case', ['empty_folder', 'other_model', 'bad_grid',
+                                  'unprepared'])
 def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
                                                      tmp_path):
   kw = dict(init=smoke_workdir, data='digits', out=str(tmp_path / 'o'),
@@ -200,6 +201,9 @@ def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
   elif case == 'other_model':
     kw['model'], error, match = 'ViT-B/16', ValueError, (
         'is a checkpoint of ViT-test')
+  elif case == 'unprepared':  # Named with its prepare command, no download.
+    kw['data'], kw['data_dir'] = 'mnist', str(tmp_path / 'tfds')
+    error, match = FileNotFoundError, 'vit_jax.data.prepare mnist'
   else:
     kw['image_size'], error, match = 30, ValueError, (
         'not divisible by the patch size 4')

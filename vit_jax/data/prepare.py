@@ -116,6 +116,15 @@ def _builder_name(name: str) -> str:
   return spec.tfds_name
 
 
+def prepares_offline(name: str) -> bool:
+  """Whether `prepare(name)` needs no network (fashion_mnist, from Debian's
+  package); tools that prepare on demand prepare only these."""
+  try:
+    return _builder_name(name) == 'fashion_mnist'
+  except ValueError:  # Nothing to prepare.
+    return False
+
+
 def is_prepared(name: str, data_dir: Optional[str] = None) -> bool:
   """Whether registry dataset `name` is ready to read from `data_dir`."""
   import tensorflow_datasets as tfds

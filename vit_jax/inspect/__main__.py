@@ -2,7 +2,7 @@ r"""`python -m vit_jax.inspect`: the paper's analysis figures for a checkpoint.
 
     python -m vit_jax.inspect --init=<workdir | file.npz | hf:DIR> \
         [--model=ViT-B/16] --data=<dataset name | image folder> \
-        [--images=128] [--image_size=224] [--raw] --out=DIR
+        [--data_dir=DIR] [--images=128] [--image_size=224] [--raw] --out=DIR
 
 Writes filters.png, position_similarity.png, attention_distance.png,
 rollout.png, rollout_layers.png and inspect.json into --out (docs/inspect.md).
@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
                  'needed for .npz files')
   p.add_argument('--data', required=True, help='a dataset name (python -m '
                  'vit_jax.data) or a folder of image files')
+  p.add_argument('--data_dir', help='where the dataset is (as '
+                 'input.data_dir; default: TFDS_DATA_DIR, else '
+                 '~/tensorflow_datasets); fashion_mnist is prepared there '
+                 'if missing, other datasets must be prepared first')
   p.add_argument('--split', help='dataset split (default: its eval split)')
   p.add_argument('--images', type=int, default=128, help='images averaged '
                  'for the attention distances (the paper: 128)')
@@ -62,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                split=args.split, batch=args.batch,
                rollout_images=args.rollout_images,
                layer_images=args.layer_images, random_init=args.random_init,
-               seed=args.seed, raw=args.raw)
+               seed=args.seed, raw=args.raw, data_dir=args.data_dir)
   except (FileNotFoundError, ValueError) as e:
     print(f'vit_jax.inspect: {e}', file=sys.stderr)
     return 1

@@ -44,13 +44,16 @@ def _from_folder(folder: str, n: int, trained) -> Tuple[np.ndarray,
   return np.stack(images), names
 
 
-def _from_dataset(name: str, n: int, trained, split: Optional[str]
-                  ) -> Tuple[np.ndarray, List[str]]:
+def _from_dataset(name: str, n: int, trained, split: Optional[str],
+                  data_dir: Optional[str]) -> Tuple[np.ndarray, List[str]]:
   from vit_jax.data import pipeline, prepare, registry
   registry.get(name)  # A clear error for unknown names.
+  # Only what prepares offline is prepared here; anything else unprepared
+  # is an error naming its prepare command (not a download of minutes).
   cfg = ml_collections.ConfigDict(dict(
-      data=name, image_size=trained.image_size, eval_batch_size=min(n, 256),
-      prepare=True, pp_eval=list(trained.pp)))
+      data=name, data_dir=data_dir, image_size=trained.image_size,
+      eval_batch_size=min(n, 256), prepare=prepare.prepares_offline(name),
+      pp_eval=list(trained.pp)))
   if split:
     cfg.eval_split = split
   prepare.ensure_prepared(cfg)
@@ -67,8 +70,8 @@ def _from_dataset(name: str, n: int, trained, split: Optional[str]
   return x, [f'{name} ({where}) #{i}' for i in range(len(x))]
 
 
-def load(data: str, n: int, trained, split: Optional[str] = None
-         ) -> Tuple[np.ndarray, List[str]]:
+def load(data: str, n: int, trained, split: Optional[str] = None,
+         data_dir: Optional[str] = None) -> Tuple[np.ndarray, List[str]]:
   """(images (n, H, W, C) as the model takes them, a name per image)."""
   if n < 1:
     raise ValueError(f'--images={n}: inspect at least one image')
@@ -76,4 +79,4 @@ def load(data: str, n: int, trained, split: Optional[str] = None
     return _from_folder(data, n, trained)
   if os.sep in data or data.startswith('.'):
     raise FileNotFoundError(f'no such folder: {data}')
-  return _from_dataset(data, n, trained, split)
+  return _from_dataset(data, n, trained, split, data_dir)

@@ -161,19 +161,20 @@ def run(init: str, data: str, out: str, *, model: str = None,
         image_size: int = None, images: int = 128, split: str = None,
         batch: int = 32, rollout_images: int = 8, layer_images: int = 4,
         random_init: bool = False, seed: int = 0,
-        raw: bool = False) -> Dict[str, Any]:
+        raw: bool = False, data_dir: str = None) -> Dict[str, Any]:
   """`python -m vit_jax.inspect`: open the checkpoint, read the images,
   check them against the model, then `inspect_model`. With `random_init`,
   the checkpoint only names the model: a fresh initialisation (`seed`) of
   it is inspected, the baseline trained figures are compared with. `raw`:
-  a run's raw parameters instead of its Polyak averages."""
+  a run's raw parameters instead of its Polyak averages. `data_dir`: where
+  a dataset named by `data` is (as `input.data_dir`)."""
   from vit_jax import trained as trained_lib
   from vit_jax.inspect import images as images_lib
   trained = trained_lib.load(init, model=model, image_size=image_size,
                              require_head=False, ema=False if raw else None)
   if random_init:
     trained = trained_lib.reinitialised(trained, seed)
-  x, names = images_lib.load(data, images, trained, split)
+  x, names = images_lib.load(data, images, trained, split, data_dir)
   check_inputs(trained, x)
   result = inspect_model(trained, x, names, out, batch=batch,
                          rollout_images=rollout_images,
