@@ -14,7 +14,7 @@ paper reports the study, not these settings).
 """
 
 from vit_jax.configs import common
-from vit_jax import paper
+from vit_jax import models, paper
 
 # Models with a JFT-300M row in Table 3 (or, for BiT-R200x3, in Table 6).
 MODELS = tuple(sorted({m for row in paper.TABLE3 if row[1] == 'jft'
@@ -58,14 +58,17 @@ def get_config(arg=None):
   c.optim.weight_decay = wd
   if args.data != 'jft':
     c.optim.grad_clip_norm = 1.0  # ImageNet runs clip at global norm 1.
-  if dropout and not args.model.startswith('BiT'):
-    c.model.dropout_rate = dropout
+  if not args.model.startswith('BiT'):
+    # The pre-training head (Sec. 3.1): a tanh "pre-logits" layer of width D
+    # before the classifier, on every pre-training dataset (fine-tuning
+    # drops it). 768 for ViT-B, as the reference i21k recipe's; 1024 / 1280
+    # for ViT-L / ViT-H, as the public i21k checkpoints'.
+    c.model.representation_size = models.spec(args.model)['hidden_size']
+    if dropout:
+      c.model.dropout_rate = dropout
   if args.data == 'i21k':
-    # The reference i21k recipe (public issue threads): a 768-wide pre-logits
-    # layer (ViTs), head bias -10, sigmoid cross-entropy, linear decay to
-    # 1e-5.
-    if not args.model.startswith('BiT'):
-      c.model.representation_size = 768
+    # The reference i21k recipe (public issue threads): head bias -10,
+    # sigmoid cross-entropy, linear decay to 1e-5.
     c.model.head_bias_init = -10.0
     c.loss = 'sigmoid'
     c.optim.linear_end = 1e-5

@@ -75,7 +75,7 @@ def test_estimate_for_pretrain_config():
   c = pretrain.get_config('model=ViT-L/16,data=i21k')
   est = accounting.estimate_for_config(c, num_devices=8)
   assert est.model == 'ViT-L/16' and est.examples_seen == 90 * 14_197_122
-  # representation_size=768 and 21,843 classes are part of the forward pass.
+  # The 1024-wide pre-logits layer and 21,843 classes are in the forward.
   assert est.forward_gflops > accounting.forward_flops('ViT-L/16') / 1e9
   assert 200 < est.core_days < 280  # Table 2: 0.23k.
 

@@ -52,6 +52,11 @@ def test_pretrain_rows_follow_table3(row):
 @pytest.mark.parametrize('data', sorted(pretrain.DATA))
 def test_every_model_builds_on_every_data(model, data):
   c = pretrain.get_config(f'model={model},data={data}')
+  # The pre-training head (Sec. 3.1): a pre-logits layer of width D for
+  # ViTs and hybrids on every dataset; BiT has none.
+  width = None if model.startswith('BiT') else models.spec(model)[
+      'hidden_size']
+  assert c.model.get('representation_size') == width
   models.create(c.model.name, num_classes=_head(c),
                 **{k: v for k, v in c.model.items() if k != 'name'})
 
