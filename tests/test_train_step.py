@@ -231,3 +231,33 @@ def test_activations_carry_logical_sharding_constraints():
   # Block inputs: batch over (data, fsdp); MLP hidden: also over model.
   assert any('[{"data", "fsdp"}, {}, {}]' in l for l in constraints)
   assert any('[{"data", "fsdp"}, {}, {"model"}]' in l for l in constraints)
+
+
+@pytest.mark.parametrize('dtype', ['float32', 'bfloat16'])
+def test_cpu_step_traces_only_cpu_branches_with_the_same_numbers(dtype):
+  """On a CPU mesh the step is traced with the models' CPU branches only
+  (no platform conditional: its linearisation and transpose cost every
+  branch's), and computes bitwise what the platform switch computes."""
+  import functools
+  from vit_jax import models
+  mesh = shd.make_mesh(data=-1)
+  model = models.create('ViT-test', num_classes=10, dtype=jnp.dtype(dtype))
+  tx, lr = optim.make(_cfg(warmup_steps=0, decay='constant'), 10)
+  state, sh = step_lib.create_state(model, tx, 0, (16, 16, 3), mesh)
+  batch = {'image': jnp.asarray(np.random.RandomState(0).uniform(
+      -1, 1, (4, 16, 16, 3)), jnp.float32),
+           'label': jnp.arange(4, dtype=jnp.int32)}
+  direct = step_lib.compile_train_step(model, tx, lr, sh, mesh,
+                                       ml_collections.ConfigDict({}))
+  switched = jax.jit(functools.partial(step_lib.train_step, model=model,
+                                       tx=tx, lr_fn=lr))
+  with jax.set_mesh(mesh):
+    assert 'platform_index' not in str(direct.trace(state, batch).jaxpr)
+    assert 'platform_index' in str(switched.trace(state, batch).jaxpr)
+    copy = jax.tree.map(jnp.copy, state)  # `direct` donates its state.
+    (new_a, metrics_a), (new_b, metrics_b) = (direct(copy, batch),
+                                              switched(state, batch))
+  assert float(metrics_a['loss']) == float(metrics_b['loss'])
+  for a, b in zip(jax.tree.leaves(new_a.params), jax.tree.leaves(new_b.params)):
+    np.testing.assert_array_equal(np.asarray(a, np.float32),
+                                  np.asarray(b, np.float32))

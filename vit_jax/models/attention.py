@@ -35,6 +35,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from vit_jax.models import dense
 from vit_jax.models import matmul
+from vit_jax.models import platform_switch
 from vit_jax.models import recompute
 
 Dtype = Any
@@ -115,7 +116,7 @@ def _xla(query, key, value, mask, recomputed: bool = False):
                                         implementation='xla')
   if recomputed:
     default = recompute.recompute(default)
-  return jax.lax.platform_dependent(
+  return platform_switch.switch(
       query, key, value,
       cpu=lambda q, k, v: _cpu_core(q, k, v, mask),
       default=lambda q, k, v: default(q, k, v, mask))

@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax.models import matmul
+from vit_jax.models import platform_switch
 from vit_jax.models.partitioning import with_axes
 
 Dtype = Any
@@ -65,7 +66,7 @@ def bias_gradient(g, bias_ndim: int):
   lead = g.ndim - bias_ndim
   if g.dtype == jnp.float32 or not lead:
     return _summed(g, lead)
-  return jax.lax.platform_dependent(
+  return platform_switch.switch(
       g, cuda=lambda g: _by_product(g, lead),
       default=lambda g: _summed(g, lead))
 

@@ -10,9 +10,9 @@ for bf16 matmuls anyway; plain autodiff would give bf16-accumulated or
 float32 backward matmuls).
 
 How that matmul is written depends on the platform the program is lowered
-for, chosen with `lax.platform_dependent` (never by asking which backend
-this process happens to have while tracing, so a step exported on a CPU
-host for TPU or GPU carries no CPU-only construct):
+for, chosen with `lax.platform_dependent` (`platform_switch.switch`; never
+by asking which backend this process happens to have while tracing, so a
+step exported on a CPU host for TPU or GPU carries no CPU-only construct):
 
   * TPU, GPU: bf16 x bf16 -> bf16 dots. Their matrix units accumulate
     bf16 products in float32 and round once (the same numbers), and an f32
@@ -73,6 +73,7 @@ from jax import lax
 from jax.ad_checkpoint import checkpoint_name
 
 from vit_jax.models import onednn
+from vit_jax.models import platform_switch
 
 F32 = jnp.float32
 BF16 = jnp.bfloat16
@@ -94,7 +95,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
   if (lhs.dtype == rhs.dtype == F32 and not dn[1][0] and not kwargs
       and precision is None and preferred_element_type in (None, F32)
       and not _in_portable()):
-    return checkpoint_name(lax.platform_dependent(
+    return checkpoint_name(platform_switch.switch(
         lhs, rhs, cpu=functools.partial(_cpu_f32_dot, dn=dn),
         default=lambda a, b: lax.dot_general(a, b, dn)), NAME)
   if (lhs.dtype != BF16 or rhs.dtype != BF16
@@ -102,7 +103,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type,
                            **kwargs)
-  out = lax.platform_dependent(
+  out = platform_switch.switch(
       lhs, rhs, cpu=functools.partial(_cpu_dot, dn=dn),
       default=functools.partial(_accelerator_dot, dn=dn))
   # Named so that remat policies can keep it: the platform switch and the

@@ -18,6 +18,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from vit_jax import selfsup
+from vit_jax.models import platform_switch
 from vit_jax import sharding as shd
 from vit_jax.train import optim
 
@@ -253,18 +254,21 @@ def compile_train_step(model, tx, lr_fn, state_sh, mesh,
   `label_smoothing`, `accum_steps`, `objective` and `optim` (its
   `ema_decay`, `ema_warmup`) keys (defaults where absent). With
   `objective='mpp'` the batch is `{'image': ...}` only (see `batch_keys`).
+  The step is the program for the mesh's platform: on CPUs it is traced
+  with the models' CPU branches only (`platform_switch.tracing_for`).
   """
   img = shd.batch_sharding(mesh, 4)
   lab = shd.batch_sharding(mesh, label_ndim)
   rep = shd.replicated(mesh)
   objective = cfg.get('objective', 'supervised')
   batch_sh = {k: {'image': img, 'label': lab}[k] for k in batch_keys(cfg)}
+  step = functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
+                           loss=cfg.get('loss', 'softmax'),
+                           label_smoothing=cfg.get('label_smoothing', 0.0),
+                           accum_steps=cfg.get('accum_steps', 1),
+                           objective=objective, ema=_ema_settings(cfg))
   train = jax.jit(
-      functools.partial(train_step, model=model, tx=tx, lr_fn=lr_fn,
-                        loss=cfg.get('loss', 'softmax'),
-                        label_smoothing=cfg.get('label_smoothing', 0.0),
-                        accum_steps=cfg.get('accum_steps', 1),
-                        objective=objective, ema=_ema_settings(cfg)),
+      platform_switch.traced_for(shd.platform(mesh), step),
       in_shardings=(state_sh, batch_sh),
       out_shardings=(state_sh, rep), donate_argnums=(0,))
   return train
