@@ -7,8 +7,11 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
   decay           'linear' (to `linear_end`), 'cosine' (to 0) or 'constant'
   linear_end      floor of the linear decay (e.g. 1e-5 for i21k pre-training)
   b1, b2, eps     Adam moments (0.9, 0.999)
-  weight_decay    decoupled, on kernels only; multiplied by the schedule (the
-                  optax.adamw convention: decay = lr_t * weight_decay * w)
+  weight_decay    on kernels only. Adam: decoupled, multiplied by the
+                  schedule (the optax.adamw convention: decay = lr_t *
+                  weight_decay * w). SGD: an L2 term added to the gradient
+                  before momentum (BiT's upstream recipe, Appendix D.1's
+                  study)
   momentum        SGD momentum (0.9)
   grad_clip_norm  global-norm clipping (None: off)
   mu_dtype        dtype of Adam's first moment / SGD's trace ('bfloat16' saves
@@ -112,8 +115,9 @@ def make(cfg: Any, total_steps: int
 
 def _optimizer(cfg: Any, lr: optax.Schedule
                ) -> list[optax.GradientTransformation]:
-  """Adam(W) or SGD with decoupled weight decay on kernels, at `lr`, as
-  the parts of a chain."""
+  """AdamW (decoupled weight decay) or SGD (weight decay as an L2
+  gradient term, before momentum), decay on kernels only, at `lr`, as the
+  parts of a chain."""
   mu_dtype = cfg.get('mu_dtype')
   mu_dtype = jnp.dtype(mu_dtype) if mu_dtype else None
   if cfg.name == 'adam':
