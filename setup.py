@@ -30,6 +30,7 @@ setup(
         'numpy>=1.26',
         'optax>=0.2.5',
         'orbax-checkpoint>=0.12',
+        'scipy>=1.11',  # The reference's position-embedding interpolation.
         # tf.data only runs on the host: the CPU build where one exists.
         'tensorflow-cpu>=2.18; platform_system=="Linux" and '
         'platform_machine=="x86_64"',

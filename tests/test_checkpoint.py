@@ -134,9 +134,11 @@ def test_load_pretrained_new_resolution_and_classes(tmp_path, vit):
   pe = new['Transformer']['posembed_input']['pos_embedding']
   assert pe.shape == (1, 145, 32)
   np.testing.assert_array_equal(pe[:, 0], old_pe[:, 0])  # Class token row.
-  # Independent bilinear resize (TensorFlow, half-pixel centres).
-  ref = tf.image.resize(old_pe[0, 1:].reshape(7, 7, 32), (12, 12),
-                        method='bilinear', antialias=False).numpy()
+  # The reference code's corner-aligned bilinear resize (scipy's order-1
+  # zoom there), computed independently by TensorFlow.
+  ref = tf.compat.v1.image.resize_bilinear(
+      old_pe[None, 0, 1:].reshape(1, 7, 7, 32), (12, 12),
+      align_corners=True).numpy()[0]
   np.testing.assert_allclose(pe[0, 1:].reshape(12, 12, 32), ref, atol=1e-5)
   # Everything else is the pre-trained weights.
   blk = 'Transformer/encoderblock_1/MlpBlock_0/Dense_0/kernel'
@@ -152,9 +154,15 @@ def test_load_pretrained_b16_224_to_384():
   new = checkpoint.resize_posemb(pe, shapes['Transformer']['posembed_input'][
       'pos_embedding'].shape)
   assert new.shape == (1, 577, 768)
-  ref = tf.image.resize(pe[0, 1:].reshape(14, 14, 768), (24, 24),
-                        method='bilinear', antialias=False).numpy()
+  ref = tf.compat.v1.image.resize_bilinear(
+      pe[:, 1:].reshape(1, 14, 14, 768), (24, 24),
+      align_corners=True).numpy()[0]
   np.testing.assert_allclose(new[0, 1:].reshape(24, 24, 768), ref, atol=1e-5)
+  # Corner rows of the grid land on the new grid's corners unchanged.
+  old_grid, new_grid = pe[0, 1:].reshape(14, 14, 768), new[0, 1:].reshape(
+      24, 24, 768)
+  for i, j in ((0, 0), (0, -1), (-1, 0), (-1, -1)):
+    np.testing.assert_allclose(new_grid[i, j], old_grid[i, j], atol=1e-6)
 
 
 def test_load_pretrained_token_checkpoint_into_gap_model_is_an_error(vit):

@@ -6,8 +6,8 @@ the pre-trained weights, adapted to the new model:
   * the pre-training head goes: the target's own zero-initialised `head` is
     kept (new class count), and `pre_logits` is dropped when the target model
     has no representation layer;
-  * position embeddings are resized in 2-D (bilinear) when the patch grid
-    changes, e.g. 224 -> 384 turns a 14x14 grid into 24x24; the class-token
+  * position embeddings are resized in 2-D (bilinear, corner-aligned, as
+    the reference code) when the patch grid changes, e.g. 224 -> 384 turns a 14x14 grid into 24x24; the class-token
     row is kept as is;
   * a masked-patch-prediction model's `mask_token` and `mpp_head` are
     dropped (logged);
@@ -20,9 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence, Tuple, Union
 
-import jax
-import jax.numpy as jnp
 import numpy as np
+import scipy.ndimage
 from absl import logging
 from flax import traverse_util
 
@@ -87,7 +86,8 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
 
 def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
                   grid: Optional[Tuple[int, int]] = None) -> np.ndarray:
-  """Bilinearly resizes (1, tokens, D) position embeddings to `new_shape`.
+  """Bilinearly resizes (1, tokens, D) position embeddings to `new_shape`,
+  as the reference code does (corner-aligned: `scipy.ndimage.zoom`, order 1).
 
   Rows beyond the square grid (the class token) are kept unchanged. The old
   grid must be square (all public checkpoints are); the new one is square
@@ -108,12 +108,18 @@ def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
     raise CheckpointError(
         f'target position embeddings have {n_new} rows = grid {grid} plus '
         f'{ntok_new} token row(s), but the checkpoint has {ntok} (a class '
-        'token checkpoint fits "token" and "gap" models, a "gap" one only '
-        '"gap" models); for a non-square grid pass grid=(rows, cols)')
+        'token checkpoint fits "token" models, a "gap" one "gap" models); '
+        'for a non-square grid pass grid=(rows, cols)')
   tok, pe = posemb[:, :ntok_new], posemb[0, ntok:].reshape(g_old, g_old, d)
-  pe = jax.image.resize(jnp.asarray(pe, jnp.float32), (*grid, d),
-                        method='bilinear', antialias=False)
-  pe = np.asarray(pe, posemb.dtype).reshape(1, grid[0] * grid[1], d)
+  # The reference's interpolation (vision_transformer's load_pretrained,
+  # big_vision's resample_posemb): order-1 spline zoom, which maps the old
+  # grid's corner rows onto the new grid's corners.
+  pe = scipy.ndimage.zoom(np.asarray(pe, np.float32),
+                          (grid[0] / g_old, grid[1] / g_old, 1), order=1)
+  if pe.shape != (*grid, d):  # Rounding of the zoomed size.
+    raise CheckpointError(f'position embeddings resized to {pe.shape[:2]}, '
+                          f'not {grid}')
+  pe = pe.astype(posemb.dtype).reshape(1, grid[0] * grid[1], d)
   return np.concatenate([tok, pe], axis=1)
 
 
