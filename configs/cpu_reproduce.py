@@ -45,7 +45,7 @@ VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
 STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
          'few_labels', 'vit_1ep', 'bit_1ep')
 FEWSHOT = dict(type='fewshot', datasets=('mnist5k', 'fashion_mnist'),
-               shots=(1, 5, 10, 25), seeds=5, l2_reg=1.0, pool_per_class=100)
+               shots=(1, 5, 10, 25), seeds=5, pool_per_class=100)
 
 
 def _pp(size: int, train: bool) -> str:
