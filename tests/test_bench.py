@@ -321,3 +321,11 @@ def test_attention_benchmark_times_each_peer_in_its_own_process():
   failed = attention.table({'torch': 'failed (no torch)'},
                            attention._parser().parse_args([]))
   assert '| torch | - | failed (no torch) |' in failed
+
+
+def test_trace_benchmark_times_both_forms_of_the_step():
+  from benchmarks import trace
+  times = trace.measure('ViT-test', 'float32', batch=2, image_size=16,
+                        rounds=1)
+  assert set(times) == {'mesh step', 'platform switch'}
+  assert all(len(v) == 1 and v[0] > 0 for v in times.values())

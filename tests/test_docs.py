@@ -166,6 +166,11 @@ def check_max_batch(argv):
   max_batch._parser().parse_args(argv)
 
 
+def check_trace(argv):
+  from benchmarks import trace
+  trace._parser().parse_args(argv)
+
+
 def check_op_profile(argv):
   from benchmarks import op_profile
   known = ('--model', '--batch', '--image_size', '--dtype', '--steps',
@@ -185,6 +190,7 @@ CHECKS = {
     'benchmarks.peers': check_peers, 'benchmarks.op_profile': check_op_profile,
     'benchmarks.attention': check_attention,
     'benchmarks.losses': check_losses, 'benchmarks.max_batch': check_max_batch,
+    'benchmarks.trace': check_trace,
     # Run as they are by CI (.ci/run) and the README's first command.
     'pip': lambda argv: None, 'pytest': lambda argv: None,
 }
