@@ -318,7 +318,7 @@ def _from_npz(path: str, model: Optional[str], image_size: Optional[int],
   options = {}
   if 'Transformer' in params and 'cls' not in params:
     options['classifier'] = 'gap'  # No class token.
-  if 'pre_logits' in params:  # i21k checkpoints keep their hidden layer.
+  if 'pre_logits' in params:  # Pre-training checkpoints keep their head's.
     options['representation_size'] = int(
         np.shape(params['pre_logits']['kernel'])[-1])
   num_classes = _head_classes(params, path, require_head)

@@ -7,8 +7,8 @@ the pre-trained weights, adapted to the new model:
     kept (new class count), and `pre_logits` is dropped when the target model
     has no representation layer;
   * position embeddings are resized in 2-D (bilinear, corner-aligned, as
-    the reference code) when the patch grid changes, e.g. 224 -> 384 turns a 14x14 grid into 24x24; the class-token
-    row is kept as is;
+    the reference code) when the patch grid changes, e.g. 224 -> 384
+    turns a 14x14 grid into 24x24; the class-token row is kept as is;
   * a masked-patch-prediction model's `mask_token` and `mpp_head` are
     dropped (logged);
   * everything else must match exactly, else the error lists each missing,
@@ -108,8 +108,9 @@ def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
     raise CheckpointError(
         f'target position embeddings have {n_new} rows = grid {grid} plus '
         f'{ntok_new} token row(s), but the checkpoint has {ntok} (a class '
-        'token checkpoint fits "token" models, a "gap" one "gap" models); '
-        'for a non-square grid pass grid=(rows, cols)')
+        'token checkpoint fits "token" models, and a "gap" grid without its '
+        'class row; a "gap" one only "gap" models); for a non-square grid '
+        'pass grid=(rows, cols)')
   tok, pe = posemb[:, :ntok_new], posemb[0, ntok:].reshape(g_old, g_old, d)
   # The reference's interpolation (vision_transformer's load_pretrained,
   # big_vision's resample_posemb): order-1 spline zoom, which maps the old

@@ -118,7 +118,7 @@ def _builder_name(name: str) -> str:
 
 def prepares_offline(name: str) -> bool:
   """Whether `prepare(name)` needs no network (fashion_mnist, from Debian's
-  package); tools that prepare on demand prepare only these."""
+  package); `vit_jax.inspect` prepares only these on demand."""
   try:
     return _builder_name(name) == 'fashion_mnist'
   except ValueError:  # Nothing to prepare.

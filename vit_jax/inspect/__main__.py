@@ -28,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
                  'needed for .npz files')
   p.add_argument('--data', required=True, help='a dataset name (python -m '
                  'vit_jax.data) or a folder of image files')
-  p.add_argument('--data_dir', help='where the dataset is (as '
+  p.add_argument('--data_dir', help='where a dataset named by --data is (as '
                  'input.data_dir; default: TFDS_DATA_DIR, else '
                  '~/tensorflow_datasets); fashion_mnist is prepared there '
                  'if missing, other datasets must be prepared first')

@@ -12,7 +12,8 @@ float32 backward matmuls).
 How that matmul is written depends on the platform the program is lowered
 for, chosen with `lax.platform_dependent` (`platform_switch.switch`; never
 by asking which backend this process happens to have while tracing, so a
-step exported on a CPU host for TPU or GPU carries no CPU-only construct):
+step exported on a CPU host for TPU or GPU carries no CPU-only construct;
+a train step built for a CPU mesh is traced as the CPU program):
 
   * TPU, GPU: bf16 x bf16 -> bf16 dots. Their matrix units accumulate
     bf16 products in float32 and round once (the same numbers), and an f32

@@ -12,17 +12,26 @@ A caller that knows where its program will run from explicit configuration
 (the train step: its mesh's devices) traces it inside
 `tracing_for(platform)`. For "cpu" every switch then traces only its CPU
 branch: what lowering would keep anyway, without a conditional whose
-linearisation and transpose cost every branch's. ViT-B/16's gradient traced
-in 1.6-2.3 s instead of 4.7-6.1 s (AMD EPYC Zen 3 VM, docs/performance.md).
-Other platforms keep `lax.platform_dependent` (their programs stay exactly
-the ones measured there; a GPU's branch key would also need CUDA told apart
-from ROCm).
+linearisation and transpose cost every branch's. ViT-B/16's train step
+traced in 2.0-2.6 s instead of 3.7-4.0 s in float32, 2.3-3.9 s instead of
+5.9-7.4 s in bf16 (AMD EPYC Zen 3 VM, docs/performance.md,
+`python -m benchmarks.trace`). Other platforms keep `lax.platform_dependent`
+(their programs stay exactly the ones measured there; a GPU's branch key
+would also need CUDA told apart from ROCm).
+
+So a program traced inside `tracing_for("cpu")` is a CPU program: export
+for other platforms what is traced outside it (`jax.jit` of
+`step.train_step` itself, as `tests/test_export_lowering.py` does), never
+`compile_train_step`'s result. The setting is not part of any jit cache
+key: a function jitted on its own that calls `switch` would keep the trace
+made in the first context it met; only whole programs are traced inside it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import threading
 from typing import Callable, Optional
 
@@ -62,6 +71,8 @@ def traced_for(platform: Optional[str], fn: Callable) -> Callable:
   inner = fn.func if isinstance(fn, functools.partial) else fn
   wrapped.__name__ = wrapped.__qualname__ = getattr(
       inner, '__name__', 'traced_for')
+  # ... and its arguments after fn's (donation and sharding messages).
+  wrapped.__signature__ = inspect.signature(fn)
   return wrapped
 
 

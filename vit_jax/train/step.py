@@ -255,7 +255,8 @@ def compile_train_step(model, tx, lr_fn, state_sh, mesh,
   `ema_decay`, `ema_warmup`) keys (defaults where absent). With
   `objective='mpp'` the batch is `{'image': ...}` only (see `batch_keys`).
   The step is the program for the mesh's platform: on CPUs it is traced
-  with the models' CPU branches only (`platform_switch.tracing_for`).
+  with the models' CPU branches only (`platform_switch.tracing_for`), so
+  export `jax.jit(partial(train_step, ...))` for other platforms, not this.
   """
   img = shd.batch_sharding(mesh, 4)
   lab = shd.batch_sharding(mesh, label_ndim)
