@@ -11,7 +11,10 @@
 # copy of this tree with a change under test, and/or TRIAL_ENV: variables
 # for it (e.g. 'XLA_FLAGS=--xla_gpu_enable_cublaslt=true'; the trial runs
 # this tree when only TRIAL_ENV is set); its train rows alternate with
-# this tree's, twice, and an infer row follows this tree's. Writes
+# this tree's, twice, and an infer row follows this tree's. TRIALS:
+# several flag sets, '|' between them (e.g. 'XLA_FLAGS=--a=true|XLA_FLAGS=
+# --b=2'): one train row each after this tree's, this tree's again, then
+# the fastest trial once more (instead of TRIAL/TRIAL_ENV). Writes
 # $OUT/log.txt (the summary lines), $OUT/all.txt (every command's full
 # output) and $OUT/json.txt (the bench JSONs): at most three files, as a
 # lent machine returns a few.
@@ -55,6 +58,31 @@ trial trial_train 60 90
 if [ -n "$TRIAL$TRIAL_ENV" ]; then  # The pair again, for the spread.
   step train_b 60 90 "$ROOT" $B --json="$TMP/1train_b.json"
   trial trial_train_b 60 90
+fi
+if [ -n "$TRIALS" ]; then
+  IFS='|' read -r -a ENVS <<< "$TRIALS"
+  for i in "${!ENVS[@]}"; do
+    echo "trial_$i: ${ENVS[$i]}" | tee -a "$LOG"
+    step "trial_$i" 60 150 "$ROOT" env ${ENVS[$i]} $B \
+      --json="$TMP/1trial_$i.json"
+  done
+  step train_b 60 90 "$ROOT" $B --json="$TMP/1train_b.json"
+  best=$(python3 - "$TMP" <<'PY'
+import glob, json, sys
+rows = []
+for f in glob.glob(sys.argv[1] + '/1trial_*.json'):
+  try:
+    rows.append((json.load(open(f))['img_per_s'], f.split('_')[-1][:-5]))
+  except Exception:
+    pass
+print(max(rows)[1] if rows else '')
+PY
+)
+  if [ -n "$best" ]; then
+    echo "fastest: trial_$best again" | tee -a "$LOG"
+    step "trial_${best}_b" 60 150 "$ROOT" env ${ENVS[$best]} $B \
+      --json="$TMP/1trial_${best}_b.json"
+  fi
 fi
 step infer 40 60 "$ROOT" $B --mode=infer --json="$TMP/2infer.json"
 trial trial_infer 40 60 --mode=infer
