@@ -41,7 +41,7 @@ B=${BENCH:-"python3 -m vit_jax.bench --model=ViT-B/16 --batch=256 --dtype=bfloat
 # The first process on a fresh machine runs 3-6% slower than the rest,
 # whatever it runs (docs/performance.md, fourth GPU session): a short
 # throwaway run first, so that no measured row pays for it.
-step warm 30 60 "$ROOT" $B --steps=2 --warmup=1
+step warm 30 90 "$ROOT" $B --steps=2 --warmup=1
 if [ -n "$BASE" ]; then
   step base_train 60 90 "$BASE" $B --json="$TMP/0base_train.json"
 fi
