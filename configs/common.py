@@ -140,6 +140,20 @@ def base() -> ml_collections.ConfigDict:
   return c
 
 
+def fewshot(datasets, shots, seeds: int = 3,
+            **fields) -> ml_collections.ConfigDict:
+  """A few-shot evaluator's config section (`type='fewshot'`,
+  docs/evaluation.md), with `l2_reg` listed so that
+  `--config.evals.fewshot.l2_reg=...` can set it on the command line
+  (ml_collections adds no field there). `l2_reg` None: the evaluator's
+  default, big_vision's 2**10. `fields`: `pool_per_class`, `every`, ..."""
+  c = ml_collections.ConfigDict(dict(type='fewshot', datasets=tuple(datasets),
+                                     shots=tuple(shots), seeds=seeds))
+  c.l2_reg = ml_collections.FieldReference(None, field_type=float)
+  c.update(fields)
+  return c
+
+
 def table4_optim(c: ml_collections.ConfigDict, lr: float,
                  warmup_steps: int) -> None:
   """The paper's fine-tuning optimizer (Table 4): SGD momentum 0.9, cosine

@@ -33,6 +33,8 @@ Steps:
 smoke=true shrinks any step to seconds (tests run it).
 """
 
+import ml_collections
+
 from vit_jax.configs import common
 from vit_jax.data import registry
 
@@ -44,8 +46,13 @@ BIT = dict(name='BiT-R50x1', depth=26, width_factor=0.5, dtype='bfloat16')
 VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
 STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
          'few_labels', 'vit_1ep', 'bit_1ep')
-FEWSHOT = dict(type='fewshot', datasets=('mnist5k', 'fashion_mnist'),
-               shots=(1, 5, 10, 25), seeds=5, pool_per_class=100)
+
+
+def fewshot() -> ml_collections.ConfigDict:
+  """The few-shot evaluation of the CPU runs (MNIST digits and
+  Fashion-MNIST, 1-25 shots, 5 seeds)."""
+  return common.fewshot(('mnist5k', 'fashion_mnist'), (1, 5, 10, 25),
+                        seeds=5, pool_per_class=100)
 
 
 def _pp(size: int, train: bool) -> str:
@@ -91,7 +98,7 @@ def get_config(arg=None):
     c.total_epochs = args.epochs
     _adam(c)
     c.eval_every = 469  # About once per epoch.
-    c.evals.fewshot = FEWSHOT
+    c.evals.fewshot = fewshot()
   elif step in ('finetune_hires', 'finetune_same'):
     _data(c, 'fashion_mnist', 40 if step == 'finetune_hires' else 28)
     c.total_steps = 300
@@ -124,7 +131,7 @@ def get_config(arg=None):
     c.total_steps = (vit_steps if step == 'vit_1ep' else
                      round(vit_steps * VIT_GFLOPS / BIT_GFLOPS))
     _adam(c, warmup=50)
-    c.evals.fewshot = FEWSHOT
+    c.evals.fewshot = fewshot()
   c.init = args.init or None
   if args.smoke:
     c.total_steps, c.total_epochs = 6, None

@@ -74,7 +74,7 @@ def get_config(arg=None):
     c.log_every = 100
     c.checkpoint_every = 500
     c.eval_every = 469  # About once per epoch.
-    c.evals.fewshot = dict(cpu_reproduce.FEWSHOT)
+    c.evals.fewshot = cpu_reproduce.fewshot()
   else:
     c.model.name = args.model
     c.input.data = DATA[args.data]
@@ -94,9 +94,8 @@ def get_config(arg=None):
     c.checkpoint_every = 2000
     c.eval_every = 10_000
     if args.fewshot:  # E.g. fewshot=imagenet2012+cifar100
-      c.evals.fewshot = dict(type='fewshot', datasets=tuple(
-          args.fewshot.split('+')), shots=paper.FEWSHOT_SHOTS, seeds=3,
-          every=10_000)
+      c.evals.fewshot = common.fewshot(args.fewshot.split('+'),
+                                       paper.FEWSHOT_SHOTS, every=10_000)
   c.report = dict(model='ViT-cpu' if args.data == 'cpu' else args.model,
                   pretrain=args.data, pretrain_optimizer='adam',
                   task=f'mpp_{args.target}')

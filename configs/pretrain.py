@@ -82,9 +82,8 @@ def get_config(arg=None):
                   pretrain_epochs=c.total_epochs, pretrain_optimizer=args.opt,
                   task='pretrain')
   if args.fewshot:  # E.g. fewshot=imagenet2012+cifar100+oxford_iiit_pet
-    c.evals.fewshot = dict(type='fewshot', datasets=tuple(
-        args.fewshot.split('+')), shots=paper.FEWSHOT_SHOTS, seeds=3,
-        every=10_000)
+    c.evals.fewshot = common.fewshot(args.fewshot.split('+'),
+                                     paper.FEWSHOT_SHOTS, every=10_000)
   if args.smoke:
     common.apply_smoke(c)
     if 'fewshot' in c.evals:

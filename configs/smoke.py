@@ -53,7 +53,6 @@ def get_config(arg=None):
   c.checkpoint_every = 300
   c.accounting.hardware = 'tpu_v3'
   if args.fewshot:  # E.g. fewshot=mnist5k or fewshot=digits+mnist5k.
-    c.evals.fewshot = dict(type='fewshot', datasets=tuple(
-        args.fewshot.split('+')), shots=(1, 5, 10), seeds=3,
-        pool_per_class=20)
+    c.evals.fewshot = common.fewshot(args.fewshot.split('+'), (1, 5, 10),
+                                     pool_per_class=20)
   return c

@@ -289,3 +289,28 @@ def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
 def test_common_parse_arg_types():
   args = common.parse_arg('a=2,b=true,c=x', a=1, b=False, c='y', d=0.5)
   assert (args.a, args.b, args.c, args.d) == (2, True, 'x', 0.5)
+
+
+@pytest.mark.parametrize('spec', [
+    'configs/smoke.py:fewshot=mnist5k',
+    'configs/cpu_reproduce.py:step=pretrain',
+    'configs/pretrain.py:model=ViT-B/16,data=i21k,fewshot=cifar100',
+    'configs/mpp.py:data=cpu',
+])
+def test_fewshot_regulariser_is_set_on_the_command_line(spec):
+  """Every config's few-shot section lists `l2_reg` (None: the evaluator's
+  default), so the command line can set it: ml_collections adds no field
+  there."""
+  from absl import flags
+  from ml_collections import config_flags
+
+  def parse(*overrides):  # As main.py's --config flag parses them.
+    argv = ['main', f'--config={os.path.join(ROOT, spec)}', *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file('config', flag_values=flag_values,
+                                    sys_argv=argv)
+    flag_values(argv)
+    return flag_values.config.evals.fewshot
+
+  assert parse().type == 'fewshot' and parse().l2_reg is None
+  assert parse('--config.evals.fewshot.l2_reg=4').l2_reg == 4.0

@@ -194,6 +194,20 @@ def test_fewshot_errors_name_the_fix(digits_model):
              inp, model, mesh, sh, image_size=16)
 
 
+def test_fewshot_regulariser_from_a_config_section(digits_model):
+  """`configs/common.fewshot`'s `l2_reg` None is big_vision's 2**10; a
+  number replaces it."""
+  from vit_jax.configs import common
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
+  cfg = common.fewshot(('digits',), (1, 5), pool_per_class=10)
+  assert _fewshot(cfg, inp, model, mesh, sh, 16).l2_reg == fewshot.L2_REG
+  cfg.l2_reg = 4.0
+  assert _fewshot(cfg, inp, model, mesh, sh, 16).l2_reg == 4.0
+
+
 def test_mode_eval_evaluates_a_finished_run(tmp_path):
   """Train briefly, then `mode=eval` with a few-shot evaluator added:
   metrics merge into summary.json, the trained head is kept. (In-process;

@@ -82,8 +82,9 @@ def draw(labels: np.ndarray, num_classes: int, shots: Sequence[int],
 class FewShot(base.Evaluator):
   """k-shot linear accuracy of the frozen representation on some datasets.
 
-  Config section (`config.evals.<name>`): `datasets` (registry names, or
-  `name:train_split:test_split`), `shots`, `seeds`, `l2_reg`,
+  Config section (`config.evals.<name>`, `configs/common.fewshot`):
+  `datasets` (registry names, or `name:train_split:test_split`), `shots`,
+  `seeds`, `l2_reg` (None or absent: `L2_REG`),
   `pool_per_class`, `pp` (pre-processing; `{size}` is replaced with the
   model's input size), `batch_size` (default `input.eval_batch_size`),
   `every`. Images are read from `input.data_dir`.
@@ -99,7 +100,8 @@ class FewShot(base.Evaluator):
     self.shots = tuple(sorted(int(k) for k in cfg.get('shots',
                                                       (1, 5, 10, 25))))
     self.seeds = int(cfg.get('seeds', 3))
-    self.l2_reg = float(cfg.get('l2_reg', L2_REG))
+    l2_reg = cfg.get('l2_reg')  # None: big_vision's default.
+    self.l2_reg = L2_REG if l2_reg is None else float(l2_reg)
     self.pool = int(cfg.get('pool_per_class', 100))
     if self.pool < self.shots[-1]:
       raise ValueError(f'evals.{name}.pool_per_class={self.pool} is below '
