@@ -91,6 +91,10 @@ class _LocalFiles:
     return self._dl_manager.extract(paths)
 
 
+# The one tfds builder prepared from local files (Debian's package).
+OFFLINE_BUILDER = 'fashion_mnist'
+
+
 def _fashion_mnist_builder(data_dir: Optional[str], source_dir: str):
   """The official builder, reading its sources from `source_dir`."""
   from tensorflow_datasets.image_classification import mnist
@@ -120,7 +124,7 @@ def prepares_offline(name: str) -> bool:
   """Whether `prepare(name)` needs no network (fashion_mnist, from Debian's
   package); `vit_jax.inspect` prepares only these on demand."""
   try:
-    return _builder_name(name) == 'fashion_mnist'
+    return _builder_name(name) == OFFLINE_BUILDER
   except ValueError:  # Nothing to prepare.
     return False
 
@@ -147,7 +151,7 @@ def prepare(name: str, *, data_dir: Optional[str] = None,
   """
   import tensorflow_datasets as tfds
   builder_name = _builder_name(name)
-  if builder_name == 'fashion_mnist':
+  if builder_name == OFFLINE_BUILDER:
     builder = tfds.builder(builder_name, data_dir=data_dir)
     if builder.is_prepared():
       return str(builder.data_dir)
@@ -163,7 +167,6 @@ def prepare(name: str, *, data_dir: Optional[str] = None,
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
         manual_dir=manual_dir))
   return str(builder.data_dir)
-
 
 
 def ensure_prepared(input_config) -> None:
