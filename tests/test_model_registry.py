@@ -5,6 +5,8 @@ sharding all know it."""
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Optional
 
 import flax.linen as nn
@@ -17,39 +19,22 @@ from configs import common
 from shard_specs import shard_specs
 from vit_jax import accounting, models
 
-
-class TinyMLP(models.Module):
-  """Flattened pixels -> one ReLU hidden layer -> a zero-initialised head."""
-  num_classes: Optional[int]
-  hidden: int = 64
-
-  @nn.compact
-  def __call__(self, images, *, train: bool = False):
-    del train
-    x = images.reshape(images.shape[0], -1)
-    x = nn.Dense(self.hidden, name='hidden', kernel_init=models.with_axes(
-        nn.initializers.lecun_normal(), ('embed', 'mlp')),
-                 bias_init=models.with_axes(nn.initializers.zeros, ('mlp',)))(x)
-    x = nn.relu(x)
-    if not self.num_classes:
-      return x
-    return nn.Dense(self.num_classes, name='head',
-                    kernel_init=models.with_axes(nn.initializers.zeros,
-                                                 ('mlp', 'classes')))(x)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def tiny_flops(spec, h, w, num_classes):
-  return 2.0 * h * w * 3 * spec['hidden'] + 2.0 * spec['hidden'] * (
-      num_classes or 0)
+def _example(path: str, marker: str) -> str:
+  """The ```python block of docs file `path` that contains `marker`."""
+  with open(os.path.join(ROOT, path), encoding='utf-8') as f:
+    blocks = re.findall(r'```python\n(.*?)```', f.read(), re.S)
+  return next(b for b in blocks if marker in b)
 
 
-def tiny_shrink(spec):
-  del spec
-  return dict(hidden=16), 8
-
-
-models.register(models.Family('TinyMLP', TinyMLP, tiny_flops, tiny_shrink),
-                {'TinyMLP-S': dict(hidden=64), 'TinyMLP-L': dict(hidden=256)})
+# docs/models.md's example, run as a user would copy it: it defines TinyMLP,
+# flops and shrink, and registers TinyMLP-S and TinyMLP-L.
+_NAMES = {}
+exec(compile(_example('docs/models.md', 'class TinyMLP'), 'docs/models.md',
+             'exec', dont_inherit=True), _NAMES)
+TinyMLP, flops, shrink = _NAMES['TinyMLP'], _NAMES['flops'], _NAMES['shrink']
 
 
 def test_created_by_name():
@@ -99,16 +84,16 @@ def test_sharded_from_its_annotations():
 
 def test_registration_errors_are_clear():
   with pytest.raises(ValueError, match="'TinyMLP-S' is already registered"):
-    models.register(models.Family('Again', TinyMLP, tiny_flops, tiny_shrink),
+    models.register(models.Family('Again', TinyMLP, flops, shrink),
                     {'TinyMLP-S': {}})
   with pytest.raises(ValueError, match=r"sets \['width'\]"):
-    models.register(models.Family('Bad', TinyMLP, tiny_flops, tiny_shrink),
+    models.register(models.Family('Bad', TinyMLP, flops, shrink),
                     {'TinyMLP-X': dict(width=3)})
 
   class Plain(nn.Module):
     num_classes: Optional[int] = None
   with pytest.raises(TypeError, match='must derive from vit_jax.models.Module'):
-    models.register(models.Family('Plain', Plain, tiny_flops, tiny_shrink),
+    models.register(models.Family('Plain', Plain, flops, shrink),
                     {'Plain-1': {}})
   assert 'TinyMLP-X' not in models.names()
   assert 'Plain-1' not in models.names()
