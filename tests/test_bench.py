@@ -98,10 +98,11 @@ def test_model_options_parsed_and_bad_ones_named():
   from vit_jax import bench
   assert bench._parse_options(['remat=dots_saveable', 'scan_layers=True',
                                'stochastic_depth=0.1', 'num_layers=2',
-                               'representation_size=none']) == {
+                               'representation_size=none',
+                               'resnet_layers=(1,1,1)']) == {
       'remat': 'dots_saveable', 'scan_layers': True,
       'stochastic_depth': 0.1, 'num_layers': 2,
-      'representation_size': None}
+      'representation_size': None, 'resnet_layers': (1, 1, 1)}
   with pytest.raises(app.UsageError, match='remat.*key=value'):
     bench._parse_options(['remat'])
 

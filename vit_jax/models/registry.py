@@ -18,6 +18,7 @@ module (`partitioning.with_axes`, read by `vit_jax.sharding`).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 from typing import Any, Callable, Dict, List, Mapping, Tuple
@@ -103,11 +104,17 @@ def options(name: str, **overrides) -> Spec:
 
 def parse_option(text: str):
   """A model option's value from command-line text: True / False / None, a
-  number, or the string itself (`--model_option=remat=dots_saveable`)."""
+  number, a tuple (`resnet_layers=(1,1,1)`; a list gives a tuple too), or
+  the string itself (`--model_option=remat=dots_saveable`)."""
   named = {'true': True, 'false': False, 'none': None}
   if text.lower() in named:
     return named[text.lower()]
   try:
-    return float(text) if '.' in text else int(text)
-  except ValueError:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
     return text
+  if isinstance(value, list):
+    value = tuple(value)
+  if isinstance(value, (int, float, tuple)) and not isinstance(value, bool):
+    return value
+  return text
