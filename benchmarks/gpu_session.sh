@@ -16,8 +16,10 @@
 # --b=2'): one train row each after this tree's, this tree's again, then
 # the fastest trial once more (instead of TRIAL/TRIAL_ENV). Writes
 # $OUT/log.txt (the summary lines), $OUT/all.txt (every command's full
-# output) and $OUT/json.txt (the bench JSONs): at most three files, as a
-# lent machine returns a few.
+# output), $OUT/json.txt (the bench JSONs) and $OUT/clocks.csv (the GPU's
+# SM clock, power and temperature twice a second throughout, to tell a
+# card that slows under load from a slower program): four files, as a lent
+# machine returns a few.
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=1
 START=$(date +%s); BUDGET=${BUDGET:-500}; OUT=${OUT:?set OUT to a folder}
 ROOT=$PWD; LOG=$OUT/log.txt; TMP=$(mktemp -d); mkdir -p "$OUT"
@@ -31,13 +33,16 @@ step() {  # name min_seconds max_seconds dir command...
   (cd "$dir" && PYTHONPATH=$dir timeout "$t" "$@") > "$TMP/$name.out" 2>&1
   echo "rc=$?" >> "$TMP/$name.out"
   { echo "=== $name"; cat "$TMP/$name.out"; } >> "$OUT/all.txt"
-  grep -E "img_per_s |mfu_nominal|peak_device|img/s|rc=|Error" \
+  grep -E "img_per_s |mfu_nominal|img_per_s_pipelined|peak_device|img/s|rc=|Error" \
     "$TMP/$name.out" | tail -6 | tee -a "$LOG"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee -a "$LOG"
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu \
+  --format=csv -lms 500 > "$OUT/clocks.csv" 2>&1 &
+CLOCKS=$!
 # BENCH: the bench command of every bench row (default: ViT-B/16, batch 256).
-B=${BENCH:-"python3 -m vit_jax.bench --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=12 --warmup=2 --nomatmul_peak"}
+B=${BENCH:-"python3 -m vit_jax.bench --model=ViT-B/16 --batch=256 --dtype=bfloat16 --steps=12 --warmup=2 --nomatmul_peak --pipelined"}
 # The first process on a fresh machine runs 3-6% slower than the rest,
 # whatever it runs (docs/performance.md, fourth GPU session): a short
 # throwaway run first, so that no measured row pays for it.
@@ -99,4 +104,5 @@ step h14 150 170 "$ROOT" python3 -m benchmarks.max_batch --model=ViT-H/14 \
   --batches=1792,1920 --model_option=remat=nothing_saveable \
   --model_option=scan_layers=True --timeout=80 --json="$TMP/3h14.json"
 cat "$TMP"/*.json > "$OUT/json.txt" 2>/dev/null
+kill $CLOCKS 2>/dev/null
 echo "done at $(( $(date +%s) - START )) s" | tee -a "$LOG"

@@ -32,7 +32,7 @@ _SCRIPT = textwrap.dedent('''
       flags.FLAGS(['bench', '--model=ViT-test', '--batch=2',
                    '--image_size=28', '--num_classes=10', '--steps=1',
                    '--warmup=0', '--nomatmul_peak', f'--mode={mode}',
-                   f'--json={sys.argv[1]}'] +
+                   '--pipelined', f'--json={sys.argv[1]}'] +
                   (['--model_option=scan_layers=True'] if mode == 'infer'
                    else []))
       bench.main(['bench'])
@@ -56,6 +56,7 @@ def test_bench_runs_without_tensorflow_clu_ml_collections(tmp_path):
   assert train['img_per_s'] > 0 and infer['img_per_s'] > 0
   assert 0 < train['loss'] < 10
   for r in (train, infer):
+    assert r['img_per_s_pipelined'] == 2 / r['step_s_pipelined'] > 0
     assert r['peak_host_memory_gb'] > 0.1
     assert r['compiled_argument_gb'] > 0
   assert infer['model_options'] == 'scan_layers=True'

@@ -3,6 +3,7 @@
     python -m vit_jax.bench --model=ViT-B/16 --batch=8 [--dtype=bfloat16]
         [--mode=train|infer] [--mesh=data=-1,fsdp=1,model=1] [--steps=10]
         [--json=out.json] [--objective=mpp]  # MPP's train step instead
+        [--pipelined]  # also steps dispatched back to back, one wait
         [--model_option=remat=dots_saveable ...]  # model options, repeatable
     python -m vit_jax.bench --input-only --data=imagenet2012 [--data_dir=DIR]
         [--batch=256] [--image_size=224]
@@ -55,6 +56,10 @@ flags.DEFINE_enum('objective', 'supervised', ['supervised', 'mpp'],
 flags.DEFINE_multi_string('model_option', [], 'A model option as key=value '
                           '(repeatable), e.g. remat=dots_saveable, '
                           'recompute_internals=False, scan_layers=True.')
+flags.DEFINE_bool('pipelined', False, 'Also time --steps steps dispatched '
+                  'back to back with one wait at the end, as a training '
+                  'loop runs them (img_per_s_pipelined); the median step '
+                  'waits for each.')
 flags.DEFINE_string('json', None, 'Write the figures as JSON here.')
 flags.DEFINE_bool('input_only', False, 'Benchmark the input pipeline only.')
 flags.DEFINE_string('pp', None, '--input_only: the train pre-processing (a '
@@ -236,14 +241,32 @@ def _time_steps(compiled, args, steps, warmup, carry: bool):
       yield dt, out
 
 
+def _time_pipelined(compiled, args, steps, carry: bool) -> float:
+  """Seconds per step of `steps` calls dispatched back to back (the host
+  runs ahead, as in a training loop), waited for once at the end."""
+  import jax
+  args = list(args)
+  jax.block_until_ready(args)
+  t = time.perf_counter()
+  out = None
+  for _ in range(steps):
+    out = compiled(*args)
+    if carry:
+      args[0] = out[0]
+  jax.block_until_ready(out)
+  return (time.perf_counter() - t) / steps
+
+
 def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                      dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                      warmup: int = 2, accum_steps: int = 1,
                      num_classes: int = 1000, measure_peak: bool = True,
                      objective: str = 'supervised',
-                     model_options=None) -> Dict[str, Any]:
+                     model_options=None,
+                     pipelined: bool = False) -> Dict[str, Any]:
   """Measures the train step of one configuration; returns the figures.
-  `model_options`: model options beside the zoo's (e.g. {'remat': True})."""
+  `model_options`: model options beside the zoo's (e.g. {'remat': True});
+  `pipelined`: also the steps dispatched back to back (`--pipelined`)."""
   import jax
 
   from vit_jax.train import step as step_lib
@@ -262,11 +285,14 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
     heap.release()  # As the train loop does after compiling.
     runs = list(_time_steps(compiled, (state, data), steps, warmup,
                             carry=True))
-  times = [dt for dt, _ in runs]
-  metrics = runs[-1][1][1]
+    times = [dt for dt, _ in runs]
+    metrics = runs[-1][1][1]
+    extra = {'loss': float(metrics['loss']), 'objective': objective}
+    if pipelined:
+      extra['step_s_pipelined'] = _time_pipelined(
+          compiled, (runs[-1][1][0], data), steps, carry=True)
   return _report('train', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled,
-                 {'loss': float(metrics['loss']), 'objective': objective},
+                 mesh, compile_s, times, compiled, extra,
                  measure_peak, model=model if objective == 'mpp' else None)
 
 
@@ -312,7 +338,8 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
                 dtype: str = 'float32', mesh_axes=None, steps: int = 10,
                 warmup: int = 2, num_classes: int = 1000,
                 measure_peak: bool = True,
-                model_options=None) -> Dict[str, Any]:
+                model_options=None,
+                pipelined: bool = False) -> Dict[str, Any]:
   """Measures the eval forward pass (logits of a batch, `train=False`)."""
   import jax
 
@@ -330,8 +357,12 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
     heap.release()
     times = [dt for dt, _ in _time_steps(
         compiled, (params, data['image']), steps, warmup, carry=False)]
+    extra = {}
+    if pipelined:
+      extra['step_s_pipelined'] = _time_pipelined(
+          compiled, (params, data['image']), steps, carry=False)
   return _report('infer', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled, {}, measure_peak)
+                 mesh, compile_s, times, compiled, extra, measure_peak)
 
 
 def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
@@ -371,11 +402,16 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
     out.update({f'cpu_probe_{k}_ms': v * 1e3
                 for k, v in matmul.MEASURED.items()})
   out.update(extra)
+  if 'step_s_pipelined' in out:
+    out['img_per_s_pipelined'] = batch / out['step_s_pipelined']
   if hw:
     nominal = hw.peak_bf16_per_chip if dtype == 'bfloat16' else (
         hw.peak_fp32_per_chip or hw.peak_bf16_per_chip)
     chips = jax.device_count() / hw.devices_per_chip
     out['mfu_nominal'] = achieved / (nominal * chips)
+    if 'step_s_pipelined' in out:
+      out['mfu_nominal_pipelined'] = out['mfu_nominal'] * step_s / out[
+          'step_s_pipelined']
   out.update(compiled_memory(compiled))
   out.update(peak_memory_bytes())
   return out
@@ -423,7 +459,7 @@ def main(argv):
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),
         steps=FLAGS.steps, warmup=FLAGS.warmup,
         num_classes=FLAGS.num_classes, measure_peak=FLAGS.matmul_peak,
-        model_options=options)
+        model_options=options, pipelined=FLAGS.pipelined)
   else:
     res = bench_train_step(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
@@ -431,7 +467,7 @@ def main(argv):
         steps=FLAGS.steps, warmup=FLAGS.warmup,
         accum_steps=FLAGS.accum_steps, num_classes=FLAGS.num_classes,
         measure_peak=FLAGS.matmul_peak, objective=FLAGS.objective,
-        model_options=options)
+        model_options=options, pipelined=FLAGS.pipelined)
   if FLAGS.model_option:
     res['model_options'] = ' '.join(FLAGS.model_option)
   _print_table(res)
