@@ -128,7 +128,12 @@ def abstract_params(model: nn.Module, image_shape: Sequence[int]):
 def logical_axes(model: nn.Module, image_shape: Sequence[int]):
   """The logical axis names of every parameter (a tree of tuples; () for a
   parameter without annotation)."""
-  specs = nn.get_partition_spec(abstract_params(model, image_shape))
+  return axes_of(abstract_params(model, image_shape))
+
+
+def axes_of(boxed_params):
+  """`logical_axes` of parameters `abstract_params` gave."""
+  specs = nn.get_partition_spec(boxed_params)
   return jax.tree.map(tuple, specs, is_leaf=lambda x: isinstance(x, P))
 
 

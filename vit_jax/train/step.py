@@ -83,28 +83,30 @@ def planned_state(model: nn.Module, tx: optax.GradientTransformation,
                   fsdp_min_size: int = 2**18, *, rules=(), overrides=(),
                   ema: bool = False) -> Tuple[TrainState, Any]:
   """(abstract state, shardings) of `create_state`'s state, nothing
-  computed: for callers that fill the parameters themselves (a restore)."""
-  abstract = abstract_state(model, tx, image_shape, ema=ema)
+  computed: for callers that fill the parameters themselves (a restore).
+  The model's init is traced once, for the shapes and the axis names."""
+  boxed = shd.abstract_params(model, image_shape)
+  abstract = jax.eval_shape(functools.partial(_state_of, tx, ema=ema),
+                            nn.meta.unbox(boxed), 0)
   return abstract, state_shardings(
-      abstract, tx, mesh, fsdp_min_size,
-      axes=shd.logical_axes(model, image_shape), rules=rules,
-      overrides=overrides)
+      abstract, tx, mesh, fsdp_min_size, axes=shd.axes_of(boxed),
+      rules=rules, overrides=overrides)
 
 
 def _init_state(model, tx, image_shape, seed, ema=False):
-  params_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
+  params_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
   params = model.init(params_rng, jnp.zeros((1, *image_shape), jnp.float32),
                       train=False)['params']
+  return _state_of(tx, params, seed, ema=ema)
+
+
+def _state_of(tx, params, seed, ema=False):
+  """The train state around fresh `params` (`seed` as `_init_state` got)."""
+  _, step_rng = jax.random.split(jax.random.PRNGKey(seed))
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=tx.init(params), rng=step_rng,
                     ema_params=jax.tree.map(jnp.copy, params) if ema
                     else None)
-
-
-def abstract_state(model, tx, image_shape, seed: int = 0, *,
-                   ema: bool = False) -> TrainState:
-  return jax.eval_shape(
-      functools.partial(_init_state, model, tx, image_shape, ema=ema), seed)
 
 
 def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
