@@ -31,6 +31,10 @@ class _QuietLibraries(logging_std.Filter):
 
 
 def init_distributed() -> None:
+  """`jax.distributed` from the flags, else from the cluster JAX detects
+  (Cloud TPU VMs and pods, found by the TPU metadata server, and GKE; Slurm;
+  Open MPI), else none: one process. On a pod it is what preemption sync
+  points and orbax's cross-host barriers need."""
   import jax
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     # Cross-process collectives for CPU devices (harmless elsewhere); set
@@ -38,9 +42,11 @@ def init_distributed() -> None:
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                _PROCESS_ID.value)
-  elif os.environ.get('TPU_WORKER_HOSTNAMES') or os.environ.get(
-      'CLOUD_TPU_TASK_ID'):
+    return
+  try:
     jax.distributed.initialize()  # Every worker of a pod finds the others.
+  except ValueError:  # JAX detects no cluster: a single process.
+    pass
 
 
 def setup() -> None:
