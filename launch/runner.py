@@ -108,12 +108,25 @@ class Runner:
   # Overridden by tests.
 
   def _call(self, argv, capture) -> Result:
-    p = subprocess.run(argv, text=True, capture_output=capture)
+    try:
+      p = subprocess.run(argv, text=True, capture_output=capture)
+    except FileNotFoundError as e:
+      raise CommandError(argv, _not_found(argv)) from e
     return Result(p.returncode, p.stdout or '', p.stderr or '')
 
   def _spawn(self, argv, log, cwd) -> Process:
-    if log is None:
-      return Process(subprocess.Popen(argv, cwd=cwd))
-    with open(log, 'w') as f:
-      return Process(subprocess.Popen(argv, cwd=cwd, stdout=f,
-                                      stderr=subprocess.STDOUT))
+    try:
+      if log is None:
+        return Process(subprocess.Popen(argv, cwd=cwd))
+      with open(log, 'w') as f:
+        return Process(subprocess.Popen(argv, cwd=cwd, stdout=f,
+                                        stderr=subprocess.STDOUT))
+    except FileNotFoundError as e:
+      raise CommandError(argv, _not_found(argv)) from e
+
+
+def _not_found(argv) -> Result:
+  hint = (': install the Google Cloud CLI (https://cloud.google.com/sdk/'
+          'docs/install) and run `gcloud auth login`'
+          if argv[0] == 'gcloud' else '')
+  return Result(127, '', f'{argv[0]} not found on PATH{hint}')

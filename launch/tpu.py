@@ -268,6 +268,14 @@ def _preflight(args, runner: Runner) -> None:
     raise ValueError(f'{args.topology.name} has {args.topology.hosts} hosts: '
                      'use a gs:// --workdir (every worker writes checkpoint '
                      'shards to it)')
+  if not os.path.isabs(args.workdir):
+    raise ValueError(f'--workdir={args.workdir} is relative: the run starts '
+                     'in ~/vit_jax, which setup replaces; use a gs:// '
+                     'workdir or an absolute path on worker 0')
+  if args.verb == 'up' and (args.spot or args.preemptible or args.queued):
+    raise ValueError(f'--workdir={args.workdir} is on worker 0\'s disk, '
+                     'which a preemption deletes: `up` would recreate the TPU '
+                     'and start again from step 0; use a gs:// --workdir')
   runner.note(f'warning: --workdir={args.workdir} is on worker 0\'s disk and '
               'is lost when the TPU is deleted or recreated')
 
@@ -367,11 +375,25 @@ def _copy_results(runner: Runner, args) -> None:
                                         args.results))
 
 
+def _run_state(runner: Runner, args) -> Optional[str]:
+  """Worker 0's run: 'running', 'exited N' or 'no run'; None if it did not
+  answer."""
+  res = runner.run(commands.ssh(_tpu(args), commands.status_script(),
+                                worker='0'),
+                   capture=True, check=False, echo=False,
+                   dry_stdout='w-0: running | ')
+  found = re.search(r': (running|exited -?\d+|no run) \|', res.stdout)
+  return found.group(1) if not res.returncode and found else None
+
+
 def _watch(runner: Runner, args) -> str:
   """Streams worker 0's log to the end: 'done', 'failed' or 'preempted'.
 
-  Every --poll-seconds while it streams, the node's state is read; a lost
-  ssh connection on a healthy node reattaches (a few times).
+  Every --poll-seconds while it streams, the node's state is read. When the
+  stream ends on a healthy node, worker 0 is asked how the run ended: a
+  stream that broke (ssh or gcloud failing, the run going on) reattaches;
+  only a run that exited non-zero fails. A few reattaches in a row without
+  worker 0 answering fail too.
   """
   runner.note(f'while the log streams, the TPU state is read every '
               f'{args.poll_seconds:g} s: ' + shlex.join(
@@ -396,11 +418,30 @@ def _watch(runner: Runner, args) -> str:
       return 'preempted'
     if code is None:
       continue
-    if (state == 'READY' and code != SSH_FAILED) or reattached == MAX_REATTACH:
-      runner.note(f'the run failed (exit {code}; TPU {state})')
+    run = _run_state(runner, args) if state == 'READY' else None
+    if run is not None and run.startswith('exited'):
+      exit_code = int(run.split()[1])
+      if exit_code == 0:
+        return 'done'
+      if exit_code == EXIT_PREEMPTED:
+        runner.note('the run saved a checkpoint on a preemption signal '
+                    f'(exit {exit_code})')
+        return 'preempted'
+      runner.note(f'the run failed (exit {exit_code}; TPU {state})')
       return 'failed'
-    reattached += 1
-    runner.note(f'lost worker 0 (exit {code}; TPU {state}): reattaching')
+    if run == 'no run':
+      runner.note(f'no run on worker 0 (log stream exit {code})')
+      return 'failed'
+    if run == 'running':
+      reattached = 0  # Worker 0 answered: only the stream broke.
+    elif reattached == MAX_REATTACH:
+      runner.note(f'worker 0 did not answer {MAX_REATTACH + 1} times in a '
+                  f'row (exit {code}; TPU {state}): the run failed')
+      return 'failed'
+    else:
+      reattached += 1
+    runner.note(f'lost worker 0\'s log (exit {code}; TPU {state}; run '
+                f'{run or "unknown"}): reattaching')
     time.sleep(args.poll_seconds)
     stream = runner.start(_logs_argv(args))
 

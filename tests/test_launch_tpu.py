@@ -69,17 +69,23 @@ class FakeProcess(Process):
 
 class FakeRunner(Runner):
   """Records every command; describe answers `states` in turn; the n-th log
-  stream answers `streams[n]`; commands matching `fail` exit 1."""
+  stream answers `streams[n]`; worker 0's run state (`status_script`)
+  answers `runs` in turn ('running', 'exited N'; once they are used up,
+  worker 0 does not answer); commands matching `fail` exit 1."""
 
-  def __init__(self, states=(), streams=(), fail=None):
+  def __init__(self, states=(), streams=(), fail=None, runs=()):
     super().__init__(out=io.StringIO())
     self.calls, self.states, self.streams = [], list(states), list(streams)
-    self.fail, self.processes = fail, []
+    self.fail, self.processes, self.runs = fail, [], list(runs)
 
   def _call(self, argv, capture):
     self.calls.append(argv)
     if 'describe' in argv:
       return Result(0, self.states.pop(0) + '\n')
+    if any('s=running' in a for a in argv):
+      if not self.runs:
+        return Result(255, '', 'Connection timed out')
+      return Result(0, f'w-0: {self.runs.pop(0)} | step 10\n')
     if self.fail and self.fail(argv):
       return Result(1, '', 'boom')
     return Result(0)
@@ -101,7 +107,8 @@ def kind(argv) -> str:
     return verb
   command = next(a for a in argv if a.startswith('--command='))
   for word, name in (('vit_jax.main', 'run'), ('tail -n +1', 'logs'),
-                     ('uv venv', 'install'), ('rm -rf', 'rm')):
+                     ('uv venv', 'install'), ('rm -rf', 'rm'),
+                     ('s=running', 'run state')):
     if word in command:
       return name
   return 'ssh'
@@ -402,16 +409,63 @@ def test_too_many_preemptions_give_up_and_delete():
 
 
 def test_failed_run_copies_results_and_deletes():
-  runner = FakeRunner(states=['READY'], streams=[[1]])
+  runner = FakeRunner(states=['READY'], streams=[[1]], runs=['exited 1'])
   assert _up(runner, '--results=out') == 1
-  assert [kind(c) for c in runner.calls][-5:] == [
-      'logs', 'describe', 'mkdir', 'storage cp', 'delete']
+  assert [kind(c) for c in runner.calls][-6:] == [
+      'logs', 'describe', 'run state', 'mkdir', 'storage cp', 'delete']
+  assert 'the run failed (exit 1; TPU READY)' in runner.out.getvalue()
 
 
 def test_lost_connection_reattaches():
   runner = FakeRunner(states=['READY'], streams=[[255], [0]])
   assert _up(runner, '--keep') == 0
-  assert [kind(c) for c in runner.calls][-3:] == ['logs', 'describe', 'logs']
+  assert [kind(c) for c in runner.calls][-4:] == [
+      'logs', 'describe', 'run state', 'logs']
+
+
+def test_a_broken_log_stream_never_deletes_a_running_run():
+  """gcloud's own failure (exit 1, e.g. a token refresh) ends the stream
+  while the run goes on: reattach, as often as worker 0 says it runs."""
+  runner = FakeRunner(states=['READY'] * 5, streams=[[1]] * 5 + [[0]],
+                      runs=['running'] * 5)
+  assert _up(runner) == 0
+  kinds = [kind(c) for c in runner.calls]
+  assert kinds.count('logs') == 6 and kinds[-2:] == ['logs', 'delete']
+  assert 'run failed' not in runner.out.getvalue()
+
+
+def test_worker_0_silent_for_long_fails():
+  runner = FakeRunner(states=['READY'] * 4, streams=[[1]] * 4)
+  assert _up(runner) == 1
+  assert [kind(c) for c in runner.calls].count('logs') == 4
+  assert 'did not answer 4 times in a row' in runner.out.getvalue()
+
+
+@pytest.mark.parametrize('flag', ['--spot', '--preemptible', '--queued'])
+def test_up_that_may_recreate_refuses_a_workdir_on_the_worker(flag, capsys):
+  runner = FakeRunner()
+  argv = ['up', '--name=vit', '--zone=us-central2-b', f'--config={B16}',
+          '--workdir=/home/me/run', '--topology=v3-8', flag, '--yes']
+  assert tpu.main(argv, runner=runner) == 2
+  assert runner.calls == []
+  assert 'start again from step 0; use a gs:// --workdir' in (
+      capsys.readouterr().err)
+
+
+def test_relative_workdir_on_a_tpu_is_refused(capsys):
+  runner = FakeRunner()
+  argv = ['run', '--name=vit', '--zone=us-central2-b', f'--config={B16}',
+          '--workdir=runs/a', '--topology=v3-8', '--yes']
+  assert tpu.main(argv, runner=runner) == 2
+  assert runner.calls == []
+  assert '--workdir=runs/a is relative' in capsys.readouterr().err
+
+
+def test_missing_gcloud_is_named(monkeypatch, capsys):
+  monkeypatch.setenv('PATH', '/nonexistent')
+  assert tpu.main(['status', '--name=vit', '--zone=z']) == 1
+  err = capsys.readouterr().err
+  assert 'gcloud not found on PATH: install the Google Cloud CLI' in err
 
 
 def test_failed_create_deletes_nothing(capsys):
