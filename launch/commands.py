@@ -113,16 +113,24 @@ def storage_cp(src: str, dest: str, project: Optional[str] = None) -> list:
 # Shell run on the workers (one line each: dry runs print one command a line).
 
 
+def idle_guard() -> str:
+  """Exits 1 (naming the run) where a run is still going on the worker:
+  before starting another, or replacing its code and environment."""
+  return (f'if [ -f {PID} ] && kill -0 "$(cat {PID})" 2>/dev/null; then '
+          f'echo "$(hostname): a run is still going (pid $(cat {PID}))"; '
+          'exit 1; fi')
+
+
 def remove_project_script() -> str:
-  return f'rm -rf {_HOME_DIR}'
+  return f'{idle_guard()} && rm -rf {_HOME_DIR}'
 
 
 def install_script(git_url: Optional[str] = None,
                    ref: Optional[str] = None) -> str:
   """Installs ~/vit_jax (cloned from `git_url`, else already copied there)."""
-  steps = []
+  steps = [idle_guard()]
   if git_url:
-    steps += [remove_project_script(),
+    steps += [f'rm -rf {_HOME_DIR}',
               f'git clone -q {shlex.quote(git_url)} {_HOME_DIR}']
     if ref:
       steps.append(f'git -C {_HOME_DIR} checkout -q {shlex.quote(ref)}')
@@ -149,10 +157,7 @@ def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
   cmd = ' '.join([*map(shlex.quote, words), _PYTHON, '-m', 'vit_jax.main',
                   *map(shlex.quote, main_args)])
   inner = f'cd {_HOME_DIR} && {cmd}; echo $? > {EXIT}'
-  guard = (f'if [ -f {PID} ] && kill -0 "$(cat {PID})" 2>/dev/null; then '
-           f'echo "$(hostname): a run is still going (pid $(cat {PID}))"; '
-           'exit 1; fi')
-  return (f'{guard}; rm -f {EXIT}; nohup bash -c {shlex.quote(inner)} '
+  return (f'{idle_guard()}; rm -f {EXIT}; nohup bash -c {shlex.quote(inner)} '
           f'> {LOG} 2>&1 < /dev/null & echo $! > {PID}')
 
 

@@ -230,10 +230,10 @@ def test_git_repo_is_cloned_on_every_worker():
   (cmd,) = gcloud_lines(lines)
   assert cmd[:8] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 't',
                      '--zone=z', '--worker=all']
-  assert cmd[8].startswith(
-      '--command=rm -rf $HOME/vit_jax && git clone -q '
+  assert cmd[8].startswith('--command=' + commands.idle_guard() + (
+      ' && rm -rf $HOME/vit_jax && git clone -q '
       'https://github.com/me/vit.git $HOME/vit_jax && git -C $HOME/vit_jax '
-      'checkout -q v1 && cd $HOME/vit_jax && ')
+      'checkout -q v1 && cd $HOME/vit_jax && '))
   assert "-e '.[data]' 'jax[tpu]' -c constraints.txt" in cmd[8]
 
 
@@ -515,6 +515,10 @@ def test_worker_scripts(tmp_path):
   assert sh(run).returncode == 0
   second = sh(run)  # Refused while the first one runs.
   assert second.returncode == 1 and 'still going' in second.stdout
+  for setup in (commands.remove_project_script(), commands.install_script()):
+    busy = sh(setup)  # Setup would replace the running run's code.
+    assert busy.returncode == 1 and 'still going' in busy.stdout
+  assert (home / 'vit_jax').is_dir() and python.exists()
   logs = sh(commands.logs_script())
   assert logs.returncode == 3  # The run's exit status.
   assert (f'ran -m vit_jax.main --config=c.py:a=1 --workdir=gs://b/r in '
