@@ -363,7 +363,13 @@ def _logs_argv(args) -> list:
 
 
 def _delete(runner: Runner, args) -> None:
-  runner.run(commands.delete(_tpu(args)))
+  """Deletes the TPU; one that is already gone (NOT_FOUND) is no error."""
+  argv = commands.delete(_tpu(args))
+  res = runner.run(argv, check=False, capture=True)
+  if res.returncode and 'NOT_FOUND' in res.stderr:
+    runner.note(f'{args.name} was already gone')
+  elif res.returncode:
+    raise CommandError(argv, res)
 
 
 def _copy_results(runner: Runner, args) -> None:
@@ -523,8 +529,18 @@ def cmd_delete(args, runner: Runner) -> int:
 
 
 def _launch(runner: Runner, args, created: list) -> str:
-  """create + setup + run: 'started', or 'preempted' if the TPU went."""
-  _create(runner, args, created)
+  """create + setup + run: 'started', or 'preempted' if the TPU went (or,
+  recreating one, could not be created: no capacity after a preemption is
+  common, and the next restart tries again)."""
+  first = not created
+  try:
+    _create(runner, args, created)
+  except CommandError as e:
+    if first:  # Nothing to resume: the user's settings are likely wrong.
+      raise
+    runner.note(f'recreating {args.name} failed: {e}')
+    time.sleep(args.poll_seconds)
+    return 'preempted'
   try:
     _setup(runner, args)
     _start(runner, args)

@@ -86,8 +86,9 @@ class FakeRunner(Runner):
       if not self.runs:
         return Result(255, '', 'Connection timed out')
       return Result(0, f'w-0: {self.runs.pop(0)} | step 10\n')
-    if self.fail and self.fail(argv):
-      return Result(1, '', 'boom')
+    failed = self.fail and self.fail(argv)
+    if failed:  # `fail` may name the error (a str), else 'boom'.
+      return Result(1, '', failed if isinstance(failed, str) else 'boom')
     return Result(0)
 
   def _spawn(self, argv, log, cwd):
@@ -398,6 +399,24 @@ def test_preemption_during_setup_recreates():
   assert _up(runner) == 0
   assert [kind(c) for c in runner.calls] == (
       LAUNCH[:4] + ['describe', 'delete'] + LAUNCH + ['logs', 'delete'])
+
+
+def test_no_capacity_to_recreate_is_retried_as_a_restart():
+  """After a preemption the create can fail for want of capacity: the
+  next restart tries again; the deletes of a TPU that is gone pass."""
+  creates = iter([False, True])  # The recreate fails once.
+  runner = FakeRunner(
+      states=['PREEMPTED'], streams=[[None], [0]],
+      fail=lambda argv: (kind(argv) == 'create' and next(creates, False)
+                         and 'RESOURCE_EXHAUSTED: no capacity') or (
+                             kind(argv) == 'delete' and 'NOT_FOUND'))
+  assert _up(runner) == 0
+  assert [kind(c) for c in runner.calls] == (
+      LAUNCH + ['logs', 'describe', 'delete', 'create', 'delete'] + LAUNCH +
+      ['logs', 'delete'])
+  out = runner.out.getvalue()
+  assert 'recreating vit failed' in out and 'RESOURCE_EXHAUSTED' in out
+  assert 'restart 2/5' in out and 'vit was already gone' in out
 
 
 def test_too_many_preemptions_give_up_and_delete():
