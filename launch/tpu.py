@@ -347,9 +347,26 @@ def _setup(runner: Runner, args) -> None:
   tpu = _tpu(args)
   path, url, ref = _repo(args.repo)
   if path:
-    runner.run(commands.ssh(tpu, commands.remove_project_script()))
-    runner.run(commands.scp_to_workers(tpu, path))
-  runner.run(commands.ssh(tpu, commands.install_script(url, ref)))
+    _run_reconnecting(runner, args,
+                      commands.ssh(tpu, commands.remove_project_script()))
+    _run_reconnecting(runner, args, commands.scp_to_workers(tpu, path))
+  _run_reconnecting(runner, args,
+                    commands.ssh(tpu, commands.install_script(url, ref)))
+
+
+def _run_reconnecting(runner: Runner, args, argv) -> None:
+  """Runs an idempotent ssh/scp step, again where ssh itself failed (exit
+  255: a new TPU's workers often refuse the first connections while its
+  keys propagate), at most MAX_REATTACH more times."""
+  for attempt in range(MAX_REATTACH + 1):
+    res = runner.run(argv, check=False)
+    if res.returncode != SSH_FAILED or attempt == MAX_REATTACH:
+      break
+    runner.note(f'ssh failed (exit {SSH_FAILED}): trying again in '
+                f'{args.poll_seconds:g} s')
+    time.sleep(args.poll_seconds)
+  if res.returncode:
+    raise CommandError(argv, res)
 
 
 def _start(runner: Runner, args) -> None:

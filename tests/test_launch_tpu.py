@@ -419,6 +419,24 @@ def test_no_capacity_to_recreate_is_retried_as_a_restart():
   assert 'restart 2/5' in out and 'vit was already gone' in out
 
 
+def test_setup_tries_ssh_again_on_a_new_tpu():
+  failures = iter([255, 255])
+  runner = FakeRunner(streams=[[0]])
+  calls = runner._call
+
+  def call(argv, capture):
+    if kind(argv) == 'install':
+      code = next(failures, 0)
+      if code:
+        runner.calls.append(argv)
+        return Result(code, '', 'Connection refused')
+    return calls(argv, capture)
+  runner._call = call
+  assert _up(runner) == 0
+  assert [kind(c) for c in runner.calls].count('install') == 3
+  assert runner.out.getvalue().count('ssh failed (exit 255)') == 2
+
+
 def test_too_many_preemptions_give_up_and_delete():
   runner = FakeRunner(states=['PREEMPTED'] * 3, streams=[[None]] * 3)
   assert _up(runner, '--max-restarts=2') == 1
