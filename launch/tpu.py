@@ -28,6 +28,7 @@ from vit_jax.configs import config_file
 from vit_jax.launch import commands, local
 from vit_jax.launch import topology as topology_lib
 from vit_jax.launch.runner import CommandError, Result, Runner
+from vit_jax.train import lock
 from vit_jax.train.preemption import EXIT_PREEMPTED
 
 # realpath: in a checkout this file is also reached as vit_jax/launch/tpu.py.
@@ -47,6 +48,9 @@ REQUIRED = {
 LOCAL_REQUIRED = ('config', 'workdir')
 GONE = ('PREEMPTED', 'TERMINATED')  # The node must be deleted and recreated.
 SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
+# A run that died with its TPU keeps the workdir's lock this long: a run
+# started sooner on the new TPU would be refused as a second writer.
+LOCK_STALE_S = lock.STALE_S
 MAX_REATTACH = 3
 
 
@@ -410,7 +414,8 @@ def _run_state(runner: Runner, args) -> Optional[str]:
 
 
 def _watch(runner: Runner, args) -> str:
-  """Streams worker 0's log to the end: 'done', 'failed' or 'preempted'.
+  """Streams worker 0's log to the end: 'done', 'failed', 'saved' (the run
+  saved and exited on a preemption signal) or 'preempted' (the TPU went).
 
   Every --poll-seconds while it streams, the node's state is read. When the
   stream ends on a healthy node, worker 0 is asked how the run ended: a
@@ -433,7 +438,7 @@ def _watch(runner: Runner, args) -> str:
       stream.stop()
       runner.note('the run saved a checkpoint on a preemption signal '
                   f'(exit {code})')
-      return 'preempted'
+      return 'saved'
     state = _state(runner, args)
     if state in _gone(args):
       stream.stop()
@@ -449,7 +454,7 @@ def _watch(runner: Runner, args) -> str:
       if exit_code == EXIT_PREEMPTED:
         runner.note('the run saved a checkpoint on a preemption signal '
                     f'(exit {exit_code})')
-        return 'preempted'
+        return 'saved'
       runner.note(f'the run failed (exit {exit_code}; TPU {state})')
       return 'failed'
     if run == 'no run':
@@ -545,10 +550,12 @@ def cmd_delete(args, runner: Runner) -> int:
   return 0
 
 
-def _launch(runner: Runner, args, created: list) -> str:
+def _launch(runner: Runner, args, created: list,
+            start_after: float = 0.0) -> str:
   """create + setup + run: 'started', or 'preempted' if the TPU went (or,
   recreating one, could not be created: no capacity after a preemption is
-  common, and the next restart tries again)."""
+  common, and the next restart tries again). The run starts no earlier than
+  `start_after` (`time.monotonic()`)."""
   first = not created
   try:
     _create(runner, args, created)
@@ -560,6 +567,12 @@ def _launch(runner: Runner, args, created: list) -> str:
     return 'preempted'
   try:
     _setup(runner, args)
+    wait = start_after - time.monotonic()
+    if wait > 0 and not runner.dry_run:
+      runner.note(f'waiting {wait:.0f} s before starting: the run that died '
+                  'with the old TPU holds the workdir\'s lock until it is '
+                  f'stale ({LOCK_STALE_S:g} s without a heartbeat)')
+      time.sleep(wait)
     _start(runner, args)
   except CommandError:
     if runner.dry_run or _state(runner, args) not in _gone(args):
@@ -569,12 +582,14 @@ def _launch(runner: Runner, args, created: list) -> str:
 
 
 def _up_loop(runner: Runner, args, created: list) -> str:
-  restarts = 0
+  restarts, start_after = 0, 0.0
   while True:
-    outcome = _launch(runner, args, created)
+    outcome = _launch(runner, args, created, start_after)
     if outcome == 'started':
       outcome = _watch(runner, args)
-    if outcome != 'preempted':
+      if outcome == 'preempted':  # The run died with its TPU, unsaved.
+        start_after = time.monotonic() + LOCK_STALE_S
+    if outcome not in ('preempted', 'saved'):
       return outcome
     if restarts == args.max_restarts:
       runner.note(f'preempted again after {restarts} restart(s): giving up '

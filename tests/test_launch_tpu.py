@@ -355,6 +355,13 @@ def test_end_of_input_aborts(monkeypatch):
 # up: preemption, failures (a scripted runner).
 
 
+@pytest.fixture(autouse=True)
+def _no_lock_wait(monkeypatch):
+  """Scripted `up` runs start again at once after a preemption (the wait
+  for a dead run's lock is test_restart_waits_for_the_dead_runs_lock's)."""
+  monkeypatch.setattr(tpu, 'LOCK_STALE_S', 0.0)
+
+
 def _up(runner, *extra):
   return tpu.main(UP + ['--topology=v3-32', '--spot', '--yes',
                         '--poll-seconds=0', *extra], runner=runner)
@@ -378,6 +385,26 @@ def test_preemption_recreates_and_resumes():
   assert creates[0] == creates[1] and '--spot' in creates[0]
   assert runner.processes[0].stopped
   assert 'restart 1/5' in runner.out.getvalue()
+
+
+def test_restart_waits_for_the_dead_runs_lock(monkeypatch):
+  """A run that died with its TPU holds the workdir's lock until it is
+  stale: the new TPU's run starts after that, not to be refused as a
+  second writer; a run that saved on SIGTERM released it: no wait."""
+  slept = []
+  monkeypatch.setattr(tpu, 'LOCK_STALE_S', 300.0)
+  monkeypatch.setattr(tpu.time, 'sleep', slept.append)
+  runner = FakeRunner(states=['PREEMPTED', 'READY'],
+                      streams=[[None], [None, 0]])
+  assert _up(runner) == 0
+  assert any(250 < s <= 300 for s in slept), slept
+  assert 'holds the workdir\'s lock until it is stale' in (
+      runner.out.getvalue())
+  slept.clear()
+  runner = FakeRunner(states=['READY', 'READY'],
+                      streams=[[EXIT_PREEMPTED], [0]])
+  assert _up(runner) == 0
+  assert not any(s > 0 for s in slept), slept
 
 
 def test_run_that_saved_on_sigterm_is_relaunched():
