@@ -52,6 +52,7 @@ SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
 # started sooner on the new TPU would be refused as a second writer.
 LOCK_STALE_S = lock.STALE_S
 MAX_REATTACH = 3
+MAX_DESCRIBE_ERRORS = 5  # In a row, waiting for a queued resource.
 
 
 # --------------------------------------------------------------------------
@@ -318,17 +319,20 @@ def _wait_active(runner: Runner, args) -> None:
   argv = commands.describe_queued(_tpu(args))
   runner.note(f'waiting for ACTIVE, polling every {args.poll_seconds:g} s: '
               + shlex.join(argv))
-  last = None
+  last, errors = None, 0
   while True:
     res = runner.run(argv, capture=True, check=False, dry_stdout='ACTIVE',
                      echo=False)
+    errors = errors + 1 if res.returncode else 0
+    if errors == MAX_DESCRIBE_ERRORS:  # E.g. no permission, wrong project.
+      raise CommandError(argv, res)
     state = res.stdout.strip() or '?'
     if state != last:
       runner.note(f'queued resource {args.name}: {state}')
       last = state
     if state == 'ACTIVE':
       return
-    if state in ('FAILED', 'SUSPENDED'):
+    if state in ('FAILED', 'SUSPENDED', 'SUSPENDING', 'DELETING'):
       raise CommandError(argv, Result(1, stderr=f'queued resource '
                                       f'{args.name} is {state}'))
     time.sleep(args.poll_seconds)

@@ -547,6 +547,22 @@ def test_failed_queued_resource_is_deleted(capsys):
   assert 'queued resource vit is FAILED' in capsys.readouterr().err
 
 
+def test_queued_wait_stops_when_describe_keeps_failing(capsys):
+  runner = FakeRunner()
+  calls = runner._call
+
+  def call(argv, capture):  # describe fails here (the fake answers states).
+    if 'queued-resources' in argv and 'describe' in argv:
+      runner.calls.append(argv)
+      return Result(1, '', 'PERMISSION_DENIED: tpu.queuedResources.get')
+    return calls(argv, capture)
+  runner._call = call
+  assert _up(runner, '--queued') == 1
+  assert [kind(c) for c in runner.calls] == ['create'] + ['describe'] * 5 + [
+      'delete']
+  assert 'PERMISSION_DENIED' in capsys.readouterr().err
+
+
 def test_queued_waits_for_active():
   runner = FakeRunner(states=['ACCEPTED', 'PROVISIONING', 'ACTIVE'],
                       streams=[[0]])
