@@ -34,7 +34,7 @@ step() {  # name min_seconds max_seconds dir command...
   echo "rc=$?" >> "$TMP/$name.out"
   { echo "=== $name"; cat "$TMP/$name.out"; } >> "$OUT/all.txt"
   grep -E "img_per_s |mfu_nominal|img_per_s_pipelined|peak_device|img/s|rc=|Error" \
-    "$TMP/$name.out" | tail -6 | tee -a "$LOG"
+    "$TMP/$name.out" | tail -8 | tee -a "$LOG"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv \
   | tee -a "$LOG"

@@ -33,7 +33,8 @@ Steps:
 smoke=true shrinks any step to seconds (tests run it): the model family's
 smoke size (a ViT of width 32 and 2 layers at the step's own image size, so
 fine-tuning at 40 px still resizes the position embeddings; the BiT at its
-smoke size, 32 px), on scikit-learn's digits.
+smoke size, 32 px), on small real data (scikit-learn's digits where the step
+reads Fashion-MNIST or an image folder; the mnist5k steps keep mnist5k).
 """
 
 import ml_collections

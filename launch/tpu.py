@@ -277,7 +277,7 @@ def _preflight(args, runner: Runner) -> None:
     raise ValueError(f'--workdir={args.workdir} is relative: the run starts '
                      'in ~/vit_jax, which setup replaces; use a gs:// '
                      'workdir or an absolute path on worker 0')
-  if args.verb == 'up' and (args.spot or args.preemptible or args.queued):
+  if args.verb == 'up' and (args.spot or args.preemptible):
     raise ValueError(f'--workdir={args.workdir} is on worker 0\'s disk, '
                      'which a preemption deletes: `up` would recreate the TPU '
                      'and start again from step 0; use a gs:// --workdir')
@@ -354,20 +354,24 @@ def _repo(repo: str) -> tuple:
 def _setup(runner: Runner, args) -> None:
   tpu = _tpu(args)
   path, url, ref = _repo(args.repo)
-  if path:
+  if path:  # Again together: a retried copy would land inside a partial one.
     _run_reconnecting(runner, args,
-                      commands.ssh(tpu, commands.remove_project_script()))
-    _run_reconnecting(runner, args, commands.scp_to_workers(tpu, path))
+                      commands.ssh(tpu, commands.remove_project_script()),
+                      commands.scp_to_workers(tpu, path))
   _run_reconnecting(runner, args,
                     commands.ssh(tpu, commands.install_script(url, ref)))
 
 
-def _run_reconnecting(runner: Runner, args, argv) -> None:
-  """Runs an idempotent ssh/scp step, again where ssh itself failed (exit
-  255: a new TPU's workers often refuse the first connections while its
-  keys propagate), at most MAX_REATTACH more times."""
+def _run_reconnecting(runner: Runner, args, *argvs) -> None:
+  """Runs ssh/scp steps in order, all of them again where ssh itself failed
+  (exit 255: a new TPU's workers often refuse the first connections while
+  its keys propagate), at most MAX_REATTACH more times. The steps together
+  must be safe to repeat."""
   for attempt in range(MAX_REATTACH + 1):
-    res = runner.run(argv, check=False)
+    for argv in argvs:
+      res = runner.run(argv, check=False)
+      if res.returncode:
+        break
     if res.returncode != SSH_FAILED or attempt == MAX_REATTACH:
       break
     runner.note(f'ssh failed (exit {SSH_FAILED}): trying again in '
@@ -387,11 +391,12 @@ def _logs_argv(args) -> list:
                       worker=args.worker or '0')
 
 
-def _delete(runner: Runner, args) -> None:
-  """Deletes the TPU; one that is already gone (NOT_FOUND) is no error."""
+def _delete(runner: Runner, args, missing_ok: bool = True) -> None:
+  """Deletes the TPU; with `missing_ok` (`up`'s own TPU), one that is
+  already gone (NOT_FOUND) is no error."""
   argv = commands.delete(_tpu(args))
   res = runner.run(argv, check=False, capture=True)
-  if res.returncode and 'NOT_FOUND' in res.stderr:
+  if res.returncode and missing_ok and 'NOT_FOUND' in res.stderr:
     runner.note(f'{args.name} was already gone')
   elif res.returncode:
     raise CommandError(argv, res)
@@ -550,7 +555,7 @@ def cmd_delete(args, runner: Runner) -> int:
   what = 'queued resource and TPU' if args.queued else 'TPU'
   if not confirm(args, runner, [f'delete {what} {args.name} in {args.zone}']):
     return 1
-  _delete(runner, args)
+  _delete(runner, args, missing_ok=False)  # NOT_FOUND: a wrong name or zone?
   return 0
 
 

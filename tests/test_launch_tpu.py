@@ -447,21 +447,34 @@ def test_no_capacity_to_recreate_is_retried_as_a_restart():
 
 
 def test_setup_tries_ssh_again_on_a_new_tpu():
-  failures = iter([255, 255])
+  """ssh's own failures (255) are tried again; a failed copy together with
+  the removal before it (a second copy would land inside the first)."""
+  failures = {'install': iter([255, 255]), 'scp': iter([255])}
   runner = FakeRunner(streams=[[0]])
   calls = runner._call
 
   def call(argv, capture):
-    if kind(argv) == 'install':
-      code = next(failures, 0)
-      if code:
-        runner.calls.append(argv)
-        return Result(code, '', 'Connection refused')
+    code = next(failures.get(kind(argv), iter([])), 0)
+    if code:
+      runner.calls.append(argv)
+      return Result(code, '', 'Connection refused')
     return calls(argv, capture)
   runner._call = call
   assert _up(runner) == 0
-  assert [kind(c) for c in runner.calls].count('install') == 3
-  assert runner.out.getvalue().count('ssh failed (exit 255)') == 2
+  kinds = [kind(c) for c in runner.calls]
+  assert kinds[:8] == ['create', 'rm', 'scp', 'rm', 'scp', 'install',
+                       'install', 'install']
+  assert runner.out.getvalue().count('ssh failed (exit 255)') == 3
+
+
+def test_delete_of_a_missing_tpu_is_an_error(capsys):
+  """By hand a NOT_FOUND is likely a wrong name or zone (the TPU may still
+  run); only `up`'s own clean-up takes it as already gone."""
+  runner = FakeRunner(fail=lambda argv: kind(argv) == 'delete' and (
+      'NOT_FOUND: projects/p/locations/z/nodes/vit'))
+  assert tpu.main(['delete', '--name=vit', '--zone=z', '--yes'],
+                  runner=runner) == 1
+  assert 'NOT_FOUND' in capsys.readouterr().err
 
 
 def test_too_many_preemptions_give_up_and_delete():
@@ -505,7 +518,7 @@ def test_worker_0_silent_for_long_fails():
   assert 'did not answer 4 times in a row' in runner.out.getvalue()
 
 
-@pytest.mark.parametrize('flag', ['--spot', '--preemptible', '--queued'])
+@pytest.mark.parametrize('flag', ['--spot', '--preemptible'])
 def test_up_that_may_recreate_refuses_a_workdir_on_the_worker(flag, capsys):
   runner = FakeRunner()
   argv = ['up', '--name=vit', '--zone=us-central2-b', f'--config={B16}',

@@ -1,4 +1,4 @@
-"""Process set-up: `jax.distributed` from the flags or from the cluster."""
+"""Process set-up: `jax.distributed` from the flags or on a Cloud TPU VM."""
 
 import jax
 import pytest
@@ -14,24 +14,39 @@ def calls(monkeypatch):
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
   made = []
-
-  def initialize(*args):
-    made.append(args)
-    if not args:  # What JAX raises where it detects no cluster.
-      raise ValueError('coordinator_address should be defined.')
-  monkeypatch.setattr(jax.distributed, 'initialize', initialize)
+  monkeypatch.setattr(jax.distributed, 'initialize',
+                      lambda *args: made.append(args))
+  monkeypatch.setattr(jax.distributed, 'is_initialized', lambda: bool(made))
   monkeypatch.setattr(jax.config, 'update', lambda *a: None)
+  for name in ('JAX_PLATFORMS', 'TPU_WORKER_HOSTNAMES', 'CLOUD_TPU_TASK_ID'):
+    monkeypatch.delenv(name, raising=False)
   return made
 
 
-def test_without_flags_jax_detects_the_cluster(calls):
-  """A Cloud TPU VM pod sets none of our flags: JAX's own detection (the
-  TPU metadata server, Slurm, Open MPI) starts it; with none detected the
-  run is one process."""
-  with flagsaver.flagsaver(coordinator=None, num_processes=None,
-                           process_id=None):
+NO_FLAGS = dict(coordinator=None, num_processes=None, process_id=None)
+
+
+def test_a_cloud_tpu_vm_lets_jax_find_its_workers(calls, monkeypatch):
+  """A Cloud TPU VM pod sets none of our flags (nor TPU_WORKER_HOSTNAMES,
+  a GKE variable): its TPU chips say where JAX's own detection works."""
+  monkeypatch.setattr(runtime, '_tpu_chips_present', lambda: True)
+  with flagsaver.flagsaver(**NO_FLAGS):
     runtime.init_distributed()
+    runtime.init_distributed()  # A second run in the process: once.
   assert calls == [()]
+
+
+@pytest.mark.parametrize('env', [{}, {'JAX_PLATFORMS': 'cpu'}])
+def test_elsewhere_one_process(calls, monkeypatch, env):
+  """No flags and no TPU chips (a CPU or GPU machine, Slurm without the
+  flags), or a CPU run on a TPU VM: no jax.distributed."""
+  chips = 'JAX_PLATFORMS' in env
+  monkeypatch.setattr(runtime, '_tpu_chips_present', lambda: chips)
+  for k, v in env.items():
+    monkeypatch.setenv(k, v)
+  with flagsaver.flagsaver(**NO_FLAGS):
+    runtime.init_distributed()
+  assert calls == []
 
 
 def test_flags_start_it_explicitly(calls):

@@ -1,12 +1,13 @@
 """Process set-up shared by the command-line faces (`main`, `vtab`).
 
 Defines the multi-process flags, initialises `jax.distributed` (from the
-flags, or automatically on TPU pods), keeps TensorFlow off accelerators and
-quiets the INFO chatter of orbax and tfds.
+flags, or automatically on Cloud TPU VMs), keeps TensorFlow off accelerators
+and quiets the INFO chatter of orbax and tfds.
 """
 
 from __future__ import annotations
 
+import glob
 import logging as logging_std
 import os
 import sys
@@ -30,23 +31,49 @@ class _QuietLibraries(logging_std.Filter):
         n in record.pathname for n in ('/orbax/', '/tensorflow_datasets/'))
 
 
+# Google's PCI vendor id: the TPU chips of a Cloud TPU VM (as JAX's own
+# `hardware_utils` finds them).
+_GOOGLE_PCI_VENDOR = '0x1ae0'
+
+
+def _tpu_chips_present() -> bool:
+  for path in glob.glob('/sys/bus/pci/devices/*/vendor'):
+    try:
+      with open(path) as f:
+        if f.read().strip() == _GOOGLE_PCI_VENDOR:
+          return True
+    except OSError:
+      pass
+  return False
+
+
+def _on_tpu_vm() -> bool:
+  """A Cloud TPU VM (GCE or GKE) whose TPUs this run may use."""
+  platforms = os.environ.get('JAX_PLATFORMS', '')
+  if platforms and 'tpu' not in platforms.split(','):
+    return False  # E.g. JAX_PLATFORMS=cpu: a CPU run on a TPU VM.
+  return bool(os.environ.get('TPU_WORKER_HOSTNAMES')
+              or os.environ.get('CLOUD_TPU_TASK_ID') or _tpu_chips_present())
+
+
 def init_distributed() -> None:
-  """`jax.distributed` from the flags, else from the cluster JAX detects
-  (Cloud TPU VMs and pods, found by the TPU metadata server, and GKE; Slurm;
-  Open MPI), else none: one process. On a pod it is what preemption sync
-  points and orbax's cross-host barriers need."""
+  """`jax.distributed` from the flags; on a Cloud TPU VM, from JAX's own
+  detection (the TPU metadata server finds every worker of a pod; a single
+  host is one process); elsewhere none. On a pod it is what preemption sync
+  points and orbax's cross-host barriers need. Slurm and MPI jobs pass the
+  flags: JAX's detection there would also narrow each process to one local
+  device."""
   import jax
+  if jax.distributed.is_initialized():  # A second run in this process.
+    return
   if _COORDINATOR.value or _NUM_PROCESSES.value:
     # Cross-process collectives for CPU devices (harmless elsewhere); set
     # before initialize, which must precede any backend use.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
     jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value,
                                _PROCESS_ID.value)
-    return
-  try:
+  elif _on_tpu_vm():
     jax.distributed.initialize()  # Every worker of a pod finds the others.
-  except ValueError:  # JAX detects no cluster: a single process.
-    pass
 
 
 def setup() -> None:

@@ -86,11 +86,21 @@ def planned_state(model: nn.Module, tx: optax.GradientTransformation,
   computed: for callers that fill the parameters themselves (a restore).
   The model's init is traced once, for the shapes and the axis names."""
   boxed = shd.abstract_params(model, image_shape)
-  abstract = jax.eval_shape(functools.partial(_state_of, tx, ema=ema),
-                            nn.meta.unbox(boxed), 0)
+  abstract = _abstract_state(tx, boxed, ema)
   return abstract, state_shardings(
       abstract, tx, mesh, fsdp_min_size, axes=shd.axes_of(boxed),
       rules=rules, overrides=overrides)
+
+
+def abstract_state(model: nn.Module, tx: optax.GradientTransformation,
+                   image_shape, *, ema: bool = False) -> TrainState:
+  """The shapes and dtypes of `init_state`'s state, nothing computed."""
+  return _abstract_state(tx, shd.abstract_params(model, image_shape), ema)
+
+
+def _abstract_state(tx, boxed_params, ema: bool) -> TrainState:
+  return jax.eval_shape(functools.partial(_state_of, tx, ema=ema),
+                        nn.meta.unbox(boxed_params), 0)
 
 
 def _init_state(model, tx, image_shape, seed, ema=False):
