@@ -176,6 +176,19 @@ def status_script() -> str:
           f'echo "$(hostname): $s | $(tail -n 1 {LOG} 2>/dev/null)"')
 
 
+def save_logs_script(workdir: str) -> str:
+  """Copies the worker's run log to `<workdir>/logs/<hostname>.log` (a
+  gs:// workdir through the worker's gcloud), before the TPU is deleted."""
+  dest = f'{workdir.rstrip("/")}/logs'
+  target = f'{shlex.quote(dest)}/"$(hostname).log"'
+  if workdir.startswith('gs://'):
+    copy = (f'gcloud storage cp -q {LOG} {target} || '
+            f'gsutil -q cp {LOG} {target}')
+  else:
+    copy = f'mkdir -p {shlex.quote(dest)} && cp {LOG} {target}'
+  return f'test -f {LOG} && {{ {copy}; }}'
+
+
 def exec_script(command: Sequence[str]) -> str:
   """Runs `command` (joined with spaces, as ssh does) in ~/vit_jax with the
   project's environment first on PATH (`python` is its Python)."""

@@ -583,6 +583,7 @@ def _launch(runner: Runner, args, created: list,
                   f'stale ({LOCK_STALE_S:g} s without a heartbeat)')
       time.sleep(wait)
     _start(runner, args)
+    created.append('run')  # A run started: its logs are worth keeping.
   except CommandError:
     if runner.dry_run or _state(runner, args) not in _gone(args):
       raise
@@ -629,10 +630,16 @@ def cmd_up(args, runner: Runner) -> int:
     outcome = 'failed'
     if not created:
       return 1
-  return _finish(runner, args, outcome)
+  return _finish(runner, args, outcome, ran='run' in created)
 
 
-def _finish(runner: Runner, args, outcome: str) -> int:
+def _finish(runner: Runner, args, outcome: str, ran: bool = False) -> int:
+  if outcome == 'failed' and ran and not args.keep:  # Before the TPU goes.
+    res = runner.run(commands.ssh(_tpu(args),
+                                  commands.save_logs_script(args.workdir)),
+                     check=False)
+    if not res.returncode:
+      runner.note(f'every worker\'s log: {args.workdir.rstrip("/")}/logs/')
   if args.results:
     try:
       _copy_results(runner, args)

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import socket
 import stat
 import subprocess
 import sys
@@ -109,7 +110,8 @@ def kind(argv) -> str:
   command = next(a for a in argv if a.startswith('--command='))
   for word, name in (('vit_jax.main', 'run'), ('tail -n +1', 'logs'),
                      ('uv venv', 'install'), ('rm -rf', 'rm'),
-                     ('s=running', 'run state')):
+                     ('s=running', 'run state'),
+                     ('$(hostname).log', 'save logs')):
     if word in command:
       return name
   return 'ssh'
@@ -488,9 +490,14 @@ def test_too_many_preemptions_give_up_and_delete():
 def test_failed_run_copies_results_and_deletes():
   runner = FakeRunner(states=['READY'], streams=[[1]], runs=['exited 1'])
   assert _up(runner, '--results=out') == 1
-  assert [kind(c) for c in runner.calls][-6:] == [
-      'logs', 'describe', 'run state', 'mkdir', 'storage cp', 'delete']
-  assert 'the run failed (exit 1; TPU READY)' in runner.out.getvalue()
+  assert [kind(c) for c in runner.calls][-7:] == [
+      'logs', 'describe', 'run state', 'save logs', 'mkdir', 'storage cp',
+      'delete']
+  save = runner.calls[-4]
+  assert save[-2] == '--worker=all' and 'gs://b/run/logs' in save[-1]
+  out = runner.out.getvalue()
+  assert 'the run failed (exit 1; TPU READY)' in out
+  assert "every worker's log: gs://b/run/logs/" in out
 
 
 def test_lost_connection_reattaches():
@@ -617,6 +624,11 @@ def test_worker_scripts(tmp_path):
   assert (f'ran -m vit_jax.main --config=c.py:a=1 --workdir=gs://b/r in '
           f'{home}/vit_jax with x y') in logs.stdout
   assert 'exited 3' in sh(commands.status_script()).stdout
+  wd = tmp_path / 'work dir'  # Before a failed run's TPU goes.
+  assert sh(commands.save_logs_script(str(wd))).returncode == 0
+  (saved,) = (wd / 'logs').iterdir()
+  assert saved.name == socket.gethostname() + '.log'
+  assert 'ran -m vit_jax.main' in saved.read_text()
   out = sh(commands.exec_script(['python', 'a;', 'echo', '$PWD'])).stdout
   assert out.splitlines()[0].startswith('ran a in')
   assert out.splitlines()[-1] == f'{home}/vit_jax'
