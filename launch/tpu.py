@@ -304,12 +304,13 @@ def _gone(args) -> tuple:
 
 
 def _create(runner: Runner, args, created: Optional[list] = None) -> None:
-  """Creates the TPU (noted in `created`: it exists, even if it failed)."""
+  """Creates the TPU (noted in `created`, `up`'s record of what it made:
+  'tpu' per TPU created, 'run' per run started)."""
   runner.run(commands.create(
       _tpu(args), args.topology.name.strip().lower(), _runtime_version(args),
       spot=args.spot, preemptible=args.preemptible))
   if created is not None:
-    created.append(True)
+    created.append('tpu')
   if args.queued:
     _wait_active(runner, args)
 
@@ -422,6 +423,18 @@ def _run_state(runner: Runner, args) -> Optional[str]:
   return found.group(1) if not res.returncode and found else None
 
 
+def _ended(runner: Runner, exit_code: int, state: str) -> str:
+  """The outcome of a run that exited with `exit_code`."""
+  if exit_code == 0:
+    return 'done'
+  if exit_code == EXIT_PREEMPTED:
+    runner.note('the run saved a checkpoint on a preemption signal '
+                f'(exit {exit_code})')
+    return 'saved'
+  runner.note(f'the run failed (exit {exit_code}; TPU {state})')
+  return 'failed'
+
+
 def _watch(runner: Runner, args) -> str:
   """Streams worker 0's log to the end: 'done', 'failed', 'saved' (the run
   saved and exited on a preemption signal) or 'preempted' (the TPU went).
@@ -441,13 +454,9 @@ def _watch(runner: Runner, args) -> str:
   stream = runner.start(_logs_argv(args))
   while True:
     code = stream.wait(args.poll_seconds)
-    if code == 0:
-      return 'done'
-    if code == EXIT_PREEMPTED:  # The run saved on SIGTERM / a notice.
+    if code in (0, EXIT_PREEMPTED):  # Done, or saved on SIGTERM / a notice.
       stream.stop()
-      runner.note('the run saved a checkpoint on a preemption signal '
-                  f'(exit {code})')
-      return 'saved'
+      return _ended(runner, code, 'READY')
     state = _state(runner, args)
     if state in _gone(args):
       stream.stop()
@@ -457,15 +466,7 @@ def _watch(runner: Runner, args) -> str:
       continue
     run = _run_state(runner, args) if state == 'READY' else None
     if run is not None and run.startswith('exited'):
-      exit_code = int(run.split()[1])
-      if exit_code == 0:
-        return 'done'
-      if exit_code == EXIT_PREEMPTED:
-        runner.note('the run saved a checkpoint on a preemption signal '
-                    f'(exit {exit_code})')
-        return 'saved'
-      runner.note(f'the run failed (exit {exit_code}; TPU {state})')
-      return 'failed'
+      return _ended(runner, int(run.split()[1]), state)
     if run == 'no run':
       runner.note(f'no run on worker 0 (log stream exit {code})')
       return 'failed'

@@ -99,20 +99,20 @@ def abstract_state(model: nn.Module, tx: optax.GradientTransformation,
 
 
 def _abstract_state(tx, boxed_params, ema: bool) -> TrainState:
-  return jax.eval_shape(functools.partial(_state_of, tx, ema=ema),
-                        nn.meta.unbox(boxed_params), 0)
+  return jax.eval_shape(
+      lambda p: _state_of(tx, p, jax.random.PRNGKey(0), ema=ema),
+      nn.meta.unbox(boxed_params))
 
 
 def _init_state(model, tx, image_shape, seed, ema=False):
-  params_rng, _ = jax.random.split(jax.random.PRNGKey(seed))
+  params_rng, step_rng = jax.random.split(jax.random.PRNGKey(seed))
   params = model.init(params_rng, jnp.zeros((1, *image_shape), jnp.float32),
                       train=False)['params']
-  return _state_of(tx, params, seed, ema=ema)
+  return _state_of(tx, params, step_rng, ema=ema)
 
 
-def _state_of(tx, params, seed, ema=False):
-  """The train state around fresh `params` (`seed` as `_init_state` got)."""
-  _, step_rng = jax.random.split(jax.random.PRNGKey(seed))
+def _state_of(tx, params, step_rng, ema=False):
+  """The train state around fresh `params`."""
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=tx.init(params), rng=step_rng,
                     ema_params=jax.tree.map(jnp.copy, params) if ema
