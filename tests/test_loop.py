@@ -222,3 +222,24 @@ def test_workdir_of_a_different_model_is_a_clear_error(reference_run,
   assert 'ViT-Ti/16' in out.stderr
   # The run's record (predict and export rebuild the model from it) stays.
   assert open(os.path.join(ref_dir, 'config.json')).read() == record
+
+
+def test_resume_compares_tuples_as_the_checkpoint_recorded_them(monkeypatch):
+  """The run state is JSON: a tuple comes back a list. Neither the model
+  check nor the optimiser's change log may take that for a change."""
+  import ml_collections
+  from vit_jax.train import loop, orbax_state
+  config = ml_collections.ConfigDict(
+      {'optim': {'lr_mults': (('head', 10.0),), 'lr': 0.1}})
+  saved = json.loads(json.dumps(
+      {'optim': config.optim.to_dict(), 'total_steps': 10}))
+  warnings = []
+  monkeypatch.setattr(loop.logging, 'warning',
+                      lambda *a: warnings.append(a))
+  loop._log_changes(saved, config, 10, 5)
+  assert not warnings
+  config.optim.lr = 0.2  # A real change is still logged.
+  loop._log_changes(saved, config, 10, 5)
+  assert len(warnings) == 1 and 'DELIBERATE CHANGE' in warnings[0][0]
+  assert orbax_state.as_saved({'resnet_layers': (1, 1, 1)}) == json.loads(
+      json.dumps({'resnet_layers': [1, 1, 1]}))

@@ -307,3 +307,14 @@ def test_sweep_table_marks_the_best_lr(tmp_path):
   assert len(rows) == 3
   best = [l for l in rows if '| best |' in l]
   assert len(best) == 1 and '| 0.003 |' in best[0] and '95.00' in best[0]
+
+
+def test_real_cell_of_a_run_on_imagenet2012_real_is_its_real_accuracy(
+    tmp_path):
+  # Such a run's eval_accuracy is top-1 on the original labels.
+  _write(tmp_path, 'real', {**_run('ViT-B/32', paper.REAL, 0.80),
+                            'real_accuracy': 0.88})
+  match = tables.Matcher(tables.load_runs([str(tmp_path)]))
+  value, pick = match.accuracy(tables._setting('ViT-B/32', 'jft', 7.0),
+                               paper.REAL)
+  assert pick.run is not None and value == pytest.approx(88.0)

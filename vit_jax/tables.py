@@ -278,7 +278,10 @@ class Matcher:
       if pick.run is not None:
         return 100 * pick.run.real_accuracy, pick
     pick = self.pick(setting, dataset)
-    value = None if pick.run is None else pick.run.accuracy
+    # A run on 'imagenet2012_real' reports top-1 on the original labels as
+    # its accuracy; the ReaL cell is its ReaL accuracy.
+    value = None if pick.run is None else (
+        pick.run.real_accuracy if dataset == paper.REAL else pick.run.accuracy)
     return (None if value is None else 100 * value), pick
 
   def _best_with_real(self, setting: Setting) -> Pick:

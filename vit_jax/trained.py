@@ -246,7 +246,9 @@ def _from_workdir(path: str, model: Optional[str],
   spec.pop('param_dtype', None)
   # How the run executed, not what it computes: exported and predicting
   # models use the plain layout (load_pretrained unstacks scanned blocks).
-  for key in ('scan_layers', 'remat', 'recompute_internals'):
+  # The attention kernel is chosen for the platform that serves ('auto'
+  # could not be built, 'cudnn' would tie an export to GPUs).
+  for key in ('scan_layers', 'remat', 'recompute_internals', 'attention_impl'):
     spec.pop(key, None)
   options = {k: v for k, v in spec.items() if v is not None}
   try:

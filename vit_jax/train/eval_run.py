@@ -48,7 +48,8 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
     return (init if init.endswith('.npz') else orbax_state.resolve(init),
             False)
   saved = orbax_state.load_run_state(source).get('model')
-  if saved is not None and saved != config.model.to_dict():
+  if saved is not None and saved != orbax_state.as_saved(
+      config.model.to_dict()):
     raise orbax_state.ConfigChangedError(
         f'{source} is a checkpoint of model {saved}; this config has '
         f'{config.model.to_dict()}. Evaluate it with the config it was '

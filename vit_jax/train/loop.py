@@ -197,7 +197,8 @@ def _log_changes(saved: Dict[str, Any], config, steps: int,
   """Logs, loudly, an optimiser or schedule that differs from the one the
   checkpoint was trained with (legitimate: e.g. a lower LR after a
   divergence, or a longer run)."""
-  now = {'optim': config.optim.to_dict(), 'total_steps': steps}
+  now = orbax_state.as_saved(
+      {'optim': config.optim.to_dict(), 'total_steps': steps})
   for key, value in now.items():
     if key in saved and saved[key] != value:
       before = saved[key]
@@ -265,11 +266,13 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             last_metrics = _check_finite(*pending, ckpt)  # Waits for it.
           writer.write_scalars(step, {**last_metrics, **progress.scalars})
           writer.flush()
-        due = [e for e in run.evals if e.due(step, run.steps)]
+        # A stop (SIGTERM, a preemption notice) saves first: a spot VM's
+        # grace period is no time for an evaluation.
+        stop = stops.requested(step)
+        due = [] if stop else [e for e in run.evals if e.due(step, run.steps)]
         if due:
           with progress.timed('eval', wait_jax_async_dispatch=False):
             writer.write_scalars(step, _evaluate(config, due, state))
-        stop = stops.requested(step)
         if ckpt.due(step) or stop:
           last_metrics = _check_finite(*pending, ckpt)  # Never save NaNs.
           with progress.timed('checkpoint', wait_jax_async_dispatch=False):

@@ -8,6 +8,7 @@ killed mid-save keeps its previous checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Optional, Tuple
@@ -116,7 +117,7 @@ class Checkpointer:
       raise DamagedCheckpointError(
           f'{step_dir}/data is unreadable', reason=f'data item: {e}') from e
     for key, value in (expect or {}).items():
-      if key in saved and saved[key] != value:
+      if key in saved and saved[key] != as_saved(value):
         raise ConfigChangedError(
             f'{self.manager.directory} holds a checkpoint (step {step}) of a '
             f'different {key}: {saved[key]} there, {value} in this config. '
@@ -167,6 +168,12 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def as_saved(value: Any) -> Any:
+  """`value` as the run state's JSON gives it back (tuples become lists),
+  so a config value compares equal to the one a checkpoint recorded."""
+  return json.loads(json.dumps(value))
 
 
 def resolve(path: str) -> str:
