@@ -5,8 +5,12 @@ Two layouts (local paths or gs://):
     DATA_DIR/CLASS/*.jpg                 one split, `train`
     DATA_DIR/SPLIT/CLASS/*.jpg           SPLIT in train, validation, val, test
 
-Labels are the indices of the sorted class names of the train split; files
-are read in sorted order, so splits such as `train[:90%]` are reproducible.
+Labels are the indices of the sorted class names of the train split. Each
+split's files are listed in sorted order and then put in one fixed random
+order (the same on every machine), so splits such as `train[:90%]` are
+reproducible and hold every class in proportion (a class-sorted list would
+leave the last classes only in `train[90%:]`, and a cached pass one class
+per block).
 Folders and files whose names start with `.` or `_` (`.ipynb_checkpoints`,
 `__MACOSX`, macOS `._x.jpg`) are ignored. Split folder names next to other
 folders (`DATA_DIR/train` beside `DATA_DIR/cats`) are an error: the layout
@@ -130,7 +134,9 @@ class FolderSource(Source):
       if not paths:
         raise DatasetNotPreparedError(
             f'{path}: no {"/".join(EXTENSIONS)} files in its class folders')
-      self._files[split] = (np.array(paths), np.array(labels, np.int64))
+      order = np.random.default_rng(0).permutation(len(paths))
+      self._files[split] = (np.array(paths)[order],
+                            np.array(labels, np.int64)[order])
     self._good: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
 
   @property
