@@ -19,6 +19,7 @@ import math
 from typing import Any, Dict, Tuple
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 from absl import logging
 
@@ -57,7 +58,9 @@ def _init_weights(config) -> Any:
 
 def _init_params(config, source, state, state_sh):
   """Replaces fresh params with `config.init`'s weights (`_init_weights`)."""
-  host = jax.device_get(state.params)
+  # Every host needs the whole template (shapes, the fresh head): on a
+  # mesh whose FSDP/model axis spans hosts no process holds it alone.
+  host = multihost_utils.process_allgather(state.params, tiled=True)
   params = load_pretrained(source, host)
   logging.info('initialised from %s', config.init)
   def place():  # A buffer of its own each: the state is donated.
