@@ -21,7 +21,8 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
                   regex on parameter paths (param_groups.py)
   ema_decay       Polyak averaging / EMA of the parameters (None or 0: off;
                   the paper's Table 2 fine-tuning uses 0.9999), kept in the
-                  train state beside them (`ema_update`)
+                  train state beside them, in float32 even for bfloat16
+                  parameters (`ema_init`, `ema_update`)
   ema_warmup      the decay used at step t is min(ema_decay, (1+t)/(10+t))
                   (tf.train.ExponentialMovingAverage's num_updates), so a
                   run shorter than 1/(1-ema_decay) steps averages its own
@@ -146,9 +147,22 @@ def ema_decay_at(cfg: Any, step: Any) -> jax.Array:
   return decay
 
 
+def ema_init(params: Any) -> Any:
+  """The averages at step 0: a float32 (or wider) copy of `params`.
+
+  They are kept in at least float32 whatever `param_dtype` is: with
+  bfloat16 parameters a bfloat16 average would never move, as
+  (1 - 0.9999) * (p - e) rounds away against e's 8-bit mantissa."""
+  def one(p):
+    if jnp.issubdtype(p.dtype, jnp.floating):
+      return jnp.asarray(p, jnp.promote_types(p.dtype, jnp.float32))
+    return jnp.copy(p)
+  return jax.tree.map(one, params)
+
+
 def ema_update(ema: Any, params: Any, decay: jax.Array) -> Any:
   """ema <- decay * ema + (1 - decay) * params, leaf by leaf, in the EMA's
-  dtype (float32 parameters: float32 averages)."""
+  dtype (float32 at least: `ema_init`)."""
   def one(e, p):
     return e + (1.0 - decay).astype(e.dtype) * (p.astype(e.dtype) - e)
   return jax.tree.map(one, ema, params)

@@ -115,8 +115,7 @@ def _state_of(tx, params, step_rng, ema=False):
   """The train state around fresh `params`."""
   return TrainState(step=jnp.zeros((), jnp.int32), params=params,
                     opt_state=tx.init(params), rng=step_rng,
-                    ema_params=jax.tree.map(jnp.copy, params) if ema
-                    else None)
+                    ema_params=optim.ema_init(params) if ema else None)
 
 
 def state_shardings(abstract: TrainState, tx, mesh, fsdp_min_size=2**18, *,
