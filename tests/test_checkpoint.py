@@ -181,6 +181,21 @@ def test_load_pretrained_keep_head(vit):
   _assert_trees_equal(new, params)
 
 
+def test_load_pretrained_takes_the_targets_dtypes(tmp_path, vit):
+  """A float32 .npz starting a bfloat16-parameter model gives bfloat16
+  parameters everywhere (not float32 weights beside a bfloat16 head)."""
+  _, params = vit
+  path = str(tmp_path / 'pre.npz')
+  checkpoint.save_npz(params, path)
+  target = models.create('ViT-test', num_classes=3, param_dtype=jnp.bfloat16)
+  init = _init(target, (1, 28, 28, 3))
+  new = checkpoint.load_pretrained(path, init)
+  assert {v.dtype for v in _flat(new).values()} == {jnp.dtype(jnp.bfloat16)}
+  blk = 'Transformer/encoderblock_1/MlpBlock_0/Dense_0/kernel'
+  np.testing.assert_array_equal(
+      _flat(new)[blk], _flat(params)[blk].astype(jnp.bfloat16))
+
+
 def test_load_pretrained_names_shape_mismatch(vit):
   _, params = vit
   target = models.create('ViT-test', num_classes=3, mlp_dim=48)

@@ -12,7 +12,8 @@ the pre-trained weights, adapted to the new model:
   * a masked-patch-prediction model's `mask_token` and `mpp_head` are
     dropped (logged);
   * everything else must match exactly, else the error lists each missing,
-    extra or mis-shaped key.
+    extra or mis-shaped key;
+  * every array takes the target's dtype (its `param_dtype`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
     grid: (rows, cols) of the target's patch grid when it is not square.
 
   Returns:
-    A nested dict of numpy arrays shaped like `init_params`.
+    A nested dict of numpy arrays shaped like `init_params`, in its dtypes.
   """
   source = pretrained if isinstance(pretrained, str) else 'pretrained params'
   loaded = load_npz(pretrained) if isinstance(pretrained, str) else pretrained
@@ -80,6 +81,10 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
                                        and not keep_head)}
   check_params(init_params,
                traverse_util.unflatten_dict({**out, **extra}), what=source)
+  # The target's dtypes (its param_dtype): a float32 .npz starting a
+  # bfloat16-parameter model must not train float32 parameters beside a
+  # bfloat16 head, nor change dtype at the first resume.
+  out = {k: v.astype(target[k].dtype, copy=False) for k, v in out.items()}
   return traverse_util.unflatten_dict(out)
 
 
