@@ -197,6 +197,62 @@ def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path):
   held.release()
 
 
+def test_two_runs_taking_over_one_stale_lock_do_not_both_hold_it(tmp_path):
+  """B takes the stale lock over between A's judgment and A's rename: A
+  must put B's fresh lock back and refuse, not delete it and lock too."""
+  path = tmp_path / 'lock'
+  path.write_text(json.dumps({'host': 'elsewhere', 'pid': 1,
+                              'heartbeat': time.time() - lock.STALE_S - 1}))
+  b = lock.WorkdirLock(str(tmp_path))
+
+  class Slow(lock.WorkdirLock):
+    raced = False
+
+    def _stale(self, held):
+      why = super()._stale(held)
+      if why and not self.raced:
+        self.raced = True
+        assert 'no heartbeat' in b.acquire()  # B wins meanwhile.
+      return why
+
+  a = Slow(str(tmp_path))
+  a._me = {**a._me, 'pid': a._me['pid'] + 1}  # Another run of this host.
+  with pytest.raises(lock.WorkdirBusyError, match='in use by another run'):
+    a.acquire()
+  assert json.loads(path.read_text())['pid'] == os.getpid()  # B's lock.
+  assert sorted(p.name for p in tmp_path.iterdir()) == ['lock']
+  b.release()
+  assert not path.exists()
+
+
+def test_the_heartbeat_survives_storage_errors_and_never_overwrites_a_taker(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(lock, 'HEARTBEAT_S', 0.02)
+  held = lock.WorkdirLock(str(tmp_path))
+  held.acquire()
+  writes, real = [], type(held.path).write_text
+
+  def flaky(self, text):
+    writes.append(text)
+    if len(writes) == 1:  # What tf.io.gfile raises on gs://: no OSError.
+      raise RuntimeError('UnavailableError: 503')
+    return real(self, text)
+
+  monkeypatch.setattr(type(held.path), 'write_text', flaky)
+  deadline = time.time() + 10
+  while len(writes) < 3 and time.time() < deadline:
+    time.sleep(0.02)
+  assert len(writes) >= 3 and held._thread.is_alive()  # Kept beating.
+  taker = json.dumps({'host': 'elsewhere', 'pid': 7,
+                      'heartbeat': time.time()})
+  real(held.path, taker)  # Taken over after a long outage.
+  held._thread.join(timeout=10)
+  assert not held._thread.is_alive()  # It stopped; the taker's lock stays.
+  assert held.path.read_text() == taker
+  held.release()
+  assert held.path.read_text() == taker
+
+
 @pytest.mark.parametrize('flags,message', [
     (['--config=configs/smok.py'], 'no such file'),
     (['--config=configs/smoke.py:data=digits,steps=ten'],

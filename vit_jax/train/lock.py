@@ -54,6 +54,16 @@ def _alive(pid: int, start: Optional[str]) -> bool:
   return start is None or _start_time(pid) in (None, start)
 
 
+def _parse(raw: str) -> dict:
+  """A lock file's record; {} when half-written or garbled (judged by its
+  age)."""
+  try:
+    held = json.loads(raw)
+  except ValueError:
+    return {}
+  return held if isinstance(held, dict) else {}
+
+
 class WorkdirLock:
   """`with WorkdirLock(workdir):` (or acquire/release) around a run."""
 
@@ -69,14 +79,23 @@ class WorkdirLock:
   def _record(self) -> str:
     return json.dumps({**self._me, 'heartbeat': time.time()})
 
-  def holder(self) -> Optional[dict]:
-    """The current lock's content, {} if unreadable, None if unlocked."""
+  def _read(self) -> Optional[str]:
+    """The lock file's text, None if unlocked ('' if unreadable)."""
     try:
-      return json.loads(self.path.read_text())
+      return self.path.read_text()
     except FileNotFoundError:
       return None
-    except (OSError, ValueError):
-      return {}  # Half-written or garbled: judged by its age below.
+    except OSError:
+      return ''
+
+  def holder(self) -> Optional[dict]:
+    """The current lock's content, {} if unreadable, None if unlocked."""
+    raw = self._read()
+    return None if raw is None else _parse(raw)
+
+  def _mine(self, held: Optional[dict]) -> bool:
+    return bool(held) and (held.get('host'), held.get('pid')) == (
+        self._me['host'], self._me['pid'])
 
   def _stale(self, held: dict) -> Optional[str]:
     """Why the lock `held` is stale, or None if its holder may be alive."""
@@ -122,25 +141,36 @@ class WorkdirLock:
         'automatically')
 
   def _acquire_local(self) -> Optional[str]:
-    """Exclusive create; a stale lock is renamed away first (atomically, so
-    of two runs taking over the same stale lock only one wins)."""
+    """Exclusive create; a stale lock is renamed away first, and only the
+    lock that was judged stale is deleted: of two runs taking over the same
+    stale lock, the slower one renames the winner's fresh lock, sees that
+    it is not what it judged, and puts it back (then finds it busy)."""
     note = None
     for attempt in range(5):
       try:
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
       except FileExistsError:
-        held = self.holder()
-        if held is None:
+        raw = self._read()
+        if raw is None:
           continue  # Released meanwhile.
+        held = _parse(raw)
         why = self._stale(held)
         if why is None:
           raise self._busy(held) from None
         aside = f'{self.path}.stale-{os.getpid()}-{attempt}'
         try:
           os.rename(self.path, aside)
-          os.remove(aside)
         except FileNotFoundError:
-          pass  # Another run took it over first; try again.
+          continue  # Another run took it over first; try again.
+        if epath.Path(aside).read_text() != raw:
+          # Not the lock judged stale: a run that took it over meanwhile.
+          try:
+            os.link(aside, self.path)
+          except FileExistsError:
+            pass  # A third run locked meanwhile: it holds the workdir.
+          os.remove(aside)
+          continue
+        os.remove(aside)
         note = (f'took over the stale lock of process {held.get("pid")} on '
                 f'{held.get("host")} ({why})')
         continue
@@ -161,17 +191,26 @@ class WorkdirLock:
     self.path.write_text(self._record())
     time.sleep(1.0)
     held = self.holder() or {}
-    if (held.get('host'), held.get('pid')) != (self._me['host'],
-                                               self._me['pid']):
+    if not self._mine(held):
       raise self._busy(held)
     return note
 
   def _beat(self) -> None:
     while not self._stop.wait(HEARTBEAT_S):
       try:
+        held = self.holder()
+        if held and not self._mine(held):
+          # Taken over (our beats failed for STALE_S): never overwrite it.
+          logging.error('The workdir lock %s now names another run (%s on '
+                        '%s): this run no longer holds the workdir.',
+                        self.path, held.get('pid'), held.get('host'))
+          return
         self.path.write_text(self._record())
-      except OSError:
-        pass  # A transient storage error; the next beat retries.
+      except Exception as e:  # pylint: disable=broad-except
+        # A transient storage error (OSError locally, tf.errors.* from
+        # gs://): the next beat retries; the run goes on.
+        logging.warning('Workdir lock heartbeat failed (%s); retrying in '
+                        '%.0f s', e, HEARTBEAT_S)
 
   def release(self) -> None:
     if not self.active or self._thread is None:
@@ -179,9 +218,7 @@ class WorkdirLock:
     self._stop.set()
     self._thread.join()
     self._thread = None
-    held = self.holder()
-    if held and (held.get('host'), held.get('pid')) == (
-        self._me['host'], self._me['pid']):
+    if self._mine(self.holder()):
       self.path.unlink(missing_ok=True)
 
   def __enter__(self) -> 'WorkdirLock':
