@@ -25,7 +25,9 @@ def test_every_operation_keeps_shape_and_range_and_changes_the_image(
     name, image):
   x = tf.cast(tf.constant(image), tf.float32)
   fn = randaug.OPERATIONS[name]
-  args = (x, 1.0, -1.0) + ((tf.constant([3, 4]),) if name == 'cutout' else ())
+  # Magnitude 7: solarize is the identity from magnitude 10 on, and the
+  # enhance operations' factor 0.1 + 1.8 * level is 1 at magnitude 5.
+  args = (x, 0.7, -1.0) + ((tf.constant([3, 4]),) if name == 'cutout' else ())
   out = fn(*args).numpy()
   assert out.shape == image.shape and out.dtype == np.float32
   assert out.min() >= 0 and out.max() <= 255
@@ -50,7 +52,7 @@ def test_magnitudes_above_10_extrapolate_like_the_reference():
   at = {level: randaug.OPERATIONS['rotate'](x, level, 1.0).numpy()
         for level in (1.0, 1.5, 3.0)}
   assert not np.array_equal(at[1.0], at[1.5])
-  for level in (1.5, 3.0):  # Every operation stays in range beyond 10.
+  for level in (1.0, 1.5, 3.0):  # Every operation stays in range.
     for name, fn in randaug.OPERATIONS.items():
       args = (x, level, -1.0) + ((tf.constant([3, 4]),)
                                   if name == 'cutout' else ())
@@ -60,6 +62,45 @@ def test_magnitudes_above_10_extrapolate_like_the_reference():
   strong = [_run('randaug(2, 15)', seed=s) for s in seeds]
   light = [_run('randaug(2, 10)', seed=s) for s in seeds]
   assert sum(not np.array_equal(a, b) for a, b in zip(strong, light)) >= 3
+
+
+def test_operations_take_the_references_arguments():
+  """big_vision's / the TPU reference's level-to-argument maps."""
+  x = tf.cast(tf.constant(PHOTO), tf.float32)
+  op = randaug.OPERATIONS
+  # Solarize inverts pixels >= int(256 * level): nothing from magnitude 10.
+  np.testing.assert_array_equal(op['solarize'](x, 1.0, 1.0), PHOTO)
+  half = op['solarize'](x, 0.5, 1.0).numpy()
+  np.testing.assert_array_equal(half, np.where(PHOTO < 128, PHOTO,
+                                               255 - PHOTO))
+  # Posterize keeps int(4 * level) bits: 4 at 10, all 8 at 20.
+  np.testing.assert_array_equal(op['posterize'](x, 1.0, 1.0), PHOTO & 0xF0)
+  np.testing.assert_array_equal(op['posterize'](x, 2.0, 1.0), PHOTO)
+  # Enhance factors 0.1 + 1.8 * level, whatever the sign: brightness 1.9.
+  for sign in (1.0, -1.0):
+    np.testing.assert_allclose(op['brightness'](x, 1.0, sign),
+                               np.minimum(PHOTO * 1.9, 255), atol=1e-3)
+  # Shear x about the top-left corner: the first row stays.
+  sheared = op['shear_x'](x, 1.0, 1.0).numpy()
+  np.testing.assert_array_equal(sheared[0], PHOTO[0])
+  assert not np.array_equal(sheared[-1], PHOTO[-1])
+  # Cutout: a grey square of side 2 * 40/224 of the image's (80 px at 224).
+  big = tf.zeros((224, 224, 3))
+  grey = (op['cutout'](big, 1.0, 1.0, tf.constant([3, 4])).numpy()[..., 0]
+          == randaug.GREY)
+  rows, cols = np.nonzero(grey)
+  side = min(rows.max() - rows.min(), cols.max() - cols.min()) + 1
+  assert side >= 40 and max(rows.max() - rows.min(),
+                            cols.max() - cols.min()) + 1 in (80, 81)
+
+
+def test_every_layer_applies_its_operation():
+  """The reference applies the chosen operation always (its per-operation
+  probability is drawn and unused): one layer changes the photo unless it
+  drew an operation that is the identity on it (solarize at 10)."""
+  outs = [_run('randaug(1, 10)', seed=(i, 3)) for i in range(48)]
+  changed = np.mean([not np.array_equal(o, PHOTO) for o in outs])
+  assert changed >= 0.8, changed
 
 
 def test_randaug_on_float_images_and_in_a_full_pipeline():

@@ -2,21 +2,32 @@
 pre-processing ops, in TensorFlow image ops inside tf.data.
 
 `randaug(num_layers=2, magnitude=10)`: `num_layers` times, one operation
-drawn uniformly from OPERATIONS is applied with probability drawn uniformly
-from [0.2, 0.8], at strength `magnitude` on the scale of the AutoAugment /
-AugReg implementation big_vision uses: each operation's strength is
-linear in magnitude / 10, and, as there, magnitudes above 10 extrapolate
-(AugReg's recipes use randaug(2, 10), (2, 15) and (2, 20): 15 rotates by up
-to 45 degrees where 10 rotates by 30). Differences from that
-implementation: colour factors are 1 +- 0.9 * magnitude / 10 in a random
-direction (theirs: 0.1 + 1.8 * magnitude / 10), and posterize keeps
-8 - round(0.4 * magnitude) bits (theirs keeps int(0.4 * magnitude), so
-there magnitude 0 blacks the image out). Signed
-operations (rotate, shear, translate, colour factors) flip their direction
-at random. Geometric operations fill with grey (128), as the reference does.
-Translate and cutout sizes are fractions of the image side (the reference's
-100 px translate and 40 px cutout at 224 px), so small images stay
-meaningful.
+drawn uniformly from OPERATIONS is applied (always: the reference draws a
+probability in [0.2, 0.8] per operation but never uses it), at strength
+`magnitude` on the scale of the AutoAugment / AugReg implementation
+big_vision uses (`distort_image_with_randaugment`), with that
+implementation's level-to-argument maps, level = magnitude / 10:
+
+  rotate        up to level * 30 degrees, about the centre, random direction
+  shear x / y   level * 0.3, about the top-left corner, random direction
+  translate x/y level * 100/224 of the image side, random direction
+  cutout        a grey square of half-side level * 40/224 of the image side
+  colour, contrast, brightness, sharpness
+                factor 0.1 + 1.8 * level (> 1 enhances; no random direction)
+  posterize     keeps int(4 * level) bits (magnitude 20: all 8; below 2.5:
+                none, a black image, as there)
+  solarize      inverts pixels >= int(256 * level) (magnitude 10 and above:
+                none, as there: stronger is weaker for this one)
+  solarize_add  adds int(110 * level) to pixels below 128
+
+As there, magnitudes above 10 extrapolate (AugReg's recipes use
+randaug(2, 10), (2, 15) and (2, 20): 15 rotates by up to 45 degrees where
+10 rotates by 30). Geometric operations fill with grey (128), as the
+reference does. Differences from it: translate and cutout are fractions of
+the image side (its 100 px and 40 px at 224 px), so small images stay
+meaningful; contrast blends towards the image's mean grey level, where the
+reference's histogram sum gives (pixel count) / 256 (196 at 224 px, 3 at
+28 px) instead of a mean.
 
 `random_erasing(probability=0.25, area_min=0.02, area_max=1/3,
 aspect_min=0.3, aspect_max=1/0.3)`: with `probability`, one rectangle of
@@ -73,7 +84,8 @@ def _side(image):
 
 
 # Each operation: fn(image float32 in [0, 255], level in [0, 1], sign) ->
-# image. `level` = magnitude / MAX_MAGNITUDE; `sign` is +1 or -1.
+# image. `level` = magnitude / MAX_MAGNITUDE; `sign` is +1 or -1 (the
+# random direction of rotate, shear and translate; the others ignore it).
 def _auto_contrast(image, level, sign):
   lo = tf.reduce_min(image, axis=[0, 1], keepdims=True)
   hi = tf.reduce_max(image, axis=[0, 1], keepdims=True)
@@ -105,38 +117,40 @@ def _rotate(image, level, sign):
 
 
 def _posterize(image, level, sign):
-  shift = tf.cast(tf.round(tf.minimum(level * 4.0, 8.0)), tf.int32)  # Keep
-  # 8 - shift bits.
+  bits = tf.clip_by_value(tf.cast(tf.math.floor(level * 4.0), tf.int32), 0, 8)
+  shift = 8 - bits
   x = tf.cast(tf.round(image), tf.int32)
   return tf.cast(tf.bitwise.left_shift(tf.bitwise.right_shift(x, shift),
                                        shift), tf.float32)
 
 
 def _solarize(image, level, sign):
-  threshold = 256.0 - level * 256.0
-  return tf.where(image >= threshold, 255.0 - image, image)
+  threshold = tf.math.floor(level * 256.0)
+  return tf.where(image < threshold, image, 255.0 - image)
 
 
 def _solarize_add(image, level, sign):
-  return tf.where(image < 128.0, tf.minimum(image + level * 110.0, 255.0),
+  return tf.where(image < 128.0,
+                  tf.minimum(image + tf.math.floor(level * 110.0), 255.0),
                   image)
 
 
-def _factor(level, sign):
-  return 1.0 + sign * level * 0.9
+def _factor(level):
+  """The enhance operations' factor (the reference's _enhance_level_to_arg)."""
+  return 0.1 + level * 1.8
 
 
 def _color(image, level, sign):
-  return _blend(_grey(image), image, _factor(level, sign))
+  return _blend(_grey(image), image, _factor(level))
 
 
 def _contrast(image, level, sign):
   mean = tf.reduce_mean(_grey(image))
-  return _blend(tf.fill(tf.shape(image), mean), image, _factor(level, sign))
+  return _blend(tf.fill(tf.shape(image), mean), image, _factor(level))
 
 
 def _brightness(image, level, sign):
-  return _blend(tf.zeros_like(image), image, _factor(level, sign))
+  return _blend(tf.zeros_like(image), image, _factor(level))
 
 
 def _sharpness(image, level, sign):
@@ -149,25 +163,31 @@ def _sharpness(image, level, sign):
   h, w = tf.shape(image)[0], tf.shape(image)[1]
   inner = tf.pad(tf.ones([h - 2, w - 2, c]), [[1, 1], [1, 1], [0, 0]])
   smooth = inner * smooth + (1 - inner) * image
-  return _blend(smooth, image, _factor(level, sign))
+  return _blend(smooth, image, _factor(level))
 
 
 def _shear_x(image, level, sign):
-  return _transform(image, _centred(image, 1.0, sign * level * 0.3, 0.0, 1.0))
+  return _transform(image, tf.stack([1.0, sign * level * 0.3, 0.0, 0.0, 1.0,
+                                     0.0, 0.0, 0.0]))
 
 
 def _shear_y(image, level, sign):
-  return _transform(image, _centred(image, 1.0, 0.0, sign * level * 0.3, 1.0))
+  return _transform(image, tf.stack([1.0, 0.0, 0.0, sign * level * 0.3, 1.0,
+                                     0.0, 0.0, 0.0]))
+
+
+TRANSLATE = 100 / 224  # The reference's 100 px at 224 px, as a fraction.
+CUTOUT = 40 / 224  # Its cutout's 40 px half-side at 224 px.
 
 
 def _translate_x(image, level, sign):
-  shift = sign * level * 0.45 * _side(image)
+  shift = sign * level * TRANSLATE * _side(image)
   return _transform(image, tf.stack([1.0, 0.0, -shift, 0.0, 1.0, 0.0, 0.0,
                                      0.0]))
 
 
 def _translate_y(image, level, sign):
-  shift = sign * level * 0.45 * _side(image)
+  shift = sign * level * TRANSLATE * _side(image)
   return _transform(image, tf.stack([1.0, 0.0, 0.0, 0.0, 1.0, -shift, 0.0,
                                      0.0]))
 
@@ -182,7 +202,7 @@ def _box(shape, centre, half):
 
 
 def _cutout(image, level, sign, seed):
-  half = level * 0.18 * _side(image) / 2.0
+  half = level * CUTOUT * _side(image)
   shape = tf.cast(tf.shape(image)[:2], tf.float32)
   centre = tf.random.stateless_uniform([2], seed) * shape
   return tf.where(_box(tf.shape(image), centre, [half, half]),
@@ -201,23 +221,20 @@ OPERATIONS = {
 
 
 def _apply(image, seed, magnitude: float):
-  """One RandAugment layer: a random operation with a random probability."""
-  seeds = tf.random.experimental.stateless_split(seed, 5)
+  """One RandAugment layer: a random operation, always applied."""
+  seeds = tf.random.experimental.stateless_split(seed, 3)
   index = tf.random.stateless_uniform([], seeds[0], 0, len(OPERATIONS),
                                       dtype=tf.int32)
-  prob = tf.random.stateless_uniform([], seeds[1], 0.2, 0.8)
-  apply = tf.random.stateless_uniform([], seeds[2]) < prob
-  sign = tf.where(tf.random.stateless_uniform([], seeds[3]) < 0.5, -1.0, 1.0)
+  sign = tf.where(tf.random.stateless_uniform([], seeds[1]) < 0.5, -1.0, 1.0)
   level = magnitude / MAX_MAGNITUDE  # Above 1: extrapolated, as theirs.
   branches = []
   for name, fn in OPERATIONS.items():
     if name == 'cutout':
-      branches.append(lambda fn=fn: fn(image, level, sign, seeds[4]))
+      branches.append(lambda fn=fn: fn(image, level, sign, seeds[2]))
     else:
       branches.append(lambda fn=fn: fn(image, level, sign))
   out = tf.switch_case(index, branches)
-  out = tf.ensure_shape(out, image.shape)
-  return tf.where(apply, out, image)
+  return tf.ensure_shape(out, image.shape)
 
 
 @functools.lru_cache(maxsize=None)
