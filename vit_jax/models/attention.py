@@ -12,8 +12,9 @@ The encoder blocks' `attention_impl` picks one of:
     cuDNN's backward pass needs (`even_lengths`). Where cuDNN refuses the
     shapes, the block falls back to "xla" with a warning;
   * "explicit": softmax weights as an array (flax's `dot_product_attention`
-    with the project's mixed-precision matmul). Used whenever a caller needs
-    the weights (`vit_jax.inspect`) or attention dropout is active in training.
+    with the project's mixed-precision matmul, float32 logits and softmax as
+    "xla"). Used whenever a caller needs the weights (`vit_jax.inspect`) or
+    attention dropout is active in training, and by ONNX export.
 
 `resolve(impl, platform, dtype)` turns "auto" into one of these from the
 platform the program will run on, which callers know from their mesh: no
@@ -286,14 +287,35 @@ def attention_fn(impl: str, recompute: bool = False,
         logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
                         "attention_impl='xla'", query.shape, query.dtype, e)
     if not plain:
-      return nn.dot_product_attention(
-          query, key, value, mask=mask, dropout_rng=dropout_rng,
+      return _explicit(
+          query, key, value, mask, dropout_rng=dropout_rng,
           dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
           deterministic=deterministic, dtype=dtype, precision=precision,
-          module=module, einsum_dot_general=matmul.dot_general)
+          module=module)
     return _xla(query, key, value, mask, recompute)
 
   return fn
+
+
+def _explicit(query, key, value, mask, *, dtype, precision, module,
+              **dropout):
+  """Flax's `dot_product_attention` with the numerics of "xla" (jax's
+  `dot_product_attention`): float32 logits and softmax, whatever the
+  compute dtype (bf16 logits of a trained model reach tens, where bf16
+  steps by 0.125, and shift every weight), float32 weights sown for
+  `vit_jax.inspect`; the weighted sum of the values in the compute dtype,
+  by the project's mixed-precision matmul."""
+  dtype = dtype or jnp.result_type(query, key, value)
+  weights = nn.dot_product_attention_weights(
+      query.astype(dtype), key.astype(dtype), mask=mask, dtype=dtype,
+      module=module, force_fp32_for_softmax=True,
+      einsum=functools.partial(jnp.einsum, precision=precision,
+                               preferred_element_type=jnp.float32,
+                               _dot_general=matmul.dot_general),
+      **dropout)
+  return jnp.einsum('...hqk,...khd->...qhd', weights.astype(dtype),
+                    value.astype(dtype), precision=precision,
+                    _dot_general=matmul.dot_general)
 
 
 class MultiHeadDotProductAttention(nn.Module):
