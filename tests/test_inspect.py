@@ -232,6 +232,23 @@ def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
   assert not (tmp_path / 'o').exists()
 
 
+def test_a_resized_model_reports_its_checkpoints_resolution(tmp_path):
+  """inspect.json's checkpoint_image_size and the interpolation flag read
+  the resolution of the checkpoint, not of its resized parameters."""
+  from vit_jax import trained
+  _, params, _ = _model_and_params('ViT-test', 28)
+  path = str(tmp_path / 'test.npz')
+  checkpoint.save_npz(params, path)
+  native = trained.load(path, model='ViT-test')
+  assert (native.image_size, native.native_image_size) == (28, 28)
+  at_40 = trained.load(path, model='ViT-test', image_size=40)
+  assert (at_40.image_size, at_40.native_image_size) == (40, 28)
+  again = trained.resized(at_40, 48)
+  assert (again.image_size, again.native_image_size) == (48, 28)
+  pe = again.params['Transformer']['posembed_input']['pos_embedding']
+  assert pe.shape[1] == 1 + 12 * 12
+
+
 def test_npz_of_another_model_names_the_mismatch(tmp_path):
   from vit_jax import trained
   _, params, _ = _model_and_params('ViT-test', 28)

@@ -70,6 +70,9 @@ class Trained:
   command: Optional[str] = None
   workdir: Optional[str] = None
   pp_spec: Any = None        # `pp` before expansion (a preset follows size).
+  # The resolution the checkpoint's position embeddings were trained at
+  # (None: the model has none), read before any resize (`_build`).
+  native_image_size: Optional[int] = None
   _jitted: Dict[str, Any] = dataclasses.field(
       default_factory=dict, repr=False, compare=False)
 
@@ -77,12 +80,6 @@ class Trained:
   def stride(self) -> int:
     """Input pixels per token side (ViTs and hybrids; 1 for others)."""
     return int(getattr(self.model(), 'stride', 1))
-
-  @property
-  def native_image_size(self) -> Optional[int]:
-    """The resolution the position embeddings were trained at (None: the
-    model has none)."""
-    return _posemb_size(self.name, self.options, self.params)
 
   @property
   def image_shape(self):
@@ -450,7 +447,8 @@ def _build(name, options, num_classes, size, pp, params, source, kind,
   return Trained(name=name, options=dict(options), num_classes=num_classes,
                  image_size=size, channels=channels, pp=ops, labels=[],
                  params=loaded, source=source, kind=kind, dtype=dtype,
-                 pp_spec=pp)
+                 pp_spec=pp,
+                 native_image_size=_posemb_size(name, options, params))
 
 
 def _pp_output(ops: List[str], size: int):
