@@ -244,6 +244,9 @@ def _cfg(arg='data=cpu,smoke=true', **flags):
              'model.hidden_size': None, 'model.mlp_dim': None,
              'model.num_heads': None, 'model.num_layers': None}),
      'has no patch embeddings'),
+    (dict(**{'model.name': 'R50+ViT-B/16', 'model.patch_size': None,
+             'model.resnet_layers': (1, 1, 1), 'model.resnet_width': 0.25}),
+     'hybrid .R50\\+ViT. cannot work'),
     (dict(objective='byol'), "objective='byol' cannot work"),
 ])
 def test_bad_mpp_configs_fail_before_compiling(flags, message):

@@ -112,13 +112,21 @@ class MaskedPatchPrediction(vit.VisionTransformer):
 def from_vit(model: nn.Module, target: str = 'colour', bits: int = 3,
              rate: float = 0.5, representation: str = 'token'
              ) -> MaskedPatchPrediction:
-  """The MPP model with `model`'s (a ViT or hybrid) architecture."""
+  """The MPP model with `model`'s (a plain ViT's) architecture."""
   if not isinstance(model, vit.VisionTransformer):
     raise ValueError(
-        f'masked patch prediction needs a model with patch embeddings (a ViT '
-        f'or R50+ViT hybrid); {type(model).__name__} has none (BiT ResNets '
-        'have no patch tokens to mask): pick e.g. --config.model.name='
-        'ViT-B/16, or train it with --config.objective=supervised')
+        f'masked patch prediction needs a model with patch embeddings (a '
+        f'ViT); {type(model).__name__} has none (BiT ResNets have no patch '
+        'tokens to mask): pick e.g. --config.model.name=ViT-B/16, or train '
+        'it with --config.objective=supervised')
+  if getattr(model, 'resnet_layers', None):
+    raise ValueError(
+        'masked patch prediction of a hybrid (R50+ViT) cannot work: its '
+        'tokens are ResNet features whose receptive fields span the '
+        'neighbouring patches, so the unmasked tokens already hold the '
+        'masked pixels and the objective is trivial. Pick a plain ViT '
+        '(e.g. --config.model.name=ViT-B/16, as the paper), or train the '
+        'hybrid with --config.objective=supervised')
   check_options(target, bits, rate, representation)
   fields = {f: getattr(model, f) for f in model.__dataclass_fields__
             if f not in ('parent', 'name')}

@@ -140,9 +140,16 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
   if not issubclass(module, models.VisionTransformer):
     yield (f'--config.model.name={name!r} has no patch embeddings '
            f'({module.__name__}: no patch tokens to mask), so '
-           'objective=mpp cannot work; pick a ViT or R50+ViT hybrid, e.g. '
+           'objective=mpp cannot work; pick a ViT, e.g. '
            '--config.model.name=ViT-B/16')
     return
+  vit = _vit(config)
+  if vit is not None and vit.resnet_layers:
+    try:
+      selfsup.from_vit(vit)
+    except ValueError as e:
+      yield f'--config.model.name={name!r}: {e}'
+      return
   if config.model.get('representation_size'):
     yield ('--config.model.representation_size is set, but masked patch '
            'prediction trains no pre_logits layer: unset it '
@@ -159,19 +166,25 @@ class ConfigError(ValueError):
   """Config values that cannot work (one line each)."""
 
 
-def _stride(config) -> int:
-  """Pixels per token of the config's ViT (0: not a ViT, or a bad option,
-  which building the model names)."""
+def _vit(config):
+  """The config's ViT module (None: not a ViT, or a bad option, which
+  building the model names)."""
   name = config.model.get('name')
   if name not in models.names() or not issubclass(
       models.spec(name)['cls'], models.VisionTransformer):
-    return 0
+    return None
   options = {k: v for k, v in config.model.items() if v is not None and k
              not in ('name', 'dtype', 'param_dtype', 'attention_impl')}
   try:  # The patch size and stem only: no dtype, attention or head.
-    return models.create(name, num_classes=0, **options).stride
+    return models.create(name, num_classes=0, **options)
   except (TypeError, ValueError):
-    return 0
+    return None
+
+
+def _stride(config) -> int:
+  """Pixels per token of the config's ViT (0: not a ViT, or a bad option)."""
+  vit = _vit(config)
+  return vit.stride if vit is not None else 0
 
 
 def _image_problems(config) -> Iterator[str]:
