@@ -132,11 +132,30 @@ def test_compute_dtype_honoured_by_every_layer(name, overrides, size):
   assert {p.dtype for p in jax.tree.leaves(params)} == {jnp.dtype('float32')}
   dtypes = _dtypes_of_intermediates(model, params, x)
   assert len(dtypes) > 5
-  # ... every layer computes in bfloat16; only the returned logits are f32.
-  top = "['__call__'][0]"
-  wrong = {k: v for k, v in dtypes.items() if v != jnp.bfloat16 and k != top}
+  # ... every layer computes in bfloat16 but the head: the logits are f32.
+  f32 = ("['__call__'][0]", "['head']['__call__'][0]")
+  wrong = {k: v for k, v in dtypes.items()
+           if v != jnp.bfloat16 and k not in f32}
   assert not wrong, wrong
-  assert dtypes[top] == jnp.float32
+  assert [dtypes[k] for k in f32] == [jnp.float32] * 2
+
+
+@pytest.mark.parametrize('name,size', [
+    ('ViT-test', 28),
+    pytest.param('BiT-R50x1', 32, marks=pytest.mark.slow)])  # 20 s; same head.
+def test_bf16_models_give_logits_not_rounded_to_bf16(name, size, rng):
+  """The head computes in float32: bf16 logits would step by 0.0625 at 10,
+  and tie or reorder classes (the loss and top-1 see it)."""
+  kw = dict(width_factor=0.5) if name.startswith('BiT') else {}
+  model = models.create(name, num_classes=100, dtype=jnp.bfloat16, **kw)
+  x = jnp.asarray(rng.uniform(-1, 1, (4, size, size, 3)), jnp.float32)
+  p = _init(model, x.shape)
+  p['head']['kernel'] = jnp.asarray(
+      rng.normal(size=p['head']['kernel'].shape) * 3, jnp.float32)
+  logits = np.asarray(model.apply({'params': p}, x))
+  assert logits.dtype == np.float32 and np.abs(logits).max() > 1
+  rounded = np.asarray(jnp.asarray(logits, jnp.bfloat16), np.float32)
+  assert np.mean(logits != rounded) > 0.5
 
 
 def test_dropout_active_only_in_training(rng):

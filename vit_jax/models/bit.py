@@ -13,9 +13,9 @@ from typing import Any, Optional
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models import registry, resnet
+from vit_jax.models import dense, registry, resnet
 from vit_jax.models.inputs import check_image_shape
-from vit_jax.models.partitioning import Module, with_axes
+from vit_jax.models.partitioning import Module
 
 Dtype = Any
 
@@ -53,14 +53,8 @@ class BiT(Module):
     self.sow('intermediates', 'representation', x)
     if not self.num_classes:
       return x
-    x = nn.Dense(self.num_classes, dtype=self.dtype,
-                 param_dtype=self.param_dtype, name='head',
-                 kernel_init=with_axes(nn.initializers.zeros,
-                                       ('embed', 'classes')),
-                 bias_init=with_axes(
-                     nn.initializers.constant(self.head_bias_init),
-                     ('classes',)))(x)
-    return x.astype(jnp.float32)
+    return dense.head(self.num_classes, self.param_dtype,
+                      self.head_bias_init)(x)
 
 
 def bit_flops(spec, h: int, w: int, num_classes: int) -> float:

@@ -362,15 +362,8 @@ class VisionTransformer(Module):
     self.sow('intermediates', 'representation', x)
     if not self.num_classes:
       return x
-    x = nn.Dense(self.num_classes, dtype=self.dtype,
-                 param_dtype=self.param_dtype, name='head',
-                 dot_general=matmul.dot_general,
-                 kernel_init=with_axes(nn.initializers.zeros,
-                                       ('embed', 'classes')),
-                 bias_init=with_axes(
-                     nn.initializers.constant(self.head_bias_init),
-                     ('classes',)))(x)
-    return x.astype(jnp.float32)
+    return dense.head(self.num_classes, self.param_dtype,
+                      self.head_bias_init)(x)
 
 
 def embed_patches(module: VisionTransformer, images):

@@ -28,7 +28,7 @@ from typing import Tuple
 import flax.linen as nn
 import jax.numpy as jnp
 
-from vit_jax.models import matmul, vit
+from vit_jax.models import dense, vit
 from vit_jax.models.partitioning import with_axes
 from vit_jax.selfsup import targets as targets_lib
 from vit_jax.selfsup.corruption import check_rate, corrupt
@@ -99,13 +99,9 @@ class MaskedPatchPrediction(vit.VisionTransformer):
     self.sow('intermediates', 'representation', rep)
     shape = output_shape(self.target, self.bits, images.shape[-1],
                          self.stride)
-    out = nn.Dense(
-        math.prod(shape), dtype=self.dtype,
-        param_dtype=self.param_dtype, name='mpp_head',
-        dot_general=matmul.dot_general,
-        kernel_init=with_axes(nn.initializers.zeros, ('embed', 'classes')),
-        bias_init=with_axes(nn.initializers.zeros, ('classes',)))(patch_out)
-    out = jnp.reshape(out, (*out.shape[:2], *shape)).astype(jnp.float32)
+    out = dense.head(math.prod(shape), self.param_dtype,
+                     name='mpp_head')(patch_out)
+    out = jnp.reshape(out, (*out.shape[:2], *shape))
     return out, selected
 
 
