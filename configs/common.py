@@ -65,7 +65,7 @@ def base() -> ml_collections.ConfigDict:
   c.input = ml_collections.ConfigDict(dict(
       data='imagenet2012', data_dir=none(str), image_size=224,
       batch_size=4096, eval_batch_size=1024,
-      num_train_examples=registry.get('imagenet2012').num_train_examples,
+      num_train_examples=none(int),  # None: the registry's.
       train_split=none(str), eval_split=none(str), pp_train=none(str),
       pp_eval=none(str), shuffle_buffer=none(int), cache=none(bool),
       prefetch=none(int), mixup=none(float), cutmix=none(float),

@@ -263,3 +263,23 @@ def test_measure_input(records):
                                        image_size=64), steps=3, warmup=1)
   assert result['img_per_s'] > 0 and result['image_shape'] == (64, 64, 3)
   assert result['batch_size'] == 8 and result['steps'] == 3
+
+
+def test_epochs_of_tfrecords_need_their_size(records):
+  """The base config does not carry ImageNet's size into another dataset:
+  total_epochs of TFRecords (no count in the files) is a clear error until
+  input.num_train_examples says how many there are."""
+  from vit_jax.configs import common
+  from vit_jax.train import loop
+  c = common.base()
+  c.input.unlock()
+  c.input.update(data='tfrecord', data_dir=records, num_classes=60,
+                 image_size=32, batch_size=8, eval_batch_size=8)
+  c.total_epochs = 2.0
+  info = pipeline.dataset_info(c.input)
+  assert info.num_train_examples is None
+  with pytest.raises(ValueError, match='num_train_examples=N'):
+    loop.total_steps(c, info.num_train_examples)
+  c.input.num_train_examples = 60
+  assert loop.total_steps(
+      c, pipeline.dataset_info(c.input).num_train_examples) == 15

@@ -331,7 +331,13 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
   if config.get('total_steps'):
     examples = config.total_steps * batch
   elif config.get('total_epochs'):
-    examples = config.total_epochs * config.input.num_train_examples
+    num_train = (config.input.get('num_train_examples')
+                 or registry.get(config.input.data).num_train_examples)
+    if not num_train:
+      raise ValueError(f'total_epochs with input.data={config.input.data!r}, '
+                       'whose size the registry does not know: set '
+                       'input.num_train_examples')
+    examples = config.total_epochs * num_train
   else:
     raise ValueError('config sets neither total_steps nor total_epochs: '
                      'set one of them to estimate the cost of the run')

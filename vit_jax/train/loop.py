@@ -42,6 +42,13 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
   if config.get('total_steps'):
     return int(config.total_steps)
   if config.get('total_epochs'):
+    if not num_train:
+      raise ValueError(
+          f'total_epochs={config.total_epochs} needs the size of the train '
+          f'split of {config.input.get("data")!r}, which neither its source '
+          '(TFRecord files carry no count) nor the dataset registry knows: '
+          'set --config.input.num_train_examples=N, or give the run length '
+          'as --config.total_steps')
     return max(1, math.ceil(config.total_epochs * num_train /
                             config.input.batch_size))
   raise ValueError('config sets neither total_steps nor total_epochs')
