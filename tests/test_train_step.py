@@ -183,6 +183,15 @@ def test_losses():
   assert float(sig) == pytest.approx(float(expected), rel=1e-6)
   with pytest.raises(ValueError, match="loss='hinge'"):
     step_lib.loss_fn(logits, labels, kind='hinge')
+  # Mixup's soft labels over the dataset's 2 classes, a head of 3: the third
+  # class is a zero target, as for class ids.
+  soft = jnp.array([[1.0, 0.0]])
+  for kind in ('softmax', 'sigmoid'):
+    for ls in (0.0, 0.3):
+      assert float(step_lib.loss_fn(logits, soft, kind, ls)) == pytest.approx(
+          float(step_lib.loss_fn(logits, labels, kind, ls)), rel=1e-6)
+  with pytest.raises(ValueError, match='at least the dataset'):
+    step_lib.loss_fn(logits[:, :1], soft)
 
 
 def _free_port():

@@ -38,11 +38,22 @@ class TrainState:
 
 def loss_fn(logits: jax.Array, labels: jax.Array, kind: str = 'softmax',
             label_smoothing: float = 0.0) -> jax.Array:
-  """Mean loss; `labels` are class ids (N,) or (soft / multi-hot) (N, K)."""
+  """Mean loss; `labels` are class ids (N,) or (soft / multi-hot) (N, K).
+
+  K may be below the head's classes (mixup's labels have the dataset's
+  class count, a head `config.num_classes` wide may have more): the extra
+  classes are targets of zero, as class ids one-hot to the head's width."""
   if kind not in LOSSES:
     raise ValueError(f'loss={kind!r}: expected one of {LOSSES}')
-  targets = (jax.nn.one_hot(labels, logits.shape[-1])
-             if labels.ndim == 1 else labels.astype(jnp.float32))
+  if labels.ndim == 1:
+    targets = jax.nn.one_hot(labels, logits.shape[-1])
+  else:
+    extra = logits.shape[-1] - labels.shape[-1]
+    if extra < 0:
+      raise ValueError(f'labels have {labels.shape[-1]} classes but the '
+                       f'head only {logits.shape[-1]}: set num_classes to '
+                       'at least the dataset\'s class count')
+    targets = jnp.pad(labels.astype(jnp.float32), ((0, 0), (0, extra)))
   if label_smoothing:
     targets = optax.smooth_labels(targets, label_smoothing)
   if kind == 'softmax':
