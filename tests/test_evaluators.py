@@ -208,6 +208,30 @@ def test_fewshot_regulariser_from_a_config_section(digits_model):
   assert _fewshot(cfg, inp, model, mesh, sh, 16).l2_reg == 4.0
 
 
+def test_evaluators_read_their_own_data_dir(digits_model, tmp_path):
+  """A few-shot or classification section's `data_dir` replaces the run's
+  (few-shot datasets stored apart from the training data)."""
+  from vit_jax.configs import common
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data='digits',
+                                       data_dir=str(tmp_path / 'run')))
+  cfg = common.fewshot(('mnist',), (1, 5))
+  cfg.data_dir = str(tmp_path / 'elsewhere')
+  with pytest.raises(FileNotFoundError, match='elsewhere'):
+    _fewshot(cfg, inp, model, mesh, sh, 16)
+  ctx = evaluators.Context(config=ml_collections.ConfigDict(dict(input=inp)),
+                           model=model, mesh=mesh, params_sharding=sh,
+                           image_size=16)
+  section = ml_collections.ConfigDict(dict(data='mnist',
+                                           data_dir=str(tmp_path / 'x')))
+  assert evaluators.base.eval_input(section, ctx).data_dir == str(
+      tmp_path / 'x')
+  assert evaluators.base.eval_input(ml_collections.ConfigDict(
+      dict(data='mnist')), ctx).data_dir == str(tmp_path / 'run')
+
+
 def test_mode_eval_evaluates_a_finished_run(tmp_path):
   """Train briefly, then `mode=eval` with a few-shot evaluator added:
   metrics merge into summary.json, the trained head is kept. (In-process;

@@ -74,11 +74,14 @@ TYPES: Dict[str, Type[Evaluator]] = {}
 def eval_input(cfg: ml_collections.ConfigDict,
                context: Context) -> ml_collections.ConfigDict:
   """The run's `input` config, re-aimed at the evaluator's `data` (another
-  dataset: its own splits, not the training data's) and `pp`, if set."""
+  dataset: its own splits, not the training data's), `data_dir` (where
+  that dataset lives, if not beside the run's) and `pp`, if set."""
   inp = ml_collections.ConfigDict(context.config.input.to_dict())
   if cfg.get('data', inp.data) != inp.data:
     inp.data = cfg.data
     inp.train_split = inp.eval_split = None
+  if cfg.get('data_dir'):
+    inp.data_dir = cfg.data_dir
   if cfg.get('pp'):
     inp.pp_eval = cfg.pp
   return inp

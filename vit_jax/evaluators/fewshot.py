@@ -87,7 +87,7 @@ class FewShot(base.Evaluator):
   `seeds`, `l2_reg` (None or absent: `L2_REG`),
   `pool_per_class`, `pp` (pre-processing; `{size}` is replaced with the
   model's input size), `batch_size` (default `input.eval_batch_size`),
-  `every`. Images are read from `input.data_dir`.
+  `every`, `data_dir` (None: `input.data_dir`, the run's).
   Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`.
   """
 
@@ -112,7 +112,8 @@ class FewShot(base.Evaluator):
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
     self._input = ml_collections.ConfigDict(dict(
-        data='', data_dir=input_config.get('data_dir'),
+        data='',
+        data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
         image_size=image_size, pp_eval=pp.format(size=image_size),
         eval_batch_size=batch, batch_size=batch))
     for data, train_split, test_split in self._datasets:  # Fail early.
