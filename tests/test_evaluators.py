@@ -232,6 +232,36 @@ def test_evaluators_read_their_own_data_dir(digits_model, tmp_path):
       dict(data='mnist')), ctx).data_dir == str(tmp_path / 'run')
 
 
+def test_cached_eval_splits_are_read_once_across_evaluations(
+    digits_model, tmp_path):
+  """With input.cache the evaluator's pipeline outlives one evaluation: the
+  second one reads the decoded split from memory, not the files (deleted
+  here), and gives the same numbers."""
+  import skimage.data
+  import tensorflow as tf
+  model, params = digits_model
+  photo = skimage.data.astronaut()[::8, ::8]
+  for c in range(3):
+    os.makedirs(tmp_path / 'd' / str(c))
+    for i in range(4):
+      (tmp_path / 'd' / str(c) / f'{i}.png').write_bytes(
+          tf.io.encode_png(photo[i:, c:]).numpy())
+  inp = ml_collections.ConfigDict(dict(
+      data='folder', data_dir=str(tmp_path / 'd'), eval_split='train',
+      image_size=16, batch_size=4, eval_batch_size=4, cache=True))
+  mesh = shd.make_mesh()
+  ev = classification.Classification('eval', ml_collections.ConfigDict(),
+                                     evaluators.Context(
+      config=ml_collections.ConfigDict(dict(input=inp)), model=model,
+      mesh=mesh, params_sharding=shd.param_shardings(params, mesh),
+      image_size=16))
+  first = ev.run(params)
+  assert first['eval_examples'] == 12
+  for f in (tmp_path / 'd').rglob('*.png'):
+    f.unlink()
+  assert ev.run(params) == first
+
+
 def test_mode_eval_evaluates_a_finished_run(tmp_path):
   """Train briefly, then `mode=eval` with a few-shot evaluator added:
   metrics merge into summary.json, the trained head is kept. (In-process;

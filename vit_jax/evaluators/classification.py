@@ -78,6 +78,11 @@ class Classification(base.Evaluator):
       raise ValueError(f'evals.{name}: real_only needs a dataset with ReaL '
                        f'labels (imagenet2012_real), not {spec.name}')
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
+    # One pipeline for every evaluation: `input.cache` then keeps the
+    # decoded split in memory from the second evaluation on.
+    self._batches = pipeline.eval_iterator(
+        inp, split=self._split, process_index=jax.process_index(),
+        process_count=jax.process_count())
     self._sums = jax.jit(
         functools.partial(batch_sums, model=context.model),
         in_shardings=(context.params_sharding, None),
@@ -85,9 +90,7 @@ class Classification(base.Evaluator):
 
   def run(self, params: Any) -> Dict[str, float]:
     sums = None
-    for batch in pipeline.eval_iterator(
-        self._input, split=self._split, process_index=jax.process_index(),
-        process_count=jax.process_count()):
+    for batch in self._batches:
       out = self._sums(params, shd.global_batch(batch, self._mesh))
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
     if sums is None:

@@ -108,6 +108,7 @@ class FewShot(base.Evaluator):
                        f'the largest shot count {self.shots[-1]}')
     self._mesh = mesh
     self._datasets = [_parse_dataset(d) for d in cfg.datasets]
+    self._pipelines: Dict[Tuple[str, str], pipeline.EvalIterable] = {}
     batch = int(cfg.get('batch_size', input_config.eval_batch_size))
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
@@ -130,19 +131,25 @@ class FewShot(base.Evaluator):
     self._represent = jax.jit(represent, in_shardings=(params_sharding, None),
                               out_shardings=rep)
 
+  def _batches(self, data: str, split: str) -> pipeline.EvalIterable:
+    """`split`'s pipeline, built once (`input.cache` then keeps it)."""
+    if (data, split) not in self._pipelines:
+      cfg = ml_collections.ConfigDict(self._input.to_dict())
+      cfg.data = data
+      self._pipelines[data, split] = pipeline.eval_iterator(
+          cfg, split=split, process_index=jax.process_index(),
+          process_count=jax.process_count())
+    return self._pipelines[data, split]
+
   def _features(self, params, data: str, split: str, pool: int = 0
                 ) -> Tuple[np.ndarray, np.ndarray]:
     """(features, labels) of `split`, in order; with `pool`, only until
     every class has `pool` examples (then the first `pool` of each)."""
-    cfg = ml_collections.ConfigDict(self._input.to_dict())
-    cfg.data = data
     num_classes = registry.get(data).num_classes
     feats: List[np.ndarray] = []
     labels: List[np.ndarray] = []
     counts = np.zeros(num_classes or 1, np.int64)
-    for batch in pipeline.eval_iterator(
-        cfg, split=split, process_index=jax.process_index(),
-        process_count=jax.process_count()):
+    for batch in self._batches(data, split):
       batch = {k: batch[k] for k in ('image', 'label', 'mask')}
       out = jax.device_get(self._represent(
           params, shd.global_batch(batch, self._mesh)))

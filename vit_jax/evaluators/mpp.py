@@ -59,6 +59,10 @@ class MaskedPatchEval(base.Evaluator):
     inp = base.eval_input(cfg, context)
     self._input = inp
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
+    # One pipeline for every evaluation (`input.cache` keeps the split).
+    self._batches = pipeline.eval_iterator(
+        inp, split=self._split, process_index=jax.process_index(),
+        process_count=jax.process_count())
     rep = shd.replicated(context.mesh)
     self._sums = jax.jit(
         functools.partial(batch_sums, model=context.model),
@@ -68,9 +72,7 @@ class MaskedPatchEval(base.Evaluator):
   def run(self, params: Any) -> Dict[str, float]:
     sums = None
     key = jax.random.PRNGKey(self._seed)
-    for i, batch in enumerate(pipeline.eval_iterator(
-        self._input, split=self._split, process_index=jax.process_index(),
-        process_count=jax.process_count())):
+    for i, batch in enumerate(self._batches):
       batch = {'image': batch['image'], 'mask': batch['mask']}
       out = self._sums(params, shd.global_batch(batch, self._mesh),
                        jax.random.fold_in(key, i))
