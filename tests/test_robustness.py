@@ -398,3 +398,49 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
   assert "--config.eval_ema='last' cannot work" in out.stderr
   assert 'loaded tensorflow: False' in out.stderr  # Refused in seconds.
   assert not os.path.exists(tmp_path / 'bad' / 'checkpoints')
+
+
+def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
+  """Storage unavailable or out of memory says nothing about the files: the
+  newest checkpoint stays where it is (a damaged one is moved aside)."""
+  import errno
+  import flax
+  import jax
+  import jax.numpy as jnp
+  from vit_jax.train import orbax_state
+
+  @flax.struct.dataclass
+  class State:
+    params: dict
+
+  ckpt = orbax_state.Checkpointer(str(tmp_path), every=1, async_save=False)
+  state = State(params={'w': jnp.arange(4.0)})
+  for step in (1, 2):
+    ckpt.maybe_save(step, state, {'position': step})
+  ckpt.wait()
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                          state)
+  shardings = jax.tree.map(lambda a: a.sharding, state)
+  real = ckpt.manager.restore
+
+  def failing(error):
+    def restore(step, args=None):
+      if step == 2 and 'state' in args.keys():
+        raise error
+      return real(step, args=args)
+    return restore
+
+  for error in (ValueError('UNAVAILABLE: GCS returned 503'), MemoryError(),
+                OSError(errno.ETIMEDOUT, 'Connection timed out')):
+    monkeypatch.setattr(ckpt.manager, 'restore', failing(error))
+    with pytest.raises(orbax_state.CheckpointUnavailableError,
+                       match='Nothing was moved'):
+      ckpt.restore(abstract, shardings)
+    assert (tmp_path / 'checkpoints' / '2').exists()
+  monkeypatch.setattr(ckpt.manager, 'restore', failing(
+      ValueError('DATA_LOSS: truncated chunk')))
+  step, restored, data = ckpt.restore(abstract, shardings)
+  assert (step, data) == (1, {'position': 1})
+  assert not (tmp_path / 'checkpoints' / '2').exists()
+  assert list((tmp_path / 'damaged_checkpoints').iterdir())
+  ckpt.close()

@@ -79,6 +79,8 @@ def _run(mode: str, config, workdir: str):
     return run(config, workdir)
   except preemption.RunInterrupted as e:
     _exit(str(e), e.exit_code)
+  except orbax_state.CheckpointUnavailableError as e:  # Try again later.
+    _exit(f'{type(e).__name__}: {e}', preemption.EXIT_PREEMPTED)
   # What users cause and the message explains (the data, a checkpoint, a
   # path): no traceback. Anything else keeps its traceback.
   except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,

@@ -8,6 +8,7 @@ killed mid-save keeps its previous checkpoint.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
@@ -37,6 +38,51 @@ class DamagedCheckpointError(RuntimeError):
 
 class ConfigChangedError(ValueError):
   """An intact checkpoint of another model or optimiser configuration."""
+
+
+class CheckpointUnavailableError(RuntimeError):
+  """A checkpoint that could not be read for a passing reason (storage
+  unavailable or timing out, out of memory): nothing is moved aside."""
+
+
+# Status codes and messages of failures that say nothing about the files:
+# gRPC / absl codes (TensorStore, GCS, XLA) and the usual OS wordings.
+_TRANSIENT_CODES = ('UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED',
+                    'ABORTED', 'CANCELLED', 'Out of memory', 'out of memory',
+                    'Connection reset', 'timed out', 'Too many open files')
+_TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
+                     errno.ECONNABORTED, errno.EAGAIN, errno.EMFILE,
+                     errno.ENFILE, errno.ENOMEM, errno.EHOSTUNREACH,
+                     errno.ENETUNREACH}
+
+
+def transient(error: BaseException) -> bool:
+  """Whether `error` (or one it was raised from) is a passing failure of the
+  storage or the host rather than a sign of damaged files."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    if isinstance(error, (MemoryError, TimeoutError, ConnectionError)):
+      return True
+    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
+      return True
+    if any(code in str(error) for code in _TRANSIENT_CODES):
+      return True
+    error = error.__cause__ or error.__context__
+  return False
+
+
+def _unreadable(step_dir: str, item: str, e: Exception) -> Exception:
+  """The error for an item that failed to restore: damaged files, or a
+  passing failure that must not cost the checkpoint its place."""
+  if transient(e):
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
+    return CheckpointUnavailableError(
+        f'could not read {step_dir}/{item} for a passing reason ({first}). '
+        'Nothing was moved or deleted: run the same command again once the '
+        'storage (or memory) is available')
+  return DamagedCheckpointError(f'cannot read {step_dir}/{item}',
+                                reason=f'{item} item: {e}')
 
 
 class Checkpointer:
@@ -81,7 +127,9 @@ class Checkpointer:
 
     Walks back from the newest step: a step that cannot be read completely
     (missing or garbled metadata, truncated array files, a missing item, or
-    non-finite parameters) is damaged; once an older step restores, the
+    non-finite parameters) is damaged; a passing failure (storage
+    unavailable, out of memory: `transient`) is CheckpointUnavailableError,
+    with nothing moved. Once an older step restores, the
     damaged ones are moved aside to `<workdir>/damaged_checkpoints/` (never
     deleted) and reported. A checkpoint that is intact but holds another
     layout (another model or optimiser) is `ConfigChangedError`, and
@@ -114,8 +162,7 @@ class Checkpointer:
       if not isinstance(saved, dict):
         raise ValueError(f'not a JSON object: {saved!r:.80}')
     except Exception as e:  # Missing or garbled JSON item.
-      raise DamagedCheckpointError(
-          f'{step_dir}/data is unreadable', reason=f'data item: {e}') from e
+      raise _unreadable(step_dir, 'data', e) from e
     for key, value in (expect or {}).items():
       if key in saved and saved[key] != as_saved(value):
         raise ConfigChangedError(
@@ -132,8 +179,7 @@ class Checkpointer:
           state=ocp.args.StandardRestore(target),
           data=ocp.args.JsonRestore()))
     except Exception as e:  # Orbax raises many types for damaged files.
-      raise DamagedCheckpointError(
-          f'cannot read {step_dir}/state', reason=f'state item: {e}') from e
+      raise _unreadable(step_dir, 'state', e) from e
     if not _all_finite(restored['state'].params):
       raise DamagedCheckpointError(
           f'{step_dir} holds non-finite parameters',
