@@ -47,13 +47,24 @@ def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict(out)
 
 
+def model_section(name: str) -> ml_collections.ConfigDict:
+  """`config.model`: `name` and every option of every model family, unset
+  (None: the variant's default), so that `--config.model.<option>=...`
+  (dtype, remat, representation_size, ...) works on any config. Any literal
+  type: `=bfloat16`, `=True`, `=(1,1,1)` and `=None` all parse."""
+  c = ml_collections.ConfigDict({'name': name})
+  for option in models.option_names():
+    c[option] = ml_collections.FieldReference(None, field_type=object)
+  return c
+
+
 def base() -> ml_collections.ConfigDict:
   """Fields every training config has (see docs/configs.md)."""
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.mode = 'train'  # 'eval': evaluate workdir's checkpoint (or init) only.
   # `name` picks the model from the zoo; other fields override its options.
-  c.model = ml_collections.ConfigDict({'name': 'ViT-B/16'})
+  c.model = model_section('ViT-B/16')
   # The model head's classes; None: the dataset's class count. Any literal
   # type, so that both --config.num_classes=None and =5 parse.
   c.num_classes = ml_collections.FieldReference(None, field_type=object)

@@ -36,7 +36,7 @@ def test_pretrain_rows_follow_table3(row):
   assert c.optim.warmup_steps == 10_000 and c.optim.name == 'adam'
   assert (c.optim.b1, c.optim.b2) == (0.9, 0.999)
   assert (c.optim.lr, c.optim.decay, c.optim.weight_decay) == (lr, decay, wd)
-  assert c.model.get('dropout_rate', 0.0) == dropout
+  assert (c.model.get('dropout_rate') or 0.0) == dropout
   assert c.total_epochs == max(epochs)  # The longest: Table 2's schedule.
   assert (c.optim.grad_clip_norm == 1.0) == (data != 'jft')
   assert c.input.pp_train == 'inception'
@@ -44,8 +44,7 @@ def test_pretrain_rows_follow_table3(row):
   for e in epochs:
     assert pretrain.get_config(
         f'model={model},data={data},epochs={e}').total_epochs == e
-  models.create(c.model.name, num_classes=_head(c),
-                **{k: v for k, v in c.model.items() if k != 'name'})
+  models.from_config(c.model, _head(c))
 
 
 @pytest.mark.parametrize('model', pretrain.MODELS)
@@ -57,8 +56,7 @@ def test_every_model_builds_on_every_data(model, data):
   width = None if model.startswith('BiT') else models.spec(model)[
       'hidden_size']
   assert c.model.get('representation_size') == width
-  models.create(c.model.name, num_classes=_head(c),
-                **{k: v for k, v in c.model.items() if k != 'name'})
+  models.from_config(c.model, _head(c))
 
 
 def test_every_table6_row_is_a_pretrain_config():
@@ -127,8 +125,7 @@ def test_bad_config_args_say_what_is_allowed(make, arg, match):
 @pytest.mark.parametrize('model', pretrain.MODELS)
 def test_smoke_shrinks_every_model_keeping_its_family(model):
   c = pretrain.get_config(f'model={model},data=i21k,smoke=true')
-  m = models.create(c.model.name, num_classes=10,
-                    **{k: v for k, v in c.model.items() if k != 'name'})
+  m = models.from_config(c.model, 10)
   assert type(m) is models.spec(model)['cls']
   assert c.input.image_size % m.stride == 0
   # The smallest final map the family runs fast on: 2x2 tokens for the
@@ -150,8 +147,8 @@ def test_augreg_rows_carry_the_recipe_of_their_source(data):
       assert f'randaug({randaug[0]}, {randaug[1]})' in c.input.pp_train
     assert (c.input.mixup or 0.0) == mixup
     assert c.optim.weight_decay == wd and c.optim.lr == 1e-3
-    assert c.model.get('dropout_rate', 0.0) == dropout
-    assert c.model.get('stochastic_depth', 0.0) == sd
+    assert (c.model.get('dropout_rate') or 0.0) == dropout
+    assert (c.model.get('stochastic_depth') or 0.0) == sd
     assert c.loss == ('sigmoid' if data == 'i21k' else 'softmax')
     assert c.total_epochs == 300 and c.input.batch_size == 4096
   # Their own big_vision picks, e.g. B/16: medium1 (i21k), medium2 (i1k).
@@ -316,3 +313,29 @@ def test_fewshot_regulariser_is_set_on_the_command_line(spec):
 
   assert parse().type == 'fewshot' and parse().l2_reg is None
   assert parse('--config.evals.fewshot.l2_reg=4').l2_reg == 4.0
+
+
+def test_any_model_option_can_be_set_on_the_command_line():
+  """`config.model` lists every model family's options, unset, so that
+  docs/training.md's `--config.model.dtype=bfloat16` parses on any config
+  (main's own flags, parsed as `python -m vit_jax.main` parses them)."""
+  code = (
+      'import sys\n'
+      'from absl import flags\n'
+      'from vit_jax import main\n'
+      'sys.argv = ["main", "--config=configs/smoke.py:data=digits", '
+      '"--workdir=unused", "--config.model.dtype=bfloat16", '
+      '"--config.model.remat=True", "--config.model.resnet_layers=(1,1,1)", '
+      '"--config.model.depth=26"]\n'
+      'flags.FLAGS(sys.argv)\n'
+      'm = main._CONFIG.value.model\n'
+      'print(repr((m.dtype, m.remat, tuple(m.resnet_layers), m.depth)))\n')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert out.stdout.strip().splitlines()[-1] == repr(
+      ('bfloat16', True, (1, 1, 1), 26))
+  # Unset options are the variant's defaults: the model is unchanged.
+  c = smoke.get_config('data=digits')
+  assert set(models.option_names()) <= set(c.model.keys())
+  assert models.from_config(c.model, 10) == models.create('ViT-test', 10)

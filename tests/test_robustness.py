@@ -258,6 +258,8 @@ def test_the_heartbeat_survives_storage_errors_and_never_overwrites_a_taker(
     (['--config=configs/smoke.py:data=digits,steps=ten'],
      "steps='ten': expected int"),
     (['--config.model.name=ViT-B16'], "Did you mean ['ViT-B/16'"),
+    (['--config.model.dtyp=bfloat16'],
+     "config.model has no field 'dtyp' (did you mean dtype?)"),
     (['--config.input.image_size=18'], 'not divisible by the patch size 4'),
     (['--config.mode=eval'], 'has no checkpoint and config.init is not set'),
 ])

@@ -113,20 +113,44 @@ def _find_config(argv):
     sys.modules[name] = module  # As an import would (dataclasses need it).
     try:
       loader.loader.exec_module(module)
-      module.get_config(*([arg[1:]] if arg else []))  # As config_flags.
+      built.append(module.get_config(*([arg[1:]] if arg else [])))
     except Exception as e:  # pylint: disable=broad-except
       _exit(f'--config={spec}: {type(e).__name__}: {e}', EXIT_ERROR)
     finally:
       del sys.modules[name]
     return path + arg
 
+  built = []  # The config as config_flags will build it.
   out = list(argv)
   for i, arg in enumerate(out):
     if arg.startswith('--config='):
       out[i] = '--config=' + found(arg[len('--config='):])
     elif arg == '--config' and i + 1 < len(out):
       out[i + 1] = found(out[i + 1])
+  if built:
+    for arg in out:
+      if arg.startswith('--config.'):
+        _check_field(built[-1], arg[len('--config.'):].split('=', 1)[0])
   return out
+
+
+def _check_field(config, path: str) -> None:
+  """Ends the process naming the field when `--config.<path>` names none
+  (config_flags would raise a traceback)."""
+  import difflib
+  node, done = config, []
+  for key in path.split('.'):
+    if '[' in key:
+      return  # An element of a sequence: config_flags' own business.
+    keys = list(node.keys()) if hasattr(node, 'keys') else []
+    if key not in keys:
+      close = difflib.get_close_matches(key, keys, n=3)
+      where = '.'.join(['config'] + done)
+      _exit(f'--config.{path}: {where} has no field {key!r}'
+            + (f' (did you mean {" or ".join(close)}?)' if close else '')
+            + (f'; its fields: {", ".join(sorted(keys))}' if keys else
+               f' ({where} is a value, not a section)'), EXIT_ERROR)
+    node, done = node[key], done + [key]
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ from vit_jax.models import attention
 from vit_jax.models.bit import BiT
 from vit_jax.models.partitioning import Module, with_axes
 from vit_jax.models.registry import (VARIANTS, Family, family, names,
-                                     options, register, spec)
+                                     option_names, options, register, spec)
 from vit_jax.models.vit import VisionTransformer
 
 # A tiny ViT for CPU smoke runs (28x28 images give a 7x7 grid).
@@ -31,8 +31,8 @@ register(vit.FAMILY, {'ViT-test': dict(patch_size=4, hidden_size=32,
                                        num_layers=2)})
 
 __all__ = ['BiT', 'Family', 'Module', 'VARIANTS', 'VisionTransformer',
-           'create', 'family', 'from_config', 'names', 'options', 'register',
-           'spec', 'with_axes']
+           'create', 'family', 'from_config', 'names', 'option_names',
+           'options', 'register', 'spec', 'with_axes']
 
 
 def create(name: str, num_classes: int | None = 1000, **overrides) -> nn.Module:

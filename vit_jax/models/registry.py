@@ -73,6 +73,15 @@ def names() -> List[str]:
   return list(VARIANTS)
 
 
+def option_names() -> List[str]:
+  """Every module option of every registered family (what `create` may
+  override), sorted."""
+  fields = set()
+  for kw in VARIANTS.values():
+    fields |= set(kw['cls'].__dataclass_fields__)
+  return sorted(fields - {'parent', 'name', 'num_classes'})
+
+
 def _check(name: str) -> None:
   if name not in VARIANTS:
     close = difflib.get_close_matches(name, VARIANTS, n=3)

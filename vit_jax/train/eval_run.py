@@ -48,11 +48,11 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
     return (init if init.endswith('.npz') else orbax_state.resolve(init),
             False)
   saved = orbax_state.load_run_state(source).get('model')
-  if saved is not None and saved != orbax_state.as_saved(
-      config.model.to_dict()):
+  now = orbax_state.as_saved(config.model.to_dict())
+  if saved is not None and orbax_state.as_saved(saved) != now:
     raise orbax_state.ConfigChangedError(
-        f'{source} is a checkpoint of model {saved}; this config has '
-        f'{config.model.to_dict()}. Evaluate it with the config it was '
+        f'{source} is a checkpoint of model {orbax_state.as_saved(saved)}; '
+        f'this config has {now}. Evaluate it with the config it was '
         'trained with (the same config args)')
   return source, True
 

@@ -116,7 +116,7 @@ class Run:
   @property
   def specs(self) -> Dict[str, Any]:
     """What a checkpoint records about its configuration."""
-    return {'model': self.config.model.to_dict(),
+    return {'model': orbax_state.as_saved(self.config.model.to_dict()),
             'optim': self.config.optim.to_dict(), 'total_steps': self.steps,
             **_objective(self.config)}
 

@@ -164,10 +164,11 @@ class Checkpointer:
     except Exception as e:  # Missing or garbled JSON item.
       raise _unreadable(step_dir, 'data', e) from e
     for key, value in (expect or {}).items():
-      if key in saved and saved[key] != as_saved(value):
+      if key in saved and as_saved(saved[key]) != as_saved(value):
         raise ConfigChangedError(
             f'{self.manager.directory} holds a checkpoint (step {step}) of a '
-            f'different {key}: {saved[key]} there, {value} in this config. '
+            f'different {key}: {as_saved(saved[key])} there, '
+            f'{as_saved(value)} in this config. '
             'Use a new --workdir, or start from those weights with '
             '--config.init=<that workdir>')
     _check_layout(step_dir, abstract_state)
@@ -218,8 +219,16 @@ class Checkpointer:
 
 def as_saved(value: Any) -> Any:
   """`value` as the run state's JSON gives it back (tuples become lists),
-  so a config value compares equal to the one a checkpoint recorded."""
-  return json.loads(json.dumps(value))
+  without unset (None) dict entries, so that a config value compares equal
+  to the one a checkpoint recorded, whichever unset fields either lists
+  (`config.model` lists every model option, unset)."""
+  def prune(v):
+    if isinstance(v, dict):
+      return {k: prune(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+      return [prune(x) for x in v]
+    return v
+  return prune(json.loads(json.dumps(value)))
 
 
 def resolve(path: str) -> str:
