@@ -279,7 +279,8 @@ def test_command_line(trained, tmp_path, capsys):
       (['--format=onnx', '--with-preprocessing'], 'no JPEG / PNG decoder'),
       (['--batch=0', '--format=onnx'], 'a positive integer'),
       (['--format=hf', f'--init={tmp_path}/none'], 'does not exist'),
-      (['--format=stablehlo', '--dtype=float16'], 'Export --dtype=bfloat16')):
+      (['--format=stablehlo', '--dtype=float16'], 'Export --dtype=bfloat16'),
+      (['--format=hf', '--dtype=bfloat16'], 'torch_dtype=torch.bfloat16')):
     argv = [f'--init={trained.workdir}', f'--out={tmp_path}/x'] + bad
     try:
       assert cli.main(argv) == 1, bad

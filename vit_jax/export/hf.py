@@ -113,6 +113,10 @@ register(Format(
     name='hf', export=export, run=run,
     requires=('torch', 'transformers', 'safetensors'),
     unsupported=not_expressible,
+    dtypes=('float32',),
+    other_dtypes='export float32 and load it in transformers with '
+    'from_pretrained(DIR, torch_dtype=torch.bfloat16) (or float16) to run '
+    'it in half precision',
     no_preprocessing='transformers models take pixel tensors; the '
     'preprocessor_config.json written with every hf export resizes and '
     'normalises for ViTImageProcessor',

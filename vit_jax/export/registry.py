@@ -46,6 +46,9 @@ class Format:
   no_preprocessing: str = 'it takes pre-processed float images only'
   # trained -> why this format cannot hold that model ('' if it can).
   unsupported: Optional[Callable[[Any], str]] = None
+  # The --dtype values it honours (None: all), and what to do otherwise.
+  dtypes: Optional[Tuple[str, ...]] = None
+  other_dtypes: str = ''
 
 
 FORMATS: Dict[str, Format] = {}
@@ -80,6 +83,10 @@ def check_options(fmt: Format, options: Options) -> None:
         '--dtype=float16: XLA:CPU has no float16 products with float32 '
         'accumulation, so the export cannot be verified on this machine. '
         'Export --dtype=bfloat16 or float32 here, or float16 on a GPU')
+  if fmt.dtypes is not None and options.dtype not in fmt.dtypes:
+    raise ValueError(
+        f'--format={fmt.name} --dtype={options.dtype}: it exports '
+        f'{" or ".join(fmt.dtypes)} only; {fmt.other_dtypes}')
   if options.with_preprocessing and not fmt.embeds_preprocessing:
     raise ValueError(
         f'--format={fmt.name} cannot embed the pre-processing: '
