@@ -278,3 +278,11 @@ def test_shards_of_a_sum_of_splits_are_one_range_per_part():
   ranges = [sources.host_ranges(split, sizes, p, 3) for p in range(3)]
   assert ranges[1] == [('train', 267, 534), ('validation', 67, 134)]
   assert [sum(b - a for _, a, b in r) for r in ranges] == [334, 334, 332]
+
+
+def test_prefetch_zero_means_none_and_unset_means_two():
+  from vit_jax.data import settings
+  assert settings.read(_config(prefetch=0)).prefetch == 0
+  assert settings.read(_config()).prefetch == settings.DEFAULT_PREFETCH == 2
+  assert len(take(pipeline.train_iterator(_config(prefetch=0), seed=0),
+                  2)) == 2

@@ -11,7 +11,7 @@
 | `pp_train`, `pp_eval` | the registry's preset | preset name, op string or op list (`preprocess.py`) |
 | `shuffle_buffer` | 10_000 | examples per shuffle block (each block is permuted) |
 | `cache` | False | keep the (still encoded) examples in memory after the first pass (epochs then reuse its order: no per-epoch file-order shuffle) |
-| `prefetch` | 2 | batches prepared ahead |
+| `prefetch` | 2 | batches prepared ahead (0: none) |
 | `mixup` | 0.0 | mixup alpha; > 0 mixes each train batch, labels become [B, classes] |
 | `cutmix` | 0.0 | CutMix alpha; > 0 pastes a box between train images, labels become [B, classes] (with `mixup` too: one or the other per batch) |
 | `skip_bad_images` | False | folder datasets: skip undecodable files instead of failing |
@@ -89,7 +89,8 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       shuffle_buffer=int(input_config.get('shuffle_buffer')
                          or DEFAULT_SHUFFLE_BUFFER),
       cache=bool(input_config.get('cache', False)),
-      prefetch=int(input_config.get('prefetch') or DEFAULT_PREFETCH),
+      prefetch=int(DEFAULT_PREFETCH if input_config.get('prefetch') is None
+                   else input_config.get('prefetch')),  # 0: none ahead.
       mixup=float(input_config.get('mixup') or 0.0),
       cutmix=float(input_config.get('cutmix') or 0.0),
       num_train_examples=(input_config.get('num_train_examples')
