@@ -129,7 +129,8 @@ def test_random_erasing_erases_one_box_in_range():
     ('randaug(2, 31)', 'magnitude'), ('randaug(-1, 10)', 'num_layers'),
     ('random_erasing(1.5)', 'probability'), ('randaugment(2, 10)',
                                              'unknown pre-processing op'),
-    ('random_erasing(area_min=0.5, area_max=0.1)', 'area_min')])
+    ('random_erasing(area_min=0.5, area_max=0.1)', 'area_min'),
+    ('value_range(-1,1)|randaug(2, 10)', 'put it before value_range')])
 def test_bad_arguments_are_clear_errors(spec, match):
   with pytest.raises(ValueError, match=match):
     preprocess.build(spec, 128)

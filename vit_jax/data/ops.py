@@ -37,10 +37,12 @@ OpFn = Callable[[Features, tf.Tensor], Features]
 _FACTORIES: Dict[str, Tuple[Callable[..., OpFn], bool]] = {}
 
 
-def register(name: str, *, random: bool = False):
-  """Registers `factory(*args) -> OpFn` as op `name` (`random`: uses seed)."""
+def register(name: str, *, random: bool = False, pixels: bool = False):
+  """Registers `factory(*args) -> OpFn` as op `name` (`random`: uses seed;
+  `pixels`: works on [0, 255] pixel values, so it must come before
+  `value_range`)."""
   def deco(factory):
-    _FACTORIES[name] = (factory, random)
+    _FACTORIES[name] = (factory, random, pixels)
     return factory
   return deco
 
@@ -51,6 +53,10 @@ def names() -> List[str]:
 
 def is_random(name: str) -> bool:
   return _FACTORIES[name][1]
+
+
+def needs_pixels(name: str) -> bool:
+  return _FACTORIES[name][2]
 
 
 def make(name: str, *args, **kwargs) -> OpFn:

@@ -103,6 +103,13 @@ class Preprocess:
     self.ops = [name for name, _, _ in parsed]
     self._fns = [ops.make(name, *args, **kwargs)
                  for name, args, kwargs in parsed]
+    for i, name in enumerate(self.ops):
+      if ops.needs_pixels(name) and 'value_range' in self.ops[:i]:
+        raise ValueError(
+            f'pre-processing op {name} comes after value_range, but it works '
+            'on [0, 255] pixel values (it would clip [-1, 1] images to '
+            f'[0, 1]): put it before value_range, e.g. '
+            f'...|flip_lr|{name}(...)|value_range(-1,1)')
     self._random = [ops.is_random(name) for name in self.ops]
 
   def __call__(self, features: ops.Features,

@@ -248,7 +248,7 @@ def _layer(magnitude: float):
                      autograph=False)
 
 
-@ops.register('randaug', random=True)
+@ops.register('randaug', random=True, pixels=True)
 def randaug(num_layers: int = 2, magnitude: float = 10) -> ops.OpFn:
   if not isinstance(num_layers, int) or num_layers < 0:
     raise ValueError(f'randaug(num_layers={num_layers!r}): a number of '
