@@ -232,11 +232,11 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
   config, ckpt, state = run.config, run.ckpt, run.state
   log_every = config.get('log_every', 50)
   writer = reporting.make_writer(run.workdir, resume_step=run.start)
+  prior_wall = run.saved.get('wall_s', 0.0)
   progress = reporting.Progress(
       total_steps=run.steps, batch_size=config.input.batch_size,
       start_step=run.start, forward_flops=run.forward_flops,
-      every_steps=log_every)
-  prior_wall = run.saved.get('wall_s', 0.0)
+      every_steps=log_every, prior_wall_s=prior_wall)
   # The train metrics of the restored step: a run resumed at its last step
   # (killed before its summary) reports them again.
   last_metrics = dict(run.saved.get('train_metrics', {}))

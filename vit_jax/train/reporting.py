@@ -113,7 +113,7 @@ class Progress(periodic_actions.ReportProgress):
 
   def __init__(self, *, total_steps: int, batch_size: int, start_step: int,
                forward_flops: float, every_steps: int,
-               num_devices: Optional[int] = None):
+               num_devices: Optional[int] = None, prior_wall_s: float = 0.0):
     super().__init__(num_train_steps=total_steps, every_steps=every_steps,
                      every_secs=None)
     self.total_steps = total_steps
@@ -124,6 +124,8 @@ class Progress(periodic_actions.ReportProgress):
     self.cores_per_device = hw.cores(1) if hw else 1.0
     self.hardware = hw.name if hw else jax.devices()[0].device_kind
     self.start_step = start_step
+    # The run so far (resumed runs: before this process), like summary.json.
+    self.prior_wall_s = prior_wall_s
     self.scalars: Dict[str, float] = {}
     self._parts_before: Dict[str, float] = {}
     self(start_step)  # Starts the clock (the first call never reports).
@@ -135,9 +137,9 @@ class Progress(periodic_actions.ReportProgress):
     super()._apply(step, t)
     interval = max(t - self._previous_time, 1e-9)
     steps_per_s = (step - self._previous_step) / interval
-    wall = t - self._t0
+    wall = t - self._t0 + self.prior_wall_s
     device_hours = self.num_devices * wall / 3600
-    examples = (step - self.start_step) * self.batch_size
+    examples = step * self.batch_size  # Since step 0, resumes included.
     parts = dict(self._time_per_part)
     spent = {name: parts[name] - self._parts_before.get(name, 0.0)
              for name in parts}
