@@ -107,6 +107,18 @@ def test_unknown_hidden_act_is_a_clear_error():
     checkpoint.hf.model_options(cfg)
 
 
+def test_layer_norm_epsilon_beyond_ours_is_refused():
+  """The Hub's 1e-12 converts (its effect is ~5e-7 relative); a model
+  trained with a larger epsilon would compute something else."""
+  cfg = checkpoint.hf_config('ViT-Ti/16', 4, num_layers=1)
+  for eps in (1e-12, 1e-6):
+    cfg.layer_norm_eps = eps
+    checkpoint.hf.model_options(cfg)
+  cfg.layer_norm_eps = 1e-5
+  with pytest.raises(ValueError, match='layer_norm_eps=1e-05'):
+    checkpoint.hf.model_options(cfg)
+
+
 def test_transformers_4x_key_names_load():
   name = 'ViT-Ti/16'
   model = models.create(name, num_classes=4, num_layers=1)

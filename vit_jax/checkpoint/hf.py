@@ -84,6 +84,15 @@ def model_options(hf_cfg) -> Dict[str, Any]:
   if act not in HIDDEN_ACTS:
     raise ValueError(f'Hugging Face hidden_act={act!r} has no counterpart in '
                      f'our ViT; supported: {sorted(HIDDEN_ACTS)}')
+  # Our LayerNorms add 1e-6 to the variance. The Hub's 1e-12 changes the
+  # normalised activations (variance ~1) by ~5e-7 relative: accepted; a
+  # larger epsilon would compute something else.
+  eps = float(getattr(hf_cfg, 'layer_norm_eps', 1e-6))
+  if eps > 2e-6:
+    raise ValueError(f'Hugging Face layer_norm_eps={eps:g}: our ViT\'s '
+                     'LayerNorms use 1e-6 (the JAX checkpoints\'), so it '
+                     'would not compute what that model does; models with '
+                     'an epsilon up to 2e-6 (the Hub\'s 1e-12) convert')
   return {'gelu_approximate': HIDDEN_ACTS[act]}
 
 
