@@ -9,8 +9,9 @@ Every run's trainer writes `summary.json` in its workdir; its `report` dict
 `task` is 'pretrain' for a pre-training run, else the downstream dataset's
 registry name ('imagenet2012', 'vtab/caltech101', ...). A run fills the cell
 of (model, pretrain, pretrain_epochs, pretrain_optimizer, task); LR-sweep runs
-(`sweep`: evaluated on a dev split) are left out; of several runs for one cell
-the best `eval_accuracy` is shown ("best of n"). Tables: '2' (state of the
+(`sweep`: evaluated on a dev split) are left out; several runs for one cell
+are averaged ("mean of n ± s", as the paper's Table 2 averages three
+fine-tuning runs). Tables: '2' (state of the
 art), '6' (scaling study), 'optim' (ResNets, Adam vs SGD), 'vtab' (per task),
 'fewshot' and 'other' (summaries no table shows).
 
@@ -231,24 +232,41 @@ def load_runs(paths: Iterable[str] | str, *,
 
 @dataclasses.dataclass(frozen=True)
 class Pick:
-  """The run shown in a cell (the best of `n` candidates), or none."""
+  """The runs of a cell: their accuracies are averaged, as the paper's
+  Table 2 averages three fine-tuning runs (never the best of them: that
+  would select on the test set); `run` is one of them (the first by path)
+  for what is not averaged (costs, notes), or none."""
   run: Run | None = None
-  n: int = 0
+  runs: tuple[Run, ...] = ()
 
-  def note(self) -> str:
-    """'best of n' and 'smoke' (a `report.smoke` stand-in run), if so."""
-    notes = [f'best of {self.n}'] if self.n > 1 else []
-    if self.run is not None and self.run.report.get('smoke'):
+  @property
+  def n(self) -> int:
+    return len(self.runs)
+
+  def mean(self, value: Callable[[Run], float | None]) -> float | None:
+    values = [v for v in map(value, self.runs) if v is not None]
+    return sum(values) / len(values) if values else None
+
+  def note(self, value: Callable[[Run], float | None] | None = None) -> str:
+    """'mean of n ± std' (in %, of `value`) and 'smoke' (a `report.smoke`
+    stand-in run), if so."""
+    notes = []
+    if self.n > 1:
+      values = [v for v in map(value or (lambda r: r.accuracy), self.runs)
+                if v is not None]
+      mean = sum(values) / max(len(values), 1)
+      std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(
+          len(values) - 1, 1))
+      notes.append(f'mean of {self.n} ± {100 * std:.2f}' if len(values) > 1
+                   else f'1 of {self.n} runs reported')
+    if any(r.report.get('smoke') for r in self.runs):
       notes.append('smoke')
     return '; '.join(notes)
 
 
-def _best(runs: Sequence[Run]) -> Pick:
-  if not runs:
-    return Pick()
-  best = max(runs, key=lambda r: -math.inf if r.accuracy is None
-             else r.accuracy)
-  return Pick(best, len(runs))
+def _cell_runs(runs: Sequence[Run]) -> Pick:
+  runs = tuple(sorted(runs, key=lambda r: r.path))
+  return Pick(runs[0], runs) if runs else Pick()
 
 
 class Matcher:
@@ -267,24 +285,30 @@ class Matcher:
 
   def _pick(self, runs: Sequence[Run]) -> Pick:
     self.used.update(r.path for r in runs)
-    return _best(runs)
+    return _cell_runs(runs)
+
+  @staticmethod
+  def measure(dataset: str) -> Callable[[Run], float | None]:
+    """What a cell of `dataset` averages: top-1, or ReaL accuracy (a run on
+    'imagenet2012_real' reports top-1 on the original labels as its
+    accuracy; the ReaL cell is its ReaL accuracy)."""
+    if dataset == paper.REAL:
+      return lambda r: r.real_accuracy
+    return lambda r: r.accuracy
 
   def accuracy(self, setting: Setting, dataset: str) -> tuple[
       float | None, Pick]:
-    """Our top-1 in percent for a paper dataset key (ReaL: of the ImageNet
-    run with the best top-1; or a run on 'imagenet2012_real' itself)."""
+    """Our mean top-1 in percent for a paper dataset key (ReaL: of the
+    ImageNet runs with ReaL labels; or of runs on 'imagenet2012_real')."""
+    pick = Pick()
     if dataset == paper.REAL:
-      pick = self._best_with_real(setting)
-      if pick.run is not None:
-        return 100 * pick.run.real_accuracy, pick
-    pick = self.pick(setting, dataset)
-    # A run on 'imagenet2012_real' reports top-1 on the original labels as
-    # its accuracy; the ReaL cell is its ReaL accuracy.
-    value = None if pick.run is None else (
-        pick.run.real_accuracy if dataset == paper.REAL else pick.run.accuracy)
+      pick = self._with_real(setting)
+    if pick.run is None:
+      pick = self.pick(setting, dataset)
+    value = pick.mean(self.measure(dataset))
     return (None if value is None else 100 * value), pick
 
-  def _best_with_real(self, setting: Setting) -> Pick:
+  def _with_real(self, setting: Setting) -> Pick:
     return self._pick([r for r in self._cells.get((setting, paper.IMAGENET),
                                                   [])
                        if r.real_accuracy is not None])
@@ -394,7 +418,8 @@ class _Ctx:
 
   def acc_cell(self, ref, setting: Setting, dataset: str) -> str:
     ours, pick = self.match.accuracy(setting, dataset)
-    return cell(ref, ours, compare=self.compare, note=pick.note())
+    return cell(ref, ours, compare=self.compare,
+                note=pick.note(self.match.measure(dataset)))
 
   def pretrain_cost(self, setting: Setting, key: str, ref=None) -> str:
     """Measured `key` ('exaflops' / 'core_days') or the estimate (est.)."""
@@ -437,12 +462,13 @@ def _vtab_group(task: str) -> str:
 
 
 def _vtab_accuracies(match: Matcher, setting: Setting) -> dict[str, float]:
-  """{task: best top-1 fraction} of the VTAB tasks `setting` has runs for."""
+  """{task: mean top-1 fraction} of the VTAB tasks `setting` has runs
+  for."""
   out = {}
   for task in _vtab_tasks():
-    pick = match.pick(setting, task)
-    if pick.run is not None and pick.run.accuracy is not None:
-      out[task] = pick.run.accuracy
+    value = match.pick(setting, task).mean(lambda r: r.accuracy)
+    if value is not None:
+      out[task] = value
   return out
 
 
@@ -450,7 +476,8 @@ def _vtab_accuracies(match: Matcher, setting: Setting) -> dict[str, float]:
 # The tables.
 
 _CELLS_NOTE = ('Cells: paper / ours (ours − paper); accuracies in %; '
-               '"best of n": the best of n runs for the cell; "smoke": a '
+               '"mean of n ± s": the mean and standard deviation of n runs '
+               'for the cell (as the paper\'s Table 2); "smoke": a '
                'smoke-test stand-in run (report.smoke); "—": no run.')
 _COSTS_NOTE = ('Compute: measured on the pre-training run, else our '
                'accounting estimate ("est.": 3 x forward FLOPs x images seen, '
