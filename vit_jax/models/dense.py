@@ -99,19 +99,6 @@ def apply(x, kernel, bias, dtype: Optional[Dtype] = None):
   return y if bias is None else add_bias(y, bias)
 
 
-def head(features: int, param_dtype: Dtype, bias: float = 0.0,
-         name: str = 'head') -> Dense:
-  """A classifier's (or predictor's) output layer: zero kernel, constant
-  `bias`, logical axes (embed, classes), and float32 logits whatever the
-  compute dtype: bf16 logits step by 0.0625 at 10, which the loss, the
-  softmax and top-1 ties would all see. (The layer is a small share of the
-  FLOPs: 0.1% of ViT-B/16's at 1,000 classes.)"""
-  return Dense(features, axes=('embed', 'classes'),
-               kernel_init=nn.initializers.zeros,
-               bias_init=nn.initializers.constant(bias), dtype=jnp.float32,
-               param_dtype=param_dtype, name=name)
-
-
 def _flat(init: Callable, n_in: int) -> Callable:
   """`init` applied to the (prod(in), prod(out)) shape (1-D for a bias:
   n_in=0) and reshaped, as flax's DenseGeneral initialises."""
@@ -172,3 +159,52 @@ class Dense(DenseParams):
   def __call__(self, x):  # pylint: disable=arguments-renamed
     kernel, bias = self._create(tuple(x.shape[x.ndim - self.in_axes:]))
     return apply(x, kernel, bias, self.dtype)
+
+
+@jax.custom_vjp
+def _wide_dot(x, kernel):
+  """x (..., D) @ kernel (D, C) on x's dtype, the float32 accumulator
+  returned as is (not rounded to x's dtype); the backward pass takes the
+  cotangent in x's dtype, as every other layer's (no float32 products in a
+  bf16 step)."""
+  return jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+
+
+def _wide_dot_fwd(x, kernel):
+  return _wide_dot(x, kernel), (x, kernel)
+
+
+def _wide_dot_bwd(res, g):
+  x, kernel = res
+  g = g.astype(x.dtype)
+  dx = matmul.dot_general(g, kernel, (((g.ndim - 1,), (1,)), ((), ())))
+  flat_x = x.reshape(-1, x.shape[-1])
+  flat_g = g.reshape(-1, g.shape[-1])
+  dk = matmul.dot_general(flat_x, flat_g, (((0,), (0,)), ((), ())))
+  return dx.astype(x.dtype), dk.astype(kernel.dtype)
+
+
+_wide_dot.defvjp(_wide_dot_fwd, _wide_dot_bwd)
+
+
+class Head(DenseParams):
+  """A classifier's (or predictor's) output layer, `nn.Dense`'s parameters
+  (zero kernel, constant bias by default, axes (embed, classes)), giving
+  float32 logits whatever the compute dtype: the product runs on `dtype`
+  operands and keeps its float32 accumulator, and the bias is added in
+  float32. bf16 logits would step by 0.0625 at 10, which the loss, the
+  softmax and top-1 ties would all see."""
+  axes: Sequence[Optional[str]] = ('embed', 'classes')
+  kernel_init: Callable = nn.initializers.zeros
+
+  @nn.compact
+  def __call__(self, x):  # pylint: disable=arguments-renamed
+    kernel, bias = self._create((x.shape[-1],))
+    dtype = self.dtype or jnp.result_type(x, kernel)
+    if jnp.dtype(dtype) == jnp.float32:
+      y = matmul.dot_general(x.astype(dtype), kernel.astype(dtype),
+                             (((x.ndim - 1,), (0,)), ((), ())))
+    else:
+      y = _wide_dot(x.astype(dtype), kernel.astype(dtype))
+    return y + bias.astype(jnp.float32)

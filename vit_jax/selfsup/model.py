@@ -99,8 +99,8 @@ class MaskedPatchPrediction(vit.VisionTransformer):
     self.sow('intermediates', 'representation', rep)
     shape = output_shape(self.target, self.bits, images.shape[-1],
                          self.stride)
-    out = dense.head(math.prod(shape), self.param_dtype,
-                     name='mpp_head')(patch_out)
+    out = dense.Head(math.prod(shape), dtype=self.dtype,
+                     param_dtype=self.param_dtype, name='mpp_head')(patch_out)
     out = jnp.reshape(out, (*out.shape[:2], *shape))
     return out, selected
 
