@@ -205,8 +205,7 @@ def apply_smoke(c: ml_collections.ConfigDict, steps: int = 10
   loss, optimizer, pre-processing presets, evaluators) with a tiny model on
   scikit-learn's real `digits`, for a few steps: seconds on a CPU."""
   size = shrink_model(c.model)
-  if 'dtype' in c.model:
-    del c.model['dtype']
+  c.model.dtype = None  # The variant's (float32); settable again.
   c.input.data = 'digits'
   c.input.data_dir = None
   c.input.image_size = size
