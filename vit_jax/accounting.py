@@ -331,8 +331,7 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
   if config.get('total_steps'):
     examples = config.total_steps * batch
   elif config.get('total_epochs'):
-    num_train = (config.input.get('num_train_examples')
-                 or registry.get(config.input.data).num_train_examples)
+    num_train = registry.num_train_examples(config.input)
     if not num_train:
       raise ValueError(f'total_epochs with input.data={config.input.data!r}, '
                        'whose size the registry does not know: set '

@@ -243,8 +243,11 @@ class Pick:
   def n(self) -> int:
     return len(self.runs)
 
+  def _values(self, value: Callable[[Run], float | None]) -> list[float]:
+    return [v for v in map(value, self.runs) if v is not None]
+
   def mean(self, value: Callable[[Run], float | None]) -> float | None:
-    values = [v for v in map(value, self.runs) if v is not None]
+    values = self._values(value)
     return sum(values) / len(values) if values else None
 
   def note(self, value: Callable[[Run], float | None] | None = None) -> str:
@@ -252,13 +255,14 @@ class Pick:
     stand-in run), if so."""
     notes = []
     if self.n > 1:
-      values = [v for v in map(value or (lambda r: r.accuracy), self.runs)
-                if v is not None]
-      mean = sum(values) / max(len(values), 1)
-      std = math.sqrt(sum((v - mean) ** 2 for v in values) / max(
-          len(values) - 1, 1))
-      notes.append(f'mean of {self.n} ± {100 * std:.2f}' if len(values) > 1
-                   else f'1 of {self.n} runs reported')
+      value = value or (lambda r: r.accuracy)
+      values, mean = self._values(value), self.mean(value)
+      if len(values) > 1:
+        std = math.sqrt(sum((v - mean) ** 2 for v in values)
+                        / (len(values) - 1))
+        notes.append(f'mean of {self.n} ± {100 * std:.2f}')
+      else:
+        notes.append(f'1 of {self.n} runs reported')
     if any(r.report.get('smoke') for r in self.runs):
       notes.append('smoke')
     return '; '.join(notes)

@@ -279,3 +279,10 @@ def get(name: str) -> DatasetSpec:
   raise UnknownDatasetError(
       f'unknown dataset {name!r}.{hint} Known datasets: '
       f'{", ".join(DATASETS)}')
+
+
+def num_train_examples(input_config) -> Optional[int]:
+  """The train split's size a config declares: `input.num_train_examples`,
+  else the registry's (None: unknown, e.g. TFRecords without a count)."""
+  return (input_config.get('num_train_examples')
+          or get(input_config.get('data')).num_train_examples)

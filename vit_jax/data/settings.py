@@ -93,8 +93,7 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
                    else input_config.get('prefetch')),  # 0: none ahead.
       mixup=float(input_config.get('mixup') or 0.0),
       cutmix=float(input_config.get('cutmix') or 0.0),
-      num_train_examples=(input_config.get('num_train_examples')
-                          or spec.num_train_examples),
+      num_train_examples=registry.num_train_examples(input_config),
       data_dir=input_config.get('data_dir'),
       skip_bad_images=bool(input_config.get('skip_bad_images', False)),
       eval_split_error=error)

@@ -24,7 +24,10 @@ import dataclasses
 import difflib
 from typing import Any, Callable, Dict, Type
 
+import jax
 import ml_collections
+
+from vit_jax.data import pipeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,16 @@ def eval_input(cfg: ml_collections.ConfigDict,
   if cfg.get('pp'):
     inp.pp_eval = cfg.pp
   return inp
+
+
+def eval_batches(inp: ml_collections.ConfigDict,
+                 split) -> pipeline.EvalIterable:
+  """This process's batches of `split` of `inp`, one pipeline an evaluator
+  keeps for all its evaluations (with `input.cache` the second and later
+  read the split from memory)."""
+  return pipeline.eval_iterator(inp, split=split,
+                                process_index=jax.process_index(),
+                                process_count=jax.process_count())
 
 
 def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:

@@ -78,11 +78,7 @@ class Classification(base.Evaluator):
       raise ValueError(f'evals.{name}: real_only needs a dataset with ReaL '
                        f'labels (imagenet2012_real), not {spec.name}')
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
-    # One pipeline for every evaluation: `input.cache` then keeps the
-    # decoded split in memory from the second evaluation on.
-    self._batches = pipeline.eval_iterator(
-        inp, split=self._split, process_index=jax.process_index(),
-        process_count=jax.process_count())
+    self._batches = base.eval_batches(inp, self._split)
     self._sums = jax.jit(
         functools.partial(batch_sums, model=context.model),
         in_shardings=(context.params_sharding, None),

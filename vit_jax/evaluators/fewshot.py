@@ -132,13 +132,11 @@ class FewShot(base.Evaluator):
                               out_shardings=rep)
 
   def _batches(self, data: str, split: str) -> pipeline.EvalIterable:
-    """`split`'s pipeline, built once (`input.cache` then keeps it)."""
+    """`split`'s pipeline, built once (`base.eval_batches`)."""
     if (data, split) not in self._pipelines:
       cfg = ml_collections.ConfigDict(self._input.to_dict())
       cfg.data = data
-      self._pipelines[data, split] = pipeline.eval_iterator(
-          cfg, split=split, process_index=jax.process_index(),
-          process_count=jax.process_count())
+      self._pipelines[data, split] = base.eval_batches(cfg, split)
     return self._pipelines[data, split]
 
   def _features(self, params, data: str, split: str, pool: int = 0

@@ -59,10 +59,7 @@ class MaskedPatchEval(base.Evaluator):
     inp = base.eval_input(cfg, context)
     self._input = inp
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
-    # One pipeline for every evaluation (`input.cache` keeps the split).
-    self._batches = pipeline.eval_iterator(
-        inp, split=self._split, process_index=jax.process_index(),
-        process_count=jax.process_count())
+    self._batches = base.eval_batches(inp, self._split)
     rep = shd.replicated(context.mesh)
     self._sums = jax.jit(
         functools.partial(batch_sums, model=context.model),

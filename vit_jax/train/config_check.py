@@ -144,7 +144,7 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            '--config.model.name=ViT-B/16')
     return
   vit = _vit(config)
-  if vit is not None and vit.resnet_layers:
+  if vit is not None:
     try:
       selfsup.from_vit(vit)
     except ValueError as e:
