@@ -2,7 +2,7 @@
 
     python -m benchmarks.op_profile [--model=ViT-B/16] [--batch=8]
         [--image_size=224] [--dtype=bfloat16] [--steps=2] [--top=25]
-        [--mode=train|infer] [--trace_dir=DIR]
+        [--mode=train|infer] [--trace_dir=DIR] [--peer=ours|hf|timm]
 
 Compiles the real train step (`vit_jax.bench`), runs it once, traces
 `--steps` more with the host tracer at its most detailed level and prints
@@ -14,6 +14,13 @@ outside any op's event), found through the pool's task records. On a GPU
 or TPU the device's own timeline counts (kernels by the HLO op they run),
 and wall time minus op time is the device's idle time. `--trace_dir` keeps
 the trace (TensorBoard's profile plugin, or Perfetto through xprof).
+
+`--peer=hf` or `--peer=timm` profiles the same step of that PyTorch peer
+(`benchmarks.peers`; CPU only) with `torch.profiler` instead, in the same
+categories. A PyTorch op runs on all of its intra-op threads while the
+others wait, so its time is wall time: compare it with this program's op
+time divided by the number of XLA:CPU worker threads (XLA runs independent
+ops side by side, one thread each).
 """
 
 from __future__ import annotations
@@ -29,13 +36,16 @@ import time
 
 
 MATMUL = 'matmul (library kernel / dot)'
-ATTENTION = 'attention kernel (cuDNN)'
+ATTENTION = 'fused attention kernel (cuDNN; PyTorch SDPA)'
 REDUCTION = 'fusion with a reduction (LayerNorm, softmax, sums)'
 CONVERT = 'dtype conversion'
 TRANSPOSE = 'transpose / copy'
 ELEMENTWISE = 'other element-wise fusion'
 # CPU thread time in thread-pool tasks that no op's event or task led to.
 UNATTRIBUTED = 'thread-pool tasks of no op'
+# PyTorch: the autograd engine's and the optimizer's own events (their
+# self time: bookkeeping, dispatch), not an aten op's.
+FRAMEWORK = 'framework (autograd engine, optimizer loop)'
 
 
 def category(name: str, body_ops: frozenset = frozenset()) -> str:
@@ -81,6 +91,29 @@ def category(name: str, body_ops: frozenset = frozenset()) -> str:
                       'convert')) and base.count('_') <= 2:
     return CONVERT
   if 'transpose' in base or 'copy' in base:
+    return TRANSPOSE
+  return ELEMENTWISE
+
+
+def torch_category(name: str) -> str:
+  """A PyTorch CPU op's category (an event name of `torch.profiler`)."""
+  if not name.startswith('aten::'):
+    return FRAMEWORK
+  op = name[len('aten::'):]
+  if 'scaled_dot_product' in op or 'flash_attention' in op:
+    return ATTENTION
+  if re.fullmatch(r'_?(mm|addmm|bmm|baddbmm|matmul|linear|addmv|mv|dot|'
+                  r'mkldnn_matmul|_addmm_activation)', op):
+    return MATMUL
+  if 'convolution' in op or op.startswith('conv'):
+    return 'convolution'
+  if re.search(r'layer_norm|softmax|^sum$|norm|^mean$|^var|^max$|^amax$|'
+               r'^min$|nll_loss|cross_entropy', op):
+    return REDUCTION
+  if op in ('_to_copy', 'to'):
+    return CONVERT
+  if op in ('copy_', 'clone', 'contiguous', 'cat', 'transpose', 't',
+            'permute', 'index', 'index_select', 'stack'):
     return TRANSPOSE
   return ELEMENTWISE
 
@@ -266,7 +299,7 @@ def cpu_thread_times(profile, names, steps: int) -> collections.Counter:
   return collections.Counter({n: v / steps for n, v in times.items()})
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--model', default='ViT-B/16')
   p.add_argument('--batch', type=int, default=8)
@@ -278,7 +311,17 @@ def main(argv=None):
                  help='the train step, or the eval forward pass (logits)')
   p.add_argument('--trace_dir', default=None,
                  help='keep the trace here (default: a temporary folder)')
-  args = p.parse_args(argv)
+  p.add_argument('--peer', choices=('ours', 'hf', 'timm'), default='ours',
+                 help='hf, timm: profile that PyTorch peer\'s same step '
+                 '(benchmarks.peers) with torch.profiler instead')
+  return p
+
+
+def main(argv=None):
+  args = _parser().parse_args(argv)
+  if args.peer != 'ours':
+    _profile_torch(args)
+    return
 
   import jax
   from vit_jax import bench
@@ -349,6 +392,46 @@ def main(argv=None):
   for name, ns in per_op.most_common(args.top):
     what = ','.join(sorted(ops.get(name, ())))
     print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}  [{what}]')
+
+
+def _profile_torch(args) -> None:
+  """The PyTorch peer's step, per op category (module doc)."""
+  import torch
+  from benchmarks import peers
+  if torch.cuda.is_available():
+    raise SystemExit('--peer profiles PyTorch on the CPU only; on this GPU '
+                     'machine run it with CUDA_VISIBLE_DEVICES= or use '
+                     'torch.profiler with ProfilerActivity.CUDA')
+  args.num_classes = 1000
+  step, sync, _ = peers.torch_step(args, args.peer)
+  step()  # Warm-up.
+  sync()
+  with torch.profiler.profile(
+      activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    t = time.perf_counter()
+    for _ in range(args.steps):
+      step()
+    sync()
+    wall = (time.perf_counter() - t) / args.steps
+  per_op = collections.Counter()
+  for e in prof.key_averages():
+    per_op[e.key] += e.self_cpu_time_total * 1e3 / args.steps  # us -> ns
+  total = sum(per_op.values())
+  by_cat = collections.Counter()
+  for name, ns in per_op.items():
+    by_cat[torch_category(name)] += ns
+  print(f'{args.peer} (PyTorch {torch.__version__}) {args.model} batch '
+        f'{args.batch} {args.image_size} px {args.dtype} {args.mode}: '
+        f'{wall:.4f} s/step wall, {total / 1e9:.4f} s of op time per step, '
+        f'each op on all {torch.get_num_threads()} intra-op threads')
+  for cat, ns in by_cat.most_common():
+    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
+    top = [(n, t) for n, t in per_op.most_common()
+           if torch_category(n) == cat][:3]
+    print('             ' + '; '.join(f'{n} {t / 1e6:.1f} ms' for n, t in top))
+  print(f'top {args.top} ops:')
+  for name, ns in per_op.most_common(args.top):
+    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}')
 
 
 if __name__ == '__main__':

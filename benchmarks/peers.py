@@ -93,7 +93,11 @@ def _jax(args, flax_default: bool) -> Dict[str, Any]:
   return out
 
 
-def _torch(args, kind: str) -> Dict[str, Any]:
+def torch_step(args, kind: str):
+  """(step, sync, device): one train step or eval forward of the PyTorch
+  peer `kind` ('hf', 'timm', 'timm_compile') as `args` describe it (model,
+  batch, image_size, num_classes, dtype, mode); `sync()` waits for the
+  device. Also what `benchmarks.op_profile --peer` profiles."""
   import torch
   torch.manual_seed(0)
   (hidden, mlp, heads, layers, patch), timm_width = _dims(args.model)
@@ -137,6 +141,12 @@ def _torch(args, kind: str) -> Dict[str, Any]:
     def step():
       with torch.inference_mode(), amp:
         forward(x)
+  return step, sync, device
+
+
+def _torch(args, kind: str) -> Dict[str, Any]:
+  import torch
+  step, sync, device = torch_step(args, kind)
   times = []
   for i in range(args.warmup + args.steps):
     t = time.perf_counter()

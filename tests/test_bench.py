@@ -154,6 +154,41 @@ def test_op_profile_profiles_the_eval_forward(capsys):
   assert 'transpose(jvp' not in out  # Only train steps have a backward.
 
 
+def test_op_profile_puts_pytorch_ops_in_the_same_categories():
+  from benchmarks import op_profile as op
+  expected = {
+      'aten::mm': op.MATMUL, 'aten::addmm': op.MATMUL, 'aten::bmm': op.MATMUL,
+      'aten::_scaled_dot_product_flash_attention_for_cpu_backward':
+          op.ATTENTION,
+      'aten::native_layer_norm_backward': op.REDUCTION,
+      'aten::_softmax': op.REDUCTION, 'aten::linalg_vector_norm': op.REDUCTION,
+      'aten::convolution_backward': 'convolution',
+      'aten::_to_copy': op.CONVERT, 'aten::copy_': op.TRANSPOSE,
+      'aten::gelu_backward': op.ELEMENTWISE, 'aten::addcdiv_': op.ELEMENTWISE,
+      'aten::mul_': op.ELEMENTWISE,  # Not a matmul: a whole-name match.
+      'Optimizer.step#AdamW.step': op.FRAMEWORK,
+      'autograd::engine::evaluate_function: AddmmBackward0': op.FRAMEWORK,
+  }
+  assert {n: op.torch_category(n) for n in expected} == expected
+
+
+def test_op_profile_profiles_a_pytorch_peer_in_the_same_categories(capsys):
+  """`--peer=hf`: the Hugging Face step that `benchmarks.peers` times,
+  under torch.profiler, with its matmuls, attention and optimizer found."""
+  import pytest
+  pytest.importorskip('torch')
+  pytest.importorskip('transformers')
+  from benchmarks import op_profile
+  op_profile.main(['--peer=hf', '--model=ViT-Ti/16', '--batch=2',
+                   '--image_size=32', '--dtype=float32', '--steps=1'])
+  out = capsys.readouterr().out
+  assert 'hf (PyTorch' in out and 'float32 train:' in out
+  for cat in (op_profile.MATMUL, op_profile.ATTENTION, op_profile.REDUCTION,
+              op_profile.FRAMEWORK):
+    assert cat in out
+  assert 'aten::addcdiv_' in out or 'aten::_foreach' in out  # AdamW ran.
+
+
 def test_max_batch_stops_at_the_first_failure_and_names_the_largest(
     monkeypatch, capsys):
   from benchmarks import max_batch
