@@ -224,3 +224,32 @@ def test_cpu_form_probe_times_every_form_it_can_run():
       {'onednn'} if onednn.available()[0] else set())
   assert all(0 < t < 60 for t in times.values())
 
+
+
+def test_a_float32_model_never_decides_the_cpu_form(monkeypatch):
+  """The form is for bf16 products: tracing a float32 ViT's train gradient
+  (the CPU attention core's transposed products included) must not run the
+  probe, which costs a float32 run seconds and would cache a choice."""
+  from vit_jax import models
+
+  def refuse():
+    raise AssertionError('a float32 program decided the CPU matmul form')
+
+  monkeypatch.setattr(matmul, '_decide', refuse)
+  matmul.reset_cpu_form()
+  try:
+    model = models.from_config(
+        dict(name='ViT-Ti/16', dtype='float32'), 10, 'cpu')
+    x = jnp.ones((2, 32, 32, 3))
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), x,
+                                               train=False))
+
+    def loss(p):
+      return model.apply(p, x, train=False).sum()
+
+    jax.jit(jax.grad(loss)).lower(params)
+    q = jnp.ones((2, 5, 4))
+    jax.jit(lambda a, b: matmul.cpu_batched(a, b, jnp.float32, trans_b=True)
+            ).lower(q, q)
+  finally:
+    matmul.reset_cpu_form()

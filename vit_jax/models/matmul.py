@@ -271,8 +271,10 @@ def cpu_batched(a, b, out_dtype, *, trans_a: bool = False,
   transposed product, bᵀ·a, of a transposed copy of `b` and transpose that
   (M, N) result: XLA:CPU's kernel has no bf16 form for a contraction over
   the rows of both operands."""
-  if (trans_a or trans_b) and cpu_form() == 'onednn' and (
-      a.dtype == b.dtype == BF16 and out_dtype in (BF16, F32)):
+  # The dtypes first: a float32 program never needs the form (deciding it
+  # may run the probe).
+  if ((trans_a or trans_b) and a.dtype == b.dtype == BF16
+      and out_dtype in (BF16, F32) and cpu_form() == 'onednn'):
     return onednn.matmul(a, b, trans_a=trans_a, trans_b=trans_b,
                          out=out_dtype)
   if trans_b:
@@ -465,10 +467,13 @@ def _measure_forms() -> Dict[str, float]:
 
 
 def _time_forms(m: int = 1576, k: int = 768, n: int = 3072,
-                repeats: int = 3) -> Dict[str, float]:
+                repeats: int = 7, warmup: int = 2) -> Dict[str, float]:
   """Forward + backward of an (m, k) x (k, n) bf16 matmul (ViT-B/16's MLP
   at batch 8) in each CPU form this process can run; the best of `repeats`
-  per form."""
+  per form, the forms taking turns (a VM whose speed drifts while it
+  measures slows them all alike: on a fresh Intel VM the first process's
+  best-of-3 per form, one form after the other, kept 'bf16' where 'onednn'
+  ran the train step 1.2-1.5x faster, docs/performance.md)."""
   cpu = jax.devices('cpu')[0]
   rng = np.random.default_rng(0)
   x = jax.device_put(rng.standard_normal((m, k), np.float32), cpu)
@@ -482,15 +487,16 @@ def _time_forms(m: int = 1576, k: int = 768, n: int = 3072,
   }
   if onednn.available()[0]:
     forms['onednn'] = onednn.dot
-  times = {}
+  steps = {}
   for name, dot in forms.items():
-    step = jax.jit(jax.value_and_grad(
+    steps[name] = jax.jit(jax.value_and_grad(
         lambda a, b, dot=dot: dot(a, b).astype(F32).sum(), (0, 1)))
-    jax.block_until_ready(step(x, w))
-    best = math.inf
-    for _ in range(repeats):
+    for _ in range(warmup):
+      jax.block_until_ready(steps[name](x, w))
+  times = {name: math.inf for name in steps}
+  for _ in range(repeats):
+    for name, step in steps.items():
       t = time.perf_counter()
       jax.block_until_ready(step(x, w))
-      best = min(best, time.perf_counter() - t)
-    times[name] = best
+      times[name] = min(times[name], time.perf_counter() - t)
   return times
