@@ -171,6 +171,61 @@ def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
   assert all(np.isfinite(x).all() for x in _params(workdir, saved[0]))
 
 
+def test_a_multi_process_ctrl_c_goes_to_the_preemption_service(monkeypatch):
+  """Several processes: SIGINT becomes a SIGTERM to the process itself (what
+  JAX's preemption service watches), and the stop it then reports says
+  Ctrl-C (130); a second Ctrl-C stops at once. Without it, Ctrl-C raised
+  KeyboardInterrupt in a collective: no save, and the others aborted."""
+  import jax
+  from vit_jax.train import preemption
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  terms = []  # Stands in for JAX's SIGTERM handler (C++, in a real run).
+  previous = signal.signal(signal.SIGTERM, lambda *a: terms.append(a[0]))
+  try:
+    stops = preemption.StopRequests(lambda step: bool(terms))
+    with stops:
+      assert stops.requested(3) is None
+      try:
+        os.kill(os.getpid(), signal.SIGINT)
+      except KeyboardInterrupt:
+        pytest.fail('Ctrl-C raised KeyboardInterrupt: no save')
+      assert terms == [signal.SIGTERM]
+      stop = stops.requested(4)
+      assert stop.exit_code == 130 and 'received SIGINT' in str(stop)
+      with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Another process of the run, told by the service: a preemption.
+    with preemption.StopRequests(lambda step: True) as other:
+      assert other.requested(4).exit_code == 75
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.slow  # ~60 s: two processes compile and train.
+def test_ctrl_c_on_one_of_two_processes_saves_the_same_step(tmp_path):
+  workdir = str(tmp_path / 'run')
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  procs = [_start(workdir, '--config.total_steps=100000',
+                  '--config.checkpoint_every=0',
+                  f'--coordinator=127.0.0.1:{port}', '--num_processes=2',
+                  f'--process_id={i}') for i in range(2)]
+  try:
+    _wait_for_row(workdir, procs[0])
+    procs[0].send_signal(signal.SIGINT)
+    errs = [p.communicate(timeout=180)[1] for p in procs]
+  finally:
+    for p in procs:
+      p.kill()
+  assert [p.returncode for p in procs] == [130, 75], errs[1][-3000:]
+  step = _steps(workdir)
+  assert len(step) == 1 and step[0] >= 1
+  assert f'received SIGINT: saved a checkpoint at step {step[0]}' in errs[0]
+  assert f'preemption notice: saved a checkpoint at step {step[0]}' in errs[1]
+
+
 def test_stale_locks_are_taken_over_and_live_ones_refused(tmp_path):
   done = subprocess.run(['true'])
   dead = subprocess.Popen(['true'])

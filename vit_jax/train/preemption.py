@@ -9,11 +9,16 @@ command to resume". A second Ctrl-C stops at once, without saving.
 Single-process runs catch the signals here. Multi-process runs ask JAX's
 preemption service (`multihost_utils.reached_preemption_sync_point`, via
 orbax): every process reaches the same step before saving, which a signal
-that reaches hosts at different moments could not guarantee.
+that reaches hosts at different moments could not guarantee. That service
+watches SIGTERM only, so there a Ctrl-C is passed on to it as a SIGTERM to
+the process itself (before, it raised KeyboardInterrupt in the middle of a
+collective: the run lost everything since its last checkpoint and the
+other processes aborted).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from typing import Callable, Optional
@@ -44,6 +49,15 @@ class StopRequests:
     self._code = 0
     self._previous = {}
     self._multi = False
+    self._ctrl_c = False  # Multi-process: a Ctrl-C passed on as SIGTERM.
+
+  def _pass_on(self, signum, frame):  # pylint: disable=unused-argument
+    """Multi-process SIGINT: JAX's preemption service takes it as SIGTERM
+    (it tells every process, which all save at the same step)."""
+    if self._ctrl_c:
+      raise KeyboardInterrupt  # Second Ctrl-C: stop now, no save.
+    self._ctrl_c = True
+    os.kill(os.getpid(), signal.SIGTERM)
 
   def _handle(self, signum, frame):  # pylint: disable=unused-argument
     if signum == signal.SIGINT and self._reason is not None:
@@ -56,10 +70,13 @@ class StopRequests:
   def __enter__(self) -> 'StopRequests':
     import jax
     self._multi = jax.process_count() > 1
-    single = not self._multi
-    if single and threading.current_thread() is threading.main_thread():
-      for sig in (signal.SIGTERM, signal.SIGINT):
-        self._previous[sig] = signal.signal(sig, self._handle)
+    if threading.current_thread() is threading.main_thread():
+      if self._multi:
+        self._previous[signal.SIGINT] = signal.signal(signal.SIGINT,
+                                                      self._pass_on)
+      else:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+          self._previous[sig] = signal.signal(sig, self._handle)
     return self
 
   def __exit__(self, *exc) -> None:
@@ -71,7 +88,9 @@ class StopRequests:
     """A RunInterrupted to raise once step `step` is saved, or None."""
     if self._reason is None and self._multi:
       if self._reached_preemption(step):
-        self._reason, self._code = 'preemption notice', EXIT_PREEMPTED
+        self._reason, self._code = (
+            ('received SIGINT', EXIT_INTERRUPTED) if self._ctrl_c
+            else ('preemption notice', EXIT_PREEMPTED))
     if self._reason is None:
       return None
     return RunInterrupted(step, self._reason, self._code)
