@@ -72,6 +72,10 @@ class StopRequests:
     self._multi = jax.process_count() > 1
     if threading.current_thread() is threading.main_thread():
       if self._multi:
+        # Python cannot see JAX's SIGTERM handler (installed from C++, it
+        # reads as SIG_DFL here), so this cannot check that it is there.
+        # With the service off (`jax_enable_preemption_service`), SIGTERM
+        # ends the process, as the KeyboardInterrupt did before.
         self._previous[signal.SIGINT] = signal.signal(signal.SIGINT,
                                                       self._pass_on)
       else:
