@@ -180,6 +180,7 @@ def test_a_multi_process_ctrl_c_goes_to_the_preemption_service(monkeypatch):
   from vit_jax.train import preemption
   monkeypatch.setattr(jax, 'process_count', lambda: 2)
   terms = []  # Stands in for JAX's SIGTERM handler (C++, in a real run).
+  ctrl_c = signal.getsignal(signal.SIGINT)  # Ignored in xdist's workers.
   previous = signal.signal(signal.SIGTERM, lambda *a: terms.append(a[0]))
   try:
     stops = preemption.StopRequests(lambda step: bool(terms))
@@ -194,7 +195,7 @@ def test_a_multi_process_ctrl_c_goes_to_the_preemption_service(monkeypatch):
       assert stop.exit_code == 130 and 'received SIGINT' in str(stop)
       with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is ctrl_c  # Restored.
     # Another process of the run, told by the service: a preemption.
     with preemption.StopRequests(lambda step: True) as other:
       assert other.requested(4).exit_code == 75
