@@ -225,7 +225,6 @@ def test_cpu_form_probe_times_every_form_it_can_run():
   assert all(0 < t < 60 for t in times.values())
 
 
-
 def test_a_float32_model_never_decides_the_cpu_form(monkeypatch):
   """The form is for bf16 products: tracing a float32 ViT's train gradient
   (the CPU attention core's transposed products included) must not run the

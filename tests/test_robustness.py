@@ -203,7 +203,7 @@ def test_a_multi_process_ctrl_c_goes_to_the_preemption_service(monkeypatch):
     signal.signal(signal.SIGTERM, previous)
 
 
-@pytest.mark.slow  # ~60 s: two processes compile and train.
+@pytest.mark.slow  # ~20 s: two processes compile and train.
 def test_ctrl_c_on_one_of_two_processes_saves_the_same_step(tmp_path):
   workdir = str(tmp_path / 'run')
   with socket.socket() as s:
