@@ -370,9 +370,6 @@ def main(argv=None):
   total = sum(per_op.values())
   ops = fused_ops(hlo)
   cats = {name: category(name, ops.get(name, frozenset())) for name in per_op}
-  by_cat = collections.Counter()
-  for name, ns in per_op.items():
-    by_cat[cats[name]] += ns
   platform = jax.devices()[0].platform
   print(f'{args.model} batch {args.batch} {args.image_size} px {args.dtype} '
         f'{args.mode}: '
@@ -383,15 +380,28 @@ def main(argv=None):
   if platform == 'cpu' and workers:
     print(f'  {workers} XLA:CPU worker threads busy '
           f'{100 * total / 1e9 / (workers * wall):.0f}% of the wall time')
+  _print_breakdown(per_op, cats, args.top,
+                   source=lambda n: f' ({_source(hlo, n)})',
+                   what=lambda n: f'  [{",".join(sorted(ops.get(n, ())))}]')
+
+
+def _print_breakdown(per_op, cats, top: int, source=lambda n: '',
+                     what=lambda n: '') -> None:
+  """Time per category (with its three costliest ops) and the `top` ops;
+  `source` / `what` annotate an op's name there."""
+  total = sum(per_op.values())
+  by_cat = collections.Counter()
+  for name, ns in per_op.items():
+    by_cat[cats[name]] += ns
   for cat, ns in by_cat.most_common():
     print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
-    top = [(n, t) for n, t in per_op.most_common() if cats[n] == cat][:3]
+    costliest = [(n, t) for n, t in per_op.most_common()
+                 if cats[n] == cat][:3]
     print('             ' + '; '.join(
-        f'{n} {t / 1e6:.1f} ms ({_source(hlo, n)})' for n, t in top))
-  print(f'top {args.top} ops:')
-  for name, ns in per_op.most_common(args.top):
-    what = ','.join(sorted(ops.get(name, ())))
-    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}  [{what}]')
+        f'{n} {t / 1e6:.1f} ms{source(n)}' for n, t in costliest))
+  print(f'top {top} ops:')
+  for name, ns in per_op.most_common(top):
+    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}{what(name)}')
 
 
 def _profile_torch(args) -> None:
@@ -417,21 +427,11 @@ def _profile_torch(args) -> None:
   for e in prof.key_averages():
     per_op[e.key] += e.self_cpu_time_total * 1e3 / args.steps  # us -> ns
   total = sum(per_op.values())
-  by_cat = collections.Counter()
-  for name, ns in per_op.items():
-    by_cat[torch_category(name)] += ns
   print(f'{args.peer} (PyTorch {torch.__version__}) {args.model} batch '
         f'{args.batch} {args.image_size} px {args.dtype} {args.mode}: '
         f'{wall:.4f} s/step wall, {total / 1e9:.4f} s of op time per step, '
         f'each op on all {torch.get_num_threads()} intra-op threads')
-  for cat, ns in by_cat.most_common():
-    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {cat}')
-    top = [(n, t) for n, t in per_op.most_common()
-           if torch_category(n) == cat][:3]
-    print('             ' + '; '.join(f'{n} {t / 1e6:.1f} ms' for n, t in top))
-  print(f'top {args.top} ops:')
-  for name, ns in per_op.most_common(args.top):
-    print(f'  {ns / 1e6:9.1f} ms  {100 * ns / total:5.1f}%  {name}')
+  _print_breakdown(per_op, {n: torch_category(n) for n in per_op}, args.top)
 
 
 if __name__ == '__main__':

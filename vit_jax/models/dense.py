@@ -208,3 +208,11 @@ class Head(DenseParams):
     else:
       y = _wide_dot(x.astype(dtype), kernel.astype(dtype))
     return y + bias.astype(jnp.float32)
+
+
+def head(module, features: int, bias: float = 0.0, name: str = 'head'
+         ) -> Head:
+  """The output layer of `module` (a model with `dtype` and `param_dtype`):
+  `features` wide, its bias initialised to the constant `bias`."""
+  return Head(features, dtype=module.dtype, param_dtype=module.param_dtype,
+              name=name, bias_init=nn.initializers.constant(bias))

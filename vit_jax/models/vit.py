@@ -362,10 +362,7 @@ class VisionTransformer(Module):
     self.sow('intermediates', 'representation', x)
     if not self.num_classes:
       return x
-    return dense.Head(self.num_classes, dtype=self.dtype,
-                      param_dtype=self.param_dtype, name='head',
-                      bias_init=nn.initializers.constant(
-                          self.head_bias_init))(x)
+    return dense.head(self, self.num_classes, self.head_bias_init)(x)
 
 
 def embed_patches(module: VisionTransformer, images):

@@ -99,8 +99,7 @@ class MaskedPatchPrediction(vit.VisionTransformer):
     self.sow('intermediates', 'representation', rep)
     shape = output_shape(self.target, self.bits, images.shape[-1],
                          self.stride)
-    out = dense.Head(math.prod(shape), dtype=self.dtype,
-                     param_dtype=self.param_dtype, name='mpp_head')(patch_out)
+    out = dense.head(self, math.prod(shape), name='mpp_head')(patch_out)
     out = jnp.reshape(out, (*out.shape[:2], *shape))
     return out, selected
 
