@@ -4,7 +4,9 @@ The pipeline runs on scikit-learn's real `digits` (1797 8x8 images, all
 distinct, so an image identifies its example).
 """
 
+import gc
 import json
+import weakref
 
 import ml_collections
 import numpy as np
@@ -146,6 +148,26 @@ def test_train_batches():
     assert -1 <= batch['image'].min() < batch['image'].max() <= 1
     assert batch['label'].shape == (64,) and batch['label'].dtype == np.int32
   assert json.loads(json.dumps(it.get_state())) == it.get_state()
+
+
+@pytest.mark.parametrize('kw', [{}, {'mixup': 0.2}])
+def test_a_dropped_iterator_is_freed_at_once(kw):
+  """No reference cycle: the running tf.data iterator and its threads go
+  when the last reference does, not at some later cyclic collection (which
+  would stall whatever runs then, for seconds on a busy host)."""
+  gc.collect()
+  gc.disable()
+  try:
+    train = pipeline.train_iterator(_config(image_size=16, **kw), seed=0)
+    next(train)
+    evals = iter(pipeline.eval_iterator(_config(image_size=16)))
+    next(evals)
+    refs = [weakref.ref(train), weakref.ref(train._iterator),
+            weakref.ref(evals)]
+    del train, evals
+    assert [r() for r in refs] == [None] * 3
+  finally:
+    gc.enable()
 
 
 def _first_epoch(process_index, process_count, **kw):

@@ -146,9 +146,14 @@ class TrainIterator:
 
   def dataset(self, epoch: int = 0, index: int = 0) -> tf.data.Dataset:
     """The batched stream starting at example `index` of epoch `epoch`."""
-    st, keys = self._st, self._keys
+    # The functions below capture locals, never `self`: a traced function
+    # holding `self` would tie this object, its running iterator and the
+    # tf.data threads in a reference cycle that only a later cyclic garbage
+    # collection frees, stalling whatever runs then for seconds.
+    st, keys, pp, block = self._st, self._keys, self._pp, self._block
     source, split = st.source, st.train_split
     pi, pc = self._pi, self._pc
+    local, num_classes = self._local, self._num_classes
     cached = (source.host_dataset(split, pi, pc).cache() if st.cache
               else None)
 
@@ -160,7 +165,7 @@ class TrainIterator:
                                  order_key=_fold(keys['order'], e))
       start = tf.where(tf.equal(e, epoch), tf.constant(index, tf.int64),
                        tf.constant(0, tf.int64))
-      ds = shuffle.block_shuffle(ds, self._block, _fold(keys['shuffle'], e),
+      ds = shuffle.block_shuffle(ds, block, _fold(keys['shuffle'], e),
                                  skip=start)
       return ds.enumerate(start=start).map(
           lambda i, x: {**x, _EPOCH: e, _INDEX: i})
@@ -168,15 +173,15 @@ class TrainIterator:
     def process(x):
       e, i = x[_EPOCH], x[_INDEX]
       features = {k: v for k, v in x.items() if k not in (_EPOCH, _INDEX)}
-      out = _finalize(self._pp(features, _fold(keys['pp'], e, i)))
+      out = _finalize(pp(features, _fold(keys['pp'], e, i)))
       return {**out, _EPOCH: e, _INDEX: i}
 
     ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
     ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
-    ds = ds.batch(self._local, drop_remainder=True)
+    ds = ds.batch(local, drop_remainder=True)
     if st.mixup > 0 or st.cutmix > 0:
       ds = ds.map(lambda b: mixup_lib.mix(
-          b, st.mixup, st.cutmix, self._num_classes,
+          b, st.mixup, st.cutmix, num_classes,
           _fold(keys['mixup'], b[_EPOCH][0], b[_INDEX][0])))
     return ds.prefetch(st.prefetch).with_options(_options())
 
