@@ -5,9 +5,11 @@ A 3-class folder trained with `num_classes=2` used to exit 0 with
 `--config.num_classes` sets it.
 """
 
+import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import ml_collections
 import numpy as np
@@ -130,6 +132,29 @@ def test_tfrecord_labels_checked_by_metadata_and_while_reading(tmp_path):
   assert 'train-00001' in str(e.value) and 'label 7' in str(e.value)
   with pytest.raises(LabelRangeError, match='train-00001'):
     list(pipeline.eval_iterator(config))
+
+
+def test_a_reading_error_leaves_no_iterator_behind(tmp_path):
+  """Caught and dropped, the error does not keep the iterator (and its
+  tf.data threads) alive in a reference cycle through its traceback."""
+  with tf.io.TFRecordWriter(str(tmp_path / 'train-00000')) as writer:
+    writer.write(_record(7))
+  config = ml_collections.ConfigDict(dict(
+      data='tfrecord', data_dir=str(tmp_path), num_classes=5, batch_size=1,
+      image_size=8))
+  gc.collect()
+  gc.disable()
+  try:
+    it = pipeline.train_iterator(config, seed=0)
+    try:
+      next(it)
+    except LabelRangeError:
+      pass
+    ref = weakref.ref(it)
+    del it
+    assert ref() is None
+  finally:
+    gc.enable()
 
 
 @pytest.mark.parametrize('value, expected', [('None', 'None'), ('5', '5')])

@@ -91,9 +91,15 @@ def _raise_explained(st: settings_lib.Settings, error: tf.errors.OpError,
   """Re-raises a reading error, replaced by the source's clearer one."""
   better = st.source.explain_error(error, split, process_index,
                                    process_count)
-  if better is None:
-    raise error
-  raise better from error
+  try:
+    if better is None:
+      raise error
+    raise better from error
+  finally:
+    # The raised error's traceback holds this frame: no locals naming the
+    # errors, or the error, the caller's iterator and its tf.data threads
+    # would live in a reference cycle until a later cyclic collection.
+    del better, error
 
 
 class TrainIterator:
