@@ -1,7 +1,9 @@
 """A user's folder of class sub-folders: real JPEG/PNG photos, a corrupt file."""
 
+import gc
 import logging
 import os
+import weakref
 
 import ml_collections
 import numpy as np
@@ -75,6 +77,26 @@ def test_folder_classes_splits_and_batches(tmp_path):
     pipeline.eval_iterator(_config(tmp_path))
 
 
+def test_a_missing_eval_split_error_keeps_nothing_alive(tmp_path):
+  """The error is raised afresh each time: no traceback stored with the
+  settings holds the caller's frame, and with it a running iterator."""
+  _write(tmp_path, corrupt=False)
+
+  def train_then_ask_for_eval():  # Its frame ends holding the iterator.
+    it = pipeline.train_iterator(_config(tmp_path), seed=0)
+    next(it)
+    with pytest.raises(UnknownSplitError, match='set input.eval_split'):
+      pipeline.eval_iterator(_config(tmp_path))
+    return weakref.ref(it)
+
+  gc.collect()
+  gc.disable()
+  try:
+    assert train_then_ask_for_eval()() is None
+  finally:
+    gc.enable()
+
+
 def test_split_folders_layout(tmp_path):
   _write(tmp_path / 'train', corrupt=False)
   _write(tmp_path / 'test', corrupt=False)
@@ -126,6 +148,7 @@ def test_corrupt_image_error_names_the_file(tmp_path):
     for _ in range(10):
       next(it)
   assert [os.path.basename(p) for p in e.value.paths] == ['bad.jpg']
+  del e, it  # A cycle (error, traceback, this frame) would hold `it`.
   with pytest.raises(BadImageError, match=r'bad\.jpg'):
     list(pipeline.eval_iterator(_config(tmp_path, eval_split='train')))
 

@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Optional
 
@@ -56,7 +57,10 @@ class Settings:
   def require_eval_split(self) -> str:
     """The eval split, or the error saying how to set one."""
     if self.eval_split is None:
-      raise self.eval_split_error
+      # A fresh copy each time: the stored error raised itself would carry
+      # its callers' frames (and what they hold: iterators, their threads)
+      # in a traceback kept alive by these settings.
+      raise copy.copy(self.eval_split_error)
     return self.eval_split
 
 
@@ -74,7 +78,7 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
     try:
       evals = source.default_eval_split()
     except ValueError as e:  # Only evaluation needs it.
-      error = e
+      error = e.with_traceback(None)  # Kept: no frames (no cycle) with it.
   image_size = int(input_config.get('image_size') or spec.image_size)
   batch = input_config.get('batch_size')
   return Settings(
