@@ -1,5 +1,7 @@
 """Shared test set-up: quiet TF/JAX logs, CPU only, fixed seeds."""
 
+import contextlib
+import gc
 import os
 import shutil
 import tempfile
@@ -82,6 +84,18 @@ def assert_batches_equal(a, b):
     assert x.keys() == y.keys()
     for k in x:
       np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+@contextlib.contextmanager
+def no_cyclic_gc():
+  """Python's cyclic collector off: inside, an object whose last reference
+  goes is freed at once only if no reference cycle holds it."""
+  gc.collect()
+  gc.disable()
+  try:
+    yield
+  finally:
+    gc.enable()
 
 
 

@@ -4,7 +4,6 @@ The pipeline runs on scikit-learn's real `digits` (1797 8x8 images, all
 distinct, so an image identifies its example).
 """
 
-import gc
 import json
 import weakref
 
@@ -17,7 +16,7 @@ from vit_jax.data import pipeline, registry, sources
 from vit_jax.data.errors import (DatasetNotPreparedError, UnknownDatasetError,
                                  UnknownSplitError)
 from vit_jax.data.memory_source import load
-from conftest import assert_batches_equal, take
+from conftest import assert_batches_equal, no_cyclic_gc, take
 
 
 def _config(**kw):
@@ -155,9 +154,7 @@ def test_a_dropped_iterator_is_freed_at_once(kw):
   """No reference cycle: the running tf.data iterator and its threads go
   when the last reference does, not at some later cyclic collection (which
   would stall whatever runs then, for seconds on a busy host)."""
-  gc.collect()
-  gc.disable()
-  try:
+  with no_cyclic_gc():
     train = pipeline.train_iterator(_config(image_size=16, **kw), seed=0)
     next(train)
     evals = iter(pipeline.eval_iterator(_config(image_size=16)))
@@ -166,8 +163,6 @@ def test_a_dropped_iterator_is_freed_at_once(kw):
             weakref.ref(evals)]
     del train, evals
     assert [r() for r in refs] == [None] * 3
-  finally:
-    gc.enable()
 
 
 def _first_epoch(process_index, process_count, **kw):

@@ -1,6 +1,5 @@
 """A user's folder of class sub-folders: real JPEG/PNG photos, a corrupt file."""
 
-import gc
 import logging
 import os
 import weakref
@@ -14,6 +13,7 @@ import tensorflow as tf
 from vit_jax.data import folder_source, pipeline
 from vit_jax.data.errors import (BadImageError, DatasetNotPreparedError,
                                  UnknownSplitError)
+from conftest import no_cyclic_gc
 
 # class -> (photo, format) of its images.
 PHOTOS = {
@@ -89,12 +89,8 @@ def test_a_missing_eval_split_error_keeps_nothing_alive(tmp_path):
       pipeline.eval_iterator(_config(tmp_path))
     return weakref.ref(it)
 
-  gc.collect()
-  gc.disable()
-  try:
+  with no_cyclic_gc():
     assert train_then_ask_for_eval()() is None
-  finally:
-    gc.enable()
 
 
 def test_split_folders_layout(tmp_path):

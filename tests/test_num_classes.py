@@ -5,7 +5,6 @@ A 3-class folder trained with `num_classes=2` used to exit 0 with
 `--config.num_classes` sets it.
 """
 
-import gc
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from vit_jax import models
 from vit_jax.data import pipeline, prepare
 from vit_jax.data.errors import LabelRangeError
 from vit_jax.train import loop, step as step_lib
+from conftest import no_cyclic_gc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLASSES = ('cats', 'dogs', 'owls')
@@ -143,9 +143,7 @@ def test_a_reading_error_leaves_no_iterator_behind(tmp_path):
   config = ml_collections.ConfigDict(dict(
       data='tfrecord', data_dir=str(tmp_path), num_classes=5, batch_size=1,
       image_size=8))
-  gc.collect()
-  gc.disable()
-  try:
+  with no_cyclic_gc():
     it = pipeline.train_iterator(config, seed=0)
     try:
       next(it)
@@ -154,8 +152,6 @@ def test_a_reading_error_leaves_no_iterator_behind(tmp_path):
     ref = weakref.ref(it)
     del it
     assert ref() is None
-  finally:
-    gc.enable()
 
 
 @pytest.mark.parametrize('value, expected', [('None', 'None'), ('5', '5')])

@@ -96,9 +96,9 @@ def _raise_explained(st: settings_lib.Settings, error: tf.errors.OpError,
       raise error
     raise better from error
   finally:
-    # The raised error's traceback holds this frame: no locals naming the
-    # errors, or the error, the caller's iterator and its tf.data threads
-    # would live in a reference cycle until a later cyclic collection.
+    # The raised error's traceback holds this frame: were the errors still
+    # its locals, they, the caller's iterator and its tf.data threads would
+    # be a reference cycle, alive until a later cyclic collection.
     del better, error
 
 
