@@ -11,6 +11,7 @@ worker: the project in ~/vit_jax, a Python 3.11 virtual environment in
 from __future__ import annotations
 
 import dataclasses
+import re
 import shlex
 from typing import Mapping, Optional, Sequence
 
@@ -169,11 +170,41 @@ def logs_script() -> str:
 
 
 def status_script() -> str:
-  """One line per worker: running / exited N / no run, and the last log line."""
+  """One line per worker: running / exited N at TIME (UTC, when the run
+  ended) / no run, and the last log line."""
   return (f'if [ -f {PID} ] && kill -0 "$(cat {PID})" 2>/dev/null; then '
-          f's=running; elif [ -f {EXIT} ]; then s="exited $(cat {EXIT})"; '
+          f's=running; elif [ -f {EXIT} ]; then s="exited $(cat {EXIT}) at '
+          f'$(date -u -r {EXIT} +%Y-%m-%dT%H:%M:%SZ)"; '
           'else s="no run"; fi; '
           f'echo "$(hostname): $s | $(tail -n 1 {LOG} 2>/dev/null)"')
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerRun:
+  """One line of `status_script`'s output."""
+  host: str
+  state: str  # 'running', 'exited N' or 'no run'.
+  exit_code: Optional[int] = None
+  ended: str = ''  # When it exited: UTC, ISO 8601 (sorts by time).
+  last_line: str = ''
+
+
+_STATUS_LINE = re.compile(r'^(\S+): (running|exited (-?\d+)(?: at (\S+))?|no run)'
+                          r' \|(?: (.*))?$')
+
+
+def parse_status(text: str) -> list:
+  """`status_script`'s lines (from one or every worker) as WorkerRuns;
+  lines that are not its (gcloud's own messages) are skipped."""
+  runs = []
+  for line in text.splitlines():
+    found = _STATUS_LINE.match(line.strip())
+    if found:
+      host, state, code, ended, last = found.groups()
+      runs.append(WorkerRun(
+          host, state.split(' at ')[0], None if code is None else int(code),
+          ended or '', last or ''))
+  return runs
 
 
 def save_logs_script(workdir: str) -> str:

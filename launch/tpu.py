@@ -419,8 +419,8 @@ def _run_state(runner: Runner, args) -> Optional[str]:
                                 worker='0'),
                    capture=True, check=False, echo=False,
                    dry_stdout='w-0: running | ')
-  found = re.search(r': (running|exited -?\d+|no run) \|', res.stdout)
-  return found.group(1) if not res.returncode and found else None
+  runs = commands.parse_status(res.stdout)
+  return runs[0].state if not res.returncode and runs else None
 
 
 def _ended(runner: Runner, exit_code: int, state: str) -> str:
@@ -530,6 +530,8 @@ def _run_local(args, runner: Runner) -> int:
 
 def cmd_logs(args, runner: Runner) -> int:
   code = runner.run(_logs_argv(args), check=False).returncode
+  if code not in (0, EXIT_PREEMPTED):
+    _first_failure(runner, args)
   if args.results:
     _copy_results(runner, args)
   return code
@@ -634,8 +636,33 @@ def cmd_up(args, runner: Runner) -> int:
   return _finish(runner, args, outcome, ran='run' in created)
 
 
+def _first_failure(runner: Runner, args) -> None:
+  """Names the worker whose run failed first, with its last log line: on a
+  slice the others fail after it (their collectives lose a peer), and
+  worker 0's log, the one streamed, seldom holds the cause."""
+  res = runner.run(commands.ssh(_tpu(args), commands.status_script()),
+                   capture=True, check=False, echo=False,
+                   dry_stdout='w-0: exited 1 at 2026-01-01T00:00:00Z | ')
+  runs = commands.parse_status(res.stdout)
+  failed = sorted((r for r in runs if r.exit_code not in (None, 0)),
+                  key=lambda r: r.ended)
+  if not failed:
+    return
+  first = failed[0]
+  others = [r.host for r in failed[1:]]
+  running = [r.host for r in runs if r.state == 'running']
+  runner.note(
+      f'first to fail: {first.host}, exit {first.exit_code} at '
+      f'{first.ended or "an unknown time"}; its last log line: '
+      f'{first.last_line or "(empty)"}'
+      + (f'; failed after it: {", ".join(others)}' if others else '')
+      + (f'; still running: {", ".join(running)}' if running else ''))
+
+
 def _finish(runner: Runner, args, outcome: str, ran: bool = False) -> int:
-  if outcome == 'failed' and ran and not args.keep:  # Before the TPU goes.
+  if outcome == 'failed' and ran:  # Before the TPU goes.
+    _first_failure(runner, args)
+  if outcome == 'failed' and ran and not args.keep:
     res = runner.run(commands.ssh(_tpu(args),
                                   commands.save_logs_script(args.workdir)),
                      check=False)

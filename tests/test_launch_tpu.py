@@ -72,17 +72,21 @@ class FakeRunner(Runner):
   """Records every command; describe answers `states` in turn; the n-th log
   stream answers `streams[n]`; worker 0's run state (`status_script`)
   answers `runs` in turn ('running', 'exited N'; once they are used up,
-  worker 0 does not answer); commands matching `fail` exit 1."""
+  worker 0 does not answer); asked on every worker, it answers `workers`;
+  commands matching `fail` exit 1."""
 
-  def __init__(self, states=(), streams=(), fail=None, runs=()):
+  def __init__(self, states=(), streams=(), fail=None, runs=(), workers=''):
     super().__init__(out=io.StringIO())
     self.calls, self.states, self.streams = [], list(states), list(streams)
     self.fail, self.processes, self.runs = fail, [], list(runs)
+    self.workers = workers
 
   def _call(self, argv, capture):
     self.calls.append(argv)
     if 'describe' in argv:
       return Result(0, self.states.pop(0) + '\n')
+    if any('s=running' in a for a in argv) and '--worker=all' in argv:
+      return Result(0, self.workers)
     if any('s=running' in a for a in argv):
       if not self.runs:
         return Result(255, '', 'Connection timed out')
@@ -490,14 +494,51 @@ def test_too_many_preemptions_give_up_and_delete():
 def test_failed_run_copies_results_and_deletes():
   runner = FakeRunner(states=['READY'], streams=[[1]], runs=['exited 1'])
   assert _up(runner, '--results=out') == 1
-  assert [kind(c) for c in runner.calls][-7:] == [
-      'logs', 'describe', 'run state', 'save logs', 'mkdir', 'storage cp',
-      'delete']
+  assert [kind(c) for c in runner.calls][-8:] == [
+      'logs', 'describe', 'run state', 'run state', 'save logs', 'mkdir',
+      'storage cp', 'delete']
   save = runner.calls[-4]
   assert save[-2] == '--worker=all' and 'gs://b/run/logs' in save[-1]
   out = runner.out.getvalue()
   assert 'the run failed (exit 1; TPU READY)' in out
   assert "every worker's log: gs://b/run/logs/" in out
+
+
+def test_a_failed_run_names_the_worker_that_failed_first():
+  """On a slice one worker's error (say, host memory) makes the others fail
+  later, when their collectives lose it: the first is where the cause is,
+  and it is seldom worker 0, whose log was streamed."""
+  workers = (
+      'Using ssh batch size of 1. Attempting to SSH into 1 nodes\n'
+      't1v-n-1-w-0: exited 1 at 2026-11-28T10:04:41Z | jax.errors.'
+      'JaxRuntimeError: UNAVAILABLE: task 2 heartbeat timeout\n'
+      't1v-n-1-w-1: running | step 4000\n'
+      't1v-n-1-w-2: exited 137 at 2026-11-28T10:02:57Z | Killed\n'
+      't1v-n-1-w-3: exited 1 at 2026-11-28T10:04:40Z | same error\n')
+  runner = FakeRunner(states=['READY'], streams=[[1]], runs=['exited 1'],
+                      workers=workers)
+  assert _up(runner) == 1
+  out = runner.out.getvalue()
+  assert ('first to fail: t1v-n-1-w-2, exit 137 at 2026-11-28T10:02:57Z; '
+          'its last log line: Killed; failed after it: t1v-n-1-w-3, '
+          't1v-n-1-w-0; still running: t1v-n-1-w-1') in out
+  # Named before the TPU and its workers' logs go.
+  assert out.index('first to fail') < out.index('every worker\'s log')
+
+
+def test_logs_of_a_failed_run_name_the_worker_that_failed_first():
+  class Stream(FakeRunner):
+    def _call(self, argv, capture):
+      if kind(argv) == 'logs':
+        self.calls.append(argv)
+        return Result(1)
+      return super()._call(argv, capture)
+
+  runner = Stream(workers='w-0: exited 1 at 2026-11-28T10:04:41Z | x\n'
+                          'w-1: exited 1 at 2026-11-28T10:01:00Z | y\n')
+  assert tpu.main(['logs', '--name=vit', '--zone=z'], runner=runner) == 1
+  assert 'first to fail: w-1, exit 1 at 2026-11-28T10:01:00Z; its last ' \
+         'log line: y; failed after it: w-0' in runner.out.getvalue()
 
 
 def test_lost_connection_reattaches():
@@ -623,7 +664,10 @@ def test_worker_scripts(tmp_path):
   assert logs.returncode == 3  # The run's exit status.
   assert (f'ran -m vit_jax.main --config=c.py:a=1 --workdir=gs://b/r in '
           f'{home}/vit_jax with x y') in logs.stdout
-  assert 'exited 3' in sh(commands.status_script()).stdout
+  (status,) = commands.parse_status(sh(commands.status_script()).stdout)
+  assert (status.host, status.state, status.exit_code) == (
+      socket.gethostname(), 'exited 3', 3)
+  assert re.fullmatch(r'\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ', status.ended)
   wd = tmp_path / 'work dir'  # Before a failed run's TPU goes.
   assert sh(commands.save_logs_script(str(wd))).returncode == 0
   (saved,) = (wd / 'logs').iterdir()
