@@ -189,8 +189,8 @@ class WorkerRun:
   last_line: str = ''
 
 
-_STATUS_LINE = re.compile(r'^(\S+): (running|exited (-?\d+)(?: at (\S+))?|no run)'
-                          r' \|(?: (.*))?$')
+_STATUS_LINE = re.compile(
+    r'^(\S+): (running|exited (-?\d+)(?: at (\S+))?|no run) \|(?: (.*))?$')
 
 
 def parse_status(text: str) -> list:

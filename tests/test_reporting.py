@@ -1,6 +1,7 @@
 """Progress reports and metrics.jsonl rows of a run, resumed ones included."""
 
 import json
+import threading
 
 import pytest
 
@@ -31,3 +32,49 @@ def test_jsonl_keeps_rows_up_to_the_resumed_step(tmp_path):
   rows = [json.loads(l) for l in open(path)]
   assert [(r['step'], r['loss']) for r in rows] == [(10, 1.0), (20, 2.0),
                                                     (30, 0.5)]
+
+
+def test_a_slow_store_does_not_hold_up_the_train_loop(tmp_path, monkeypatch):
+  """On gs:// each metrics.jsonl write is an upload: `write_scalars` (the
+  train loop's call, made while the device waits for the next step) must
+  not wait for it, and `close` must wait until the rows are there."""
+  stored, release = threading.Event(), threading.Event()
+  write_text = reporting.write_text
+
+  def slow_store(path, text):
+    release.wait(30)
+    write_text(path, text)
+    stored.set()
+
+  monkeypatch.setattr(reporting, 'write_text', slow_store)
+  writer = reporting.make_writer(str(tmp_path))
+  writer.write_scalars(50, {'loss': 2.0})
+  writer.write_scalars(100, {'loss': 1.0})  # Returns with the store blocked.
+  assert not stored.is_set()
+  release.set()
+  writer.close()
+  rows = [json.loads(l) for l in open(tmp_path / 'metrics.jsonl')]
+  assert [(r['step'], r['loss']) for r in rows] == [(50, 2.0), (100, 1.0)]
+
+
+def test_a_failed_write_is_retried_with_the_next_row(tmp_path, monkeypatch):
+  """A store's transient error loses no row and stops no run; rows that
+  cannot be written at all raise at `close`, naming the file."""
+  path = str(tmp_path / 'metrics.jsonl')
+  write_text = reporting.write_text
+  failures = iter([True, False, True])
+
+  def flaky(p, text):
+    if next(failures, True):
+      raise OSError('503 Service Unavailable')
+    write_text(p, text)
+
+  monkeypatch.setattr(reporting, 'write_text', flaky)
+  writer = reporting.JsonlWriter(path)
+  writer.write_scalars(10, {'loss': 3.0})  # Fails: kept for the next.
+  writer.write_scalars(20, {'loss': 2.0})  # Writes both.
+  rows = [json.loads(l) for l in open(path)]
+  assert [r['step'] for r in rows] == [10, 20]
+  writer.write_scalars(30, {'loss': 1.0})  # Fails, and so does close.
+  with pytest.raises(OSError, match='metrics.jsonl could not be written.*503'):
+    writer.close()

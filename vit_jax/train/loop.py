@@ -275,7 +275,6 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
           with progress.timed('step', wait_jax_async_dispatch=False):
             last_metrics = _check_finite(*pending, ckpt)  # Waits for it.
           writer.write_scalars(step, {**last_metrics, **progress.scalars})
-          writer.flush()
         # A stop (SIGTERM, a preemption notice) saves first: a spot VM's
         # grace period is no time for an evaluation.
         stop = stops.requested(step)

@@ -31,9 +31,14 @@ class JsonlWriter(metric_writers.LoggingWriter):
   that checkpoint by an interrupted run and are written again as this run
   re-computes those steps. A row with the step and keys of an existing row
   (e.g. the final evaluation, repeated when a run resumes at its last step)
-  replaces it. So no step appears twice with the same metrics. The file is
-  rewritten whole at each flush: object stores cannot append, and a run's
-  metrics are small.
+  replaces it. So no step appears twice with the same metrics.
+
+  Every `write_scalars` writes the file (whole: object stores cannot
+  append, and a run's metrics are small); `make_writer` runs it on clu's
+  AsyncWriter thread, so the train loop never waits for the store. A write
+  that fails there (a store's transient error) is logged and retried at
+  the next row; only `flush` and `close` raise, once the rows cannot be
+  written at all.
   """
 
   def __init__(self, path: str, resume_step: Optional[int] = None):
@@ -65,6 +70,11 @@ class JsonlWriter(metric_writers.LoggingWriter):
     else:
       self._lines.append(line)
     self._dirty = True
+    try:
+      self.flush()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.warning('%s could not be written (%s: %s); trying again with '
+                      'the next row', self._path, type(e).__name__, e)
 
   def write_hparams(self, hparams: Mapping[str, Any]):
     pass
@@ -75,7 +85,12 @@ class JsonlWriter(metric_writers.LoggingWriter):
       self._dirty = False
 
   def close(self):
-    self.flush()
+    try:
+      self.flush()
+    except Exception as e:
+      raise OSError(f'{self._path} could not be written ({type(e).__name__}: '
+                    f'{e}); its rows are in this run\'s log and TensorBoard '
+                    'events') from e
 
 
 def _row_step(line: str) -> Optional[int]:
@@ -89,13 +104,19 @@ def make_writer(workdir: str, resume_step: Optional[int] = None
                 ) -> metric_writers.MetricWriter:
   """TensorBoard + metrics.jsonl on process 0; logging only elsewhere.
 
+  Both write on a thread of their own: `write_scalars` returns at once, and
+  a row reaches metrics.jsonl as soon as it is written (TensorBoard's event
+  file within TensorFlow's flush interval); `flush` and `close` wait for
+  both.
+
   `resume_step`: the step a training run starts from (see JsonlWriter).
   """
   if jax.process_index() != 0:
     return metric_writers.create_default_writer(None, just_logging=True)
   return metric_writers.MultiWriter([
       metric_writers.create_default_writer(workdir, asynchronous=True),
-      JsonlWriter(os.path.join(workdir, 'metrics.jsonl'), resume_step),
+      metric_writers.AsyncWriter(
+          JsonlWriter(os.path.join(workdir, 'metrics.jsonl'), resume_step)),
   ])
 
 
