@@ -170,10 +170,13 @@ def logs_script() -> str:
 
 
 def status_script() -> str:
-  """One line per worker: running / exited N at TIME (UTC, when the run
-  ended) / no run, and the last log line."""
+  """One line per worker: running (and for how many seconds its log has
+  not grown) / exited N at TIME (UTC, when the run ended) / no run, and the
+  last log line."""
+  idle = f'$(( $(date +%s) - $(stat -c %Y {LOG} 2>/dev/null || date +%s) ))'
   return (f'if [ -f {PID} ] && kill -0 "$(cat {PID})" 2>/dev/null; then '
-          f's=running; elif [ -f {EXIT} ]; then s="exited $(cat {EXIT}) at '
+          f's="running, log idle {idle}s"; '
+          f'elif [ -f {EXIT} ]; then s="exited $(cat {EXIT}) at '
           f'$(date -u -r {EXIT} +%Y-%m-%dT%H:%M:%SZ)"; '
           'else s="no run"; fi; '
           f'echo "$(hostname): $s | $(tail -n 1 {LOG} 2>/dev/null)"')
@@ -187,10 +190,12 @@ class WorkerRun:
   exit_code: Optional[int] = None
   ended: str = ''  # When it exited: UTC, ISO 8601 (sorts by time).
   last_line: str = ''
+  log_idle_s: Optional[int] = None  # Running: since its log last grew.
 
 
 _STATUS_LINE = re.compile(
-    r'^(\S+): (running|exited (-?\d+)(?: at (\S+))?|no run) \|(?: (.*))?$')
+    r'^(\S+): (running(?:, log idle (-?\d+)s)?|exited (-?\d+)(?: at (\S+))?'
+    r'|no run) \|(?: (.*))?$')
 
 
 def parse_status(text: str) -> list:
@@ -200,10 +205,11 @@ def parse_status(text: str) -> list:
   for line in text.splitlines():
     found = _STATUS_LINE.match(line.strip())
     if found:
-      host, state, code, ended, last = found.groups()
+      host, state, idle, code, ended, last = found.groups()
       runs.append(WorkerRun(
-          host, state.split(' at ')[0], None if code is None else int(code),
-          ended or '', last or ''))
+          host, re.sub(r'(, log idle| at) .*', '', state),
+          None if code is None else int(code), ended or '', last or '',
+          None if idle is None else int(idle)))
   return runs
 
 

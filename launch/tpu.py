@@ -52,6 +52,7 @@ SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
 # started sooner on the new TPU would be refused as a second writer.
 LOCK_STALE_S = lock.STALE_S
 MAX_REATTACH = 3
+HANG_CHECK_S = 300.0  # How often `up` asks worker 0 how long its log is idle.
 MAX_DESCRIBE_ERRORS = 5  # In a row, waiting for a queued resource.
 
 
@@ -106,6 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     'preemption before giving up')
   a('--poll-seconds', type=float, default=60.0, help='how often up checks '
     'the TPU state (and a queued resource\'s)')
+  a('--hang-minutes', type=float, default=60.0, help='up: a run whose '
+    'worker-0 log has not grown for this long is taken as hung and fails '
+    '(logs saved, the TPU deleted unless --keep); 0: never')
   a('--worker', help='logs (default 0) and exec (default all): which worker')
   a('--keep', action='store_true', help='up: do not delete the TPU at the end')
   a('--local-processes', type=int, metavar='N', help='run/up: N local CPU '
@@ -157,8 +161,9 @@ def _validate(args: argparse.Namespace) -> None:
     raise ValueError('exec runs the command after "--" (and only exec does)')
   if args.results and not args.workdir:
     raise ValueError('--results needs --workdir (what to copy)')
-  if args.max_restarts < 0 or args.poll_seconds < 0:
-    raise ValueError('--max-restarts and --poll-seconds must be >= 0')
+  if args.max_restarts < 0 or args.poll_seconds < 0 or args.hang_minutes < 0:
+    raise ValueError('--max-restarts, --poll-seconds and --hang-minutes must '
+                     'be >= 0')
 
 
 # --------------------------------------------------------------------------
@@ -412,15 +417,37 @@ def _copy_results(runner: Runner, args) -> None:
                                         args.results))
 
 
-def _run_state(runner: Runner, args) -> Optional[str]:
-  """Worker 0's run: 'running', 'exited N' or 'no run'; None if it did not
+def _worker_0(runner: Runner, args) -> Optional[commands.WorkerRun]:
+  """Worker 0's run (running, exited N or no run); None if it did not
   answer."""
   res = runner.run(commands.ssh(_tpu(args), commands.status_script(),
                                 worker='0'),
                    capture=True, check=False, echo=False,
                    dry_stdout='w-0: running | ')
   runs = commands.parse_status(res.stdout)
-  return runs[0].state if not res.returncode and runs else None
+  return runs[0] if not res.returncode and runs else None
+
+
+def _run_state(runner: Runner, args) -> Optional[str]:
+  """Worker 0's run: 'running', 'exited N' or 'no run'; None if it did not
+  answer."""
+  run = _worker_0(runner, args)
+  return run.state if run else None
+
+
+def _hung(runner: Runner, args) -> bool:
+  """Whether worker 0's run has written no log line for --hang-minutes: a
+  slice whose run waits forever (a collective missing a peer that neither
+  died nor answers, a stalled input read) bills every chip until someone
+  looks."""
+  run = _worker_0(runner, args)
+  idle = run.log_idle_s if run and run.state == 'running' else None
+  if idle is None or idle < args.hang_minutes * 60:
+    return False
+  runner.note(f'worker 0\'s log has not grown for {idle / 60:.0f} minutes '
+              f'(--hang-minutes={args.hang_minutes:g}; its last line: '
+              f'{run.last_line or "(empty)"}): the run is taken as hung')
+  return True
 
 
 def _ended(runner: Runner, exit_code: int, state: str) -> str:
@@ -443,14 +470,20 @@ def _watch(runner: Runner, args) -> str:
   stream ends on a healthy node, worker 0 is asked how the run ended: a
   stream that broke (ssh or gcloud failing, the run going on) reattaches;
   only a run that exited non-zero fails. A few reattaches in a row without
-  worker 0 answering fail too.
+  worker 0 answering fail too, and so does a run whose worker-0 log has not
+  grown for --hang-minutes (asked every HANG_CHECK_S).
   """
   runner.note(f'while the log streams, the TPU state is read every '
               f'{args.poll_seconds:g} s: ' + shlex.join(
                   commands.describe(_tpu(args))) + f'; on '
               f'{"/".join(_gone(args))}: delete, create, setup and run '
-              f'again (at most {args.max_restarts} times)')
+              f'again (at most {args.max_restarts} times)' + (
+                  f'; a run whose worker-0 log stays idle for '
+                  f'{args.hang_minutes:g} minutes fails as hung'
+                  if args.hang_minutes else ''))
   reattached = 0
+  hang_check_every = max(HANG_CHECK_S, args.poll_seconds)
+  hang_checked = time.monotonic()
   stream = runner.start(_logs_argv(args))
   while True:
     code = stream.wait(args.poll_seconds)
@@ -463,6 +496,12 @@ def _watch(runner: Runner, args) -> str:
       runner.note(f'{args.name} is {state}')
       return 'preempted'
     if code is None:
+      if (args.hang_minutes and state == 'READY' and
+          time.monotonic() - hang_checked >= hang_check_every):
+        hang_checked = time.monotonic()
+        if _hung(runner, args):
+          stream.stop()
+          return 'failed'
       continue
     run = _run_state(runner, args) if state == 'READY' else None
     if run is not None and run.startswith('exited'):

@@ -85,9 +85,9 @@ class FakeRunner(Runner):
     self.calls.append(argv)
     if 'describe' in argv:
       return Result(0, self.states.pop(0) + '\n')
-    if any('s=running' in a for a in argv) and '--worker=all' in argv:
+    if any('$(hostname): $s' in a for a in argv) and '--worker=all' in argv:
       return Result(0, self.workers)
-    if any('s=running' in a for a in argv):
+    if any('$(hostname): $s' in a for a in argv):
       if not self.runs:
         return Result(255, '', 'Connection timed out')
       return Result(0, f'w-0: {self.runs.pop(0)} | step 10\n')
@@ -114,7 +114,7 @@ def kind(argv) -> str:
   command = next(a for a in argv if a.startswith('--command='))
   for word, name in (('vit_jax.main', 'run'), ('tail -n +1', 'logs'),
                      ('uv venv', 'install'), ('rm -rf', 'rm'),
-                     ('s=running', 'run state'),
+                     ('$(hostname): $s', 'run state'),
                      ('$(hostname).log', 'save logs')):
     if word in command:
       return name
@@ -541,6 +541,32 @@ def test_logs_of_a_failed_run_name_the_worker_that_failed_first():
          'log line: y; failed after it: w-0' in runner.out.getvalue()
 
 
+def test_a_run_whose_log_stays_idle_fails_as_hung(monkeypatch):
+  """A slice waiting forever (a collective missing a peer that neither died
+  nor answers) bills every chip: after --hang-minutes without a log line
+  on worker 0, `up` names it, saves the logs and deletes the TPU."""
+  monkeypatch.setattr(tpu, 'HANG_CHECK_S', 0.0)
+  runner = FakeRunner(
+      states=['READY'] * 3, streams=[[None]],
+      runs=['running, log idle 600s', 'running, log idle 3660s'])
+  assert _up(runner, '--hang-minutes=60') == 1
+  kinds = [kind(c) for c in runner.calls]
+  assert kinds[-8:] == ['logs', 'describe', 'run state', 'describe',
+                        'run state', 'run state', 'save logs', 'delete']
+  assert runner.processes[-1].stopped
+  out = runner.out.getvalue()
+  assert ("worker 0's log has not grown for 61 minutes (--hang-minutes=60; "
+          'its last line: step 10): the run is taken as hung') in out
+
+
+def test_hang_minutes_0_never_asks(monkeypatch):
+  monkeypatch.setattr(tpu, 'HANG_CHECK_S', 0.0)
+  runner = FakeRunner(states=['READY'] * 3, streams=[[None, None, 0]],
+                      runs=['running, log idle 99999s'] * 3)
+  assert _up(runner, '--hang-minutes=0') == 0
+  assert 'run state' not in [kind(c) for c in runner.calls]
+
+
 def test_lost_connection_reattaches():
   runner = FakeRunner(states=['READY'], streams=[[255], [0]])
   assert _up(runner, '--keep') == 0
@@ -656,6 +682,8 @@ def test_worker_scripts(tmp_path):
   assert sh(run).returncode == 0
   second = sh(run)  # Refused while the first one runs.
   assert second.returncode == 1 and 'still going' in second.stdout
+  (going,) = commands.parse_status(sh(commands.status_script()).stdout)
+  assert going.state == 'running' and 0 <= going.log_idle_s < 30
   for setup in (commands.remove_project_script(), commands.install_script()):
     busy = sh(setup)  # Setup would replace the running run's code.
     assert busy.returncode == 1 and 'still going' in busy.stdout
