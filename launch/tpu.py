@@ -685,7 +685,13 @@ def _first_failure(runner: Runner, args) -> None:
   runs = commands.parse_status(res.stdout)
   failed = sorted((r for r in runs if r.exit_code not in (None, 0)),
                   key=lambda r: r.ended)
-  if not failed:
+  if not failed:  # Hung: the worker whose log went quiet first.
+    quiet = max((r for r in runs if r.log_idle_s is not None),
+                key=lambda r: r.log_idle_s, default=None)
+    if quiet:
+      runner.note(f'no worker\'s run failed; the longest silent log: '
+                  f'{quiet.host}\'s, {quiet.log_idle_s / 60:.0f} minutes; its '
+                  f'last line: {quiet.last_line or "(empty)"}')
     return
   first = failed[0]
   others = [r.host for r in failed[1:]]

@@ -548,7 +548,9 @@ def test_a_run_whose_log_stays_idle_fails_as_hung(monkeypatch):
   monkeypatch.setattr(tpu, 'HANG_CHECK_S', 0.0)
   runner = FakeRunner(
       states=['READY'] * 3, streams=[[None]],
-      runs=['running, log idle 600s', 'running, log idle 3660s'])
+      runs=['running, log idle 600s', 'running, log idle 3660s'],
+      workers='w-0: running, log idle 3670s | step 10\n'
+              'w-1: running, log idle 4210s | reading shard 17\n')
   assert _up(runner, '--hang-minutes=60') == 1
   kinds = [kind(c) for c in runner.calls]
   assert kinds[-8:] == ['logs', 'describe', 'run state', 'describe',
@@ -557,6 +559,8 @@ def test_a_run_whose_log_stays_idle_fails_as_hung(monkeypatch):
   out = runner.out.getvalue()
   assert ("worker 0's log has not grown for 61 minutes (--hang-minutes=60; "
           'its last line: step 10): the run is taken as hung') in out
+  assert ("no worker's run failed; the longest silent log: w-1's, 70 "
+          'minutes; its last line: reading shard 17') in out
 
 
 def test_hang_minutes_0_never_asks(monkeypatch):
