@@ -53,6 +53,14 @@ def _main_tracked(workdir, *flags):
                         env=ENV)
 
 
+# `python -m vit_jax.main` whose metrics store fails every write.
+_BROKEN_STORE = ('from vit_jax.train import reporting\n'
+                 'def broken(path, text): raise OSError("store unavailable")\n'
+                 'reporting.write_text = broken\n'
+                 'from absl import app\nfrom vit_jax import main\n'
+                 'app.run(main.main)\n')
+
+
 def _steps(workdir):
   d = os.path.join(workdir, 'checkpoints')
   return sorted(int(s) for s in os.listdir(d) if s.isdigit())
@@ -108,11 +116,17 @@ def test_non_finite_gradient_or_params_stop_before_saving(tmp_path):
 def test_diverged_run_keeps_only_finite_checkpoints_and_resumes(tmp_path):
   # Adam moves every parameter by ~lr: the first step past warm-up start
   # makes parameters that overflow while the loss it logs is still finite.
+  # Its metrics store fails too: that is logged, and the divergence is
+  # still the error the run ends with.
   workdir = str(tmp_path / 'nan')
-  out = _main(workdir, '--config.optim.lr=1e30', '--config.checkpoint_every=1',
-              '--config.log_every=1')
+  cmd = [sys.executable, '-c', _BROKEN_STORE, *_cmd(
+      workdir, '--config.optim.lr=1e30', '--config.checkpoint_every=1',
+      '--config.log_every=1')[3:]]
+  out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=ENV)
   assert out.returncode == 1, out.stderr[-3000:]
-  assert 'NonFiniteLossError' in out.stderr
+  assert 'metrics.jsonl could not be written' in out.stderr
+  last = out.stderr.strip().splitlines()[-1]
+  assert 'NonFiniteLossError' in last, out.stderr[-3000:]
   assert 'last good checkpoint' in out.stderr or 'No checkpoint' in out.stderr
   for step in _steps(workdir):
     assert all(np.isfinite(x).all() for x in _params(workdir, step)), step

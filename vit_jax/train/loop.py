@@ -288,16 +288,24 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
         if stop:
           ckpt.wait()
-          writer.flush()
-          raise stop
+          raise stop  # `finally` writes the metrics (and never hides this).
       if pending:
         last_metrics = _check_finite(*pending, ckpt)
       ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
       eval_metrics = _evaluate(config, run.evals, state)
       writer.write_scalars(step, eval_metrics)
-  finally:
+  except BaseException:
+    # The run's own exception (a stop's exit code 75, a NaN's report) is
+    # what the user and the launcher act on: a metrics store failing too
+    # is logged, never raised in its place.
     profile.close()
-    writer.close()
+    try:
+      writer.close()
+    except Exception as e:  # pylint: disable=broad-except
+      logging.error('%s', e)
+    raise
+  profile.close()
+  writer.close()
   return step, last_metrics, eval_metrics, prior_wall + progress.elapsed()
 
 
