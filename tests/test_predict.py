@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+import trained_workdir
 from trained_workdir import smoke_workdir
 from vit_jax import predict, trained as trained_lib
 
@@ -139,3 +140,23 @@ def test_clear_errors(tmp_path, capsys):
     trained_lib.load(str(tmp_path / 'empty_run'))
   assert predict.main([f'--init={tmp_path / "empty_run"}', 'x.jpg']) == 1
   assert 'no trained model' in capsys.readouterr().err
+
+
+# Orbax's failed read leaves a callback for its closed event loop.
+@pytest.mark.filterwarnings('ignore::pytest.PytestUnraisableExceptionWarning')
+def test_a_relative_init_loads_and_a_damaged_one_is_a_message(
+    workdir, tmp_path, monkeypatch, capsys):
+  run = trained_workdir.copy(workdir, tmp_path)
+  monkeypatch.chdir(os.path.dirname(run))
+  name = os.path.basename(run)
+  assert trained_lib.load(name).num_classes == 10  # Not called 'damaged'.
+  ckpts = os.path.join(run, 'checkpoints')
+  step = max(int(s) for s in os.listdir(ckpts) if s.isdigit())
+  for root, _, files in os.walk(os.path.join(ckpts, str(step), 'state')):
+    if os.path.basename(root) == 'd':  # The arrays' chunks.
+      for f in files:
+        with open(os.path.join(root, f), 'r+b') as fh:
+          fh.truncate(10)
+  assert predict.main([f'--init={name}', 'x.jpg']) == 1
+  err = capsys.readouterr().err
+  assert 'damaged' in err and 'earlier step' in err and 'Traceback' not in err

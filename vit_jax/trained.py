@@ -229,8 +229,11 @@ def _from_workdir(path: str, model: Optional[str],
   recorded = run_files.read_config(workdir)
   config = recorded.get('config') or {}
   run = run_files.read_summary(workdir)
-  spec = dict(orbax_state.load_run_state(source).get('model')
-              or config.get('model') or {})
+  try:
+    saved = orbax_state.load_run_state(source)
+  except orbax_state.DamagedCheckpointError as e:
+    raise TrainedModelError(str(e)) from None
+  spec = dict(saved.get('model') or config.get('model') or {})
   if not spec.get('name'):
     raise TrainedModelError(f'{source} does not record its model; load it '
                             'with vit_jax.train.orbax_state.load_params')
@@ -250,7 +253,8 @@ def _from_workdir(path: str, model: Optional[str],
   options = {k: v for k, v in spec.items() if v is not None}
   try:
     params = orbax_state.load_params(source, ema=ema)
-  except ValueError as e:  # ema=True on a run without averages.
+  except (ValueError,  # ema=True on a run without averages.
+          orbax_state.DamagedCheckpointError) as e:
     raise TrainedModelError(str(e)) from None
   if ema is False:
     source += ' (raw parameters)'

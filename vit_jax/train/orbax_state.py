@@ -237,9 +237,12 @@ def resolve(path: str) -> str:
   `path` may be DIR (a workdir: its latest finished checkpoint),
   DIR/checkpoints, or DIR/checkpoints/<step>. Steps are listed by orbax
   (finished saves only: temporary directories and, on object stores, steps
-  without their commit marker are skipped).
+  without their commit marker are skipped). A local path comes back
+  absolute: orbax reads no metadata through a relative one.
   """
   path = path.rstrip('/')
+  if '://' not in path:
+    path = os.path.abspath(path)
   for directory in (path + '/checkpoints', path):
     steps = ocp.step.checkpoint_steps(directory)
     if steps:
