@@ -36,11 +36,25 @@ def test_decode_gives_uint8_rgb(data, shape):
 
 
 def test_decode_keeps_one_channel_and_passes_decoded_images():
-  assert _run('decode(1)', GRAY_PNG)['image'].shape == (512, 512, 1)
+  np.testing.assert_array_equal(_run('decode(1)', GRAY_PNG)['image'][..., 0],
+                                GRAY)
   image = _run('decode', tf.constant(GRAY[..., None]))['image']
   assert image.shape == (512, 512, 3)
   np.testing.assert_array_equal(image[..., 2], GRAY)
   np.testing.assert_array_equal(_run('decode|to_rgb', PNG)['image'], PHOTO)
+
+
+@pytest.mark.parametrize('fmt,mode', [
+    ('GIF', 'RGB'), ('BMP', 'RGB'), ('WEBP', 'RGB'), ('JPEG', 'CMYK'),
+    ('PNG', 'RGBA'), ('JPEG', 'L')])
+def test_every_format_decodes_to_one_or_three_channels(fmt, mode):
+  import io
+  from PIL import Image
+  data = io.BytesIO()
+  Image.fromarray(WIDE).convert(mode).save(data, fmt)
+  for channels in (1, 3):
+    image = _run(f'decode({channels})', tf.constant(data.getvalue()))['image']
+    assert image.shape == (400, 600, channels) and image.dtype == np.uint8
 
 
 @pytest.mark.parametrize('spec', [

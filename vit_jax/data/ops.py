@@ -106,6 +106,9 @@ def decode_image(data: tf.Tensor, channels: Optional[int] = 3) -> tf.Tensor:
   """Encoded bytes -> uint8 [H, W, C]; an already decoded image passes."""
   if data.dtype != tf.string:
     return _set_channels(data, channels)
+  if channels == 1:  # GIF, BMP, WebP and CMYK JPEG decode to RGB only.
+    image = tf.io.decode_image(data, channels=3, expand_animations=False)
+    return _set_channels(tf.ensure_shape(image, [None, None, 3]), 1)
   image = tf.io.decode_image(data, channels=channels or 0,
                              expand_animations=False)
   return tf.ensure_shape(image, [None, None, channels or None])
