@@ -176,6 +176,37 @@ def test_hf_export_loads_back_with_labels(trained, tmp_path, capsys):
   np.testing.assert_allclose(_ours(back, x), _ours(trained, x), atol=TOL)
 
 
+def test_hf_processor_takes_any_photo_and_one_channel_models_load_back(
+    trained, exports, tmp_path):
+  _needs('hf')
+  from PIL import Image
+  from transformers import ViTImageProcessor
+  out, _ = exports('hf')
+  processor = ViTImageProcessor.from_pretrained(out)
+  photo = Image.fromarray(np.random.RandomState(0).randint(
+      0, 255, (40, 30, 3), np.uint8))
+  for mode in ('L', 'RGBA', 'CMYK', 'RGB'):
+    pixels = processor(photo.convert(mode), return_tensors='np')
+    assert pixels['pixel_values'].shape == (1, 3, 16, 16), mode
+  # A grey model (decode(1)): its channels survive the round trip.
+  params = jax.tree.map(lambda a: a, trained.params)
+  kernel = params['embedding']['kernel']
+  params['embedding'] = {**params['embedding'],
+                         'kernel': kernel.sum(2, keepdims=True)}
+  grey = dataclasses.replace(
+      trained, channels=1, params=params,
+      pp=['decode(1)', 'resize(16)', 'value_range(-1,1)'],
+      pp_spec='decode(1)|resize(16)|value_range(-1,1)')
+  export.export_model(grey, 'hf', str(tmp_path / 'grey'))
+  back = trained_lib.load(str(tmp_path / 'grey'))
+  assert back.channels == 1 and back.pp[0] == 'decode(1)'
+  x = _images(grey, 2)
+  np.testing.assert_allclose(_ours(back, x), _ours(grey, x), atol=TOL)
+  processor = ViTImageProcessor.from_pretrained(str(tmp_path / 'grey'))
+  assert processor(photo.convert('L'), return_tensors='np')[
+      'pixel_values'].shape == (1, 1, 16, 16)
+
+
 def test_formats_refuse_models_they_cannot_express(trained, tmp_path):
   for name, reason in (('BiT-R50x1', 'ResNet'), ('R50+ViT-B/16', 'hybrid')):
     other = dataclasses.replace(trained, name=name, options={})
@@ -220,8 +251,7 @@ def _npz_format(trained, name, offset=lambda: 0.0):
 
   def run(out, images):
     loaded = dataclasses.replace(
-        trained, params=load_npz(os.path.join(out, 'params.npz')),
-        _jitted={})
+        trained, params=load_npz(os.path.join(out, 'params.npz')))
     return loaded.logits(images) + offset()
 
   return export.register(export.Format(name=name, export=write, run=run))

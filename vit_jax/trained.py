@@ -74,7 +74,7 @@ class Trained:
   # (None: the model has none), read before any resize (`_build`).
   native_image_size: Optional[int] = None
   _jitted: Dict[str, Any] = dataclasses.field(
-      default_factory=dict, repr=False, compare=False)
+      default_factory=dict, init=False, repr=False, compare=False)
 
   @property
   def stride(self) -> int:
@@ -381,7 +381,10 @@ def _from_hf(path: str, model: Optional[str],
       'gelu_approximate', True):
     del options['gelu_approximate']
   num_classes = _head_classes(params, path, require_head)
-  trained = _build(name, options, num_classes, int(cfg.image_size), NPZ_PP,
+  channels = int(getattr(cfg, 'num_channels', 3))
+  pp = NPZ_PP if channels == 3 else (
+      f'decode({channels})|resize({int(cfg.image_size)})|value_range(-1,1)')
+  trained = _build(name, options, num_classes, int(cfg.image_size), pp,
                    params, path, 'hf')
   names = [cfg.id2label.get(i, cfg.id2label.get(str(i)))
            for i in range(num_classes)] if cfg.id2label and num_classes else []
