@@ -240,6 +240,18 @@ def test_resnet_families_export_to_savedmodel_and_stablehlo(name, tmp_path):
     assert manifest['verification']['max_abs_diff'] <= TOL
 
 
+def test_a_bfloat16_export_computes_in_bfloat16(trained, tmp_path):
+  out = str(tmp_path / 'bf16')
+  manifest = export.export_model(trained, 'stablehlo', out,
+                                 registry.Options(dtype='bfloat16'))
+  assert manifest['dtype'] == 'bfloat16'
+  assert manifest['verification']['max_abs_diff'] <= 5e-2
+  x = _images(trained, 2)
+  got = _stablehlo(out, x)
+  np.testing.assert_allclose(got, _ours(trained, x), atol=5e-2)
+  assert np.abs(got - _ours(trained, x)).max() > 0  # Not float32's numbers.
+
+
 def _npz_format(trained, name, offset=lambda: 0.0):
   """A format registered from outside: the params as an .npz file; its
   runtime adds `offset()` to the logits (non-zero: a wrong export)."""
@@ -286,6 +298,15 @@ def test_a_failed_overwrite_keeps_the_earlier_export(trained, tmp_path):
     assert sorted(os.listdir(out)) == sorted(before)
     assert os.listdir(tmp_path) == ['n']
     assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~_umask())
+    broken.append(True)
+    # A failed export to a new or an empty folder leaves it as it was.
+    with pytest.raises(export.ExportError, match='is wrong'):
+      export.export_model(trained, fmt.name, str(tmp_path / 'new'))
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(export.ExportError, match='is wrong'):
+      export.export_model(trained, fmt.name, str(tmp_path / 'empty'))
+    assert sorted(os.listdir(tmp_path)) == ['empty', 'n']
+    assert not os.listdir(tmp_path / 'empty')
   finally:
     registry.FORMATS.pop(fmt.name)
 
@@ -310,7 +331,8 @@ def test_command_line(trained, tmp_path, capsys):
       (['--batch=0', '--format=onnx'], 'a positive integer'),
       (['--format=hf', f'--init={tmp_path}/none'], 'does not exist'),
       (['--format=stablehlo', '--dtype=float16'], 'Export --dtype=bfloat16'),
-      (['--format=hf', '--dtype=bfloat16'], 'torch_dtype=torch.bfloat16')):
+      (['--format=hf', '--dtype=bfloat16'], 'torch_dtype=torch.bfloat16'),
+      (['--format=onnx', '--dtype=bfloat16'], 'no bfloat16 Conv')):
     argv = [f'--init={trained.workdir}', f'--out={tmp_path}/x'] + bad
     try:
       assert cli.main(argv) == 1, bad

@@ -106,5 +106,11 @@ def run(out: str, images: np.ndarray) -> np.ndarray:
 register(Format(
     name='onnx', export=export, run=run,
     requires=('onnx', 'onnxruntime', 'jax2onnx'), unsupported=not_convertible,
+    # Every export is verified, and onnxruntime has no bfloat16 Conv (nor
+    # most bfloat16 kernels) on CPUs: such a graph could not be checked.
+    dtypes=('float32',),
+    other_dtypes='onnxruntime cannot run a bfloat16 graph on a CPU (it has '
+    'no bfloat16 Conv), so it could not be verified: export bfloat16 as '
+    '--format=stablehlo or savedmodel',
     no_preprocessing='ONNX has no JPEG / PNG decoder',
     description='ONNX graph (jax2onnx), checked with onnxruntime'))

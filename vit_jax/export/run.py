@@ -180,16 +180,32 @@ def export_model(trained, fmt_name: str, out: str,
   registry.check_options(fmt, options)
   registry.check_model(fmt, trained)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
+  existed = os.path.isdir(out)
   target, replacing = _target(out, overwrite)
   try:
     manifest = _export(fmt, trained, target, options, tolerance)
   except BaseException:
     if replacing:  # The earlier export in `out` is untouched.
       shutil.rmtree(target, ignore_errors=True)
+    else:  # `out` was new or empty: leave it so, ready for another try.
+      _clear(target, remove=not existed)
     raise
   if replacing:
     _publish(target, out)
   return manifest
+
+
+def _clear(folder: str, remove: bool) -> None:
+  """Deletes what a failed export wrote into `folder` (and `folder`)."""
+  if remove:
+    shutil.rmtree(folder, ignore_errors=True)
+    return
+  for name in os.listdir(folder):
+    path = os.path.join(folder, name)
+    if os.path.isdir(path) and not os.path.islink(path):
+      shutil.rmtree(path, ignore_errors=True)
+    else:
+      os.remove(path)
 
 
 def _export(fmt, trained, out: str, options, tolerance: float
