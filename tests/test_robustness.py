@@ -472,10 +472,10 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
   assert not os.path.exists(tmp_path / 'bad' / 'checkpoints')
 
 
-def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
-  """Storage unavailable or out of memory says nothing about the files: the
-  newest checkpoint stays where it is (a damaged one is moved aside)."""
-  import errno
+def _steps_1_and_2(tmp_path):
+  """(Checkpointer with steps 1 and 2 saved, abstract state, shardings,
+  failing) where `failing(error)` is a `manager.restore` that raises
+  `error` reading step 2's state."""
   import flax
   import jax
   import jax.numpy as jnp
@@ -501,6 +501,15 @@ def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
         raise error
       return real(step, args=args)
     return restore
+  return ckpt, abstract, shardings, failing
+
+
+def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
+  """Storage unavailable or out of memory says nothing about the files: the
+  newest checkpoint stays where it is (a damaged one is moved aside)."""
+  import errno
+  from vit_jax.train import orbax_state
+  ckpt, abstract, shardings, failing = _steps_1_and_2(tmp_path)
 
   for error in (ValueError('UNAVAILABLE: GCS returned 503'), MemoryError(),
                 OSError(errno.ETIMEDOUT, 'Connection timed out')):
@@ -515,4 +524,44 @@ def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
   assert (step, data) == (1, {'position': 1})
   assert not (tmp_path / 'checkpoints' / '2').exists()
   assert list((tmp_path / 'damaged_checkpoints').iterdir())
+  ckpt.close()
+
+
+def test_a_step_one_process_finds_damaged_is_skipped_by_all_at_the_next_start(
+    tmp_path, monkeypatch):
+  """Orbax restores collectively: a process that finds a step damaged (its
+  own shards) cannot walk back alone. It marks the step and stops the run
+  (exit 75); at the next start every process skips the step."""
+  import types
+  import jax
+  from vit_jax.train import orbax_state
+  ckpt, abstract, shardings, failing = _steps_1_and_2(tmp_path)
+
+  def as_process(index):  # What orbax_state sees of a 2-process run.
+    fake = types.SimpleNamespace(**{k: getattr(jax, k) for k in dir(jax)
+                                    if not k.startswith('__')})
+    fake.process_count, fake.process_index = (lambda: 2), (lambda: index)
+    monkeypatch.setattr(orbax_state, 'jax', fake)
+    monkeypatch.setattr(orbax_state.multihost_utils, 'sync_global_devices',
+                        lambda _: None)
+  as_process(1)
+  monkeypatch.setattr(ckpt.manager, 'restore', failing(
+      ValueError('DATA_LOSS: truncated chunk')))
+  with pytest.raises(orbax_state.CheckpointUnavailableError,
+                     match='step 2 is damaged as process 1 reads it'):
+    ckpt.restore(abstract, shardings)
+  assert (tmp_path / 'checkpoints' / '2').exists()  # Nothing moved yet.
+  monkeypatch.undo()  # The next start: process 0 reads step 2 whole.
+  as_process(0)
+  step, _, data = ckpt.restore(abstract, shardings)
+  assert (step, data) == (1, {'position': 1})
+  aside, = [p for p in (tmp_path / 'damaged_checkpoints').iterdir()
+            if p.name != 'marks']
+  assert (aside / 'DAMAGED-2.process-1').read_text().startswith(
+      'process 1: state item: DATA_LOSS')
+  assert not list((tmp_path / 'damaged_checkpoints' / 'marks').iterdir())
+  _, state, data = ckpt.restore(abstract, shardings)
+  ckpt.maybe_save(2, state, data)  # The resumed run saves step 2 anew.
+  ckpt.wait()
+  assert ckpt.restore(abstract, shardings)[0] == 2  # Not skipped.
   ckpt.close()

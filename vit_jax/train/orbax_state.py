@@ -136,11 +136,19 @@ class Checkpointer:
     `expect` entries (e.g. the model config) must equal the saved JSON.
     """
     damaged = []  # (step, reason)
+    marked = self._marked()
     for step in sorted(self.manager.all_steps(), reverse=True):
+      if step in marked:
+        logging.warning('checkpoint step %d is damaged: %s', step,
+                        marked[step])
+        damaged.append((step, marked[step]))
+        continue
       try:
         result = self._restore_step(step, abstract_state, shardings, expect)
       except DamagedCheckpointError as e:
         logging.warning('checkpoint step %d is damaged: %s', step, e.reason)
+        if jax.process_count() > 1 and e.reason != _NON_FINITE:
+          raise self._mark(step, e.reason) from e
         damaged.append((step, e.reason))
         continue
       self._move_aside(damaged)
@@ -181,14 +189,51 @@ class Checkpointer:
           data=ocp.args.JsonRestore()))
     except Exception as e:  # Orbax raises many types for damaged files.
       raise _unreadable(step_dir, 'state', e) from e
-    if not _all_finite(restored['state'].params):
+    if not _all_finite(restored['state'].params):  # Every process agrees.
       raise DamagedCheckpointError(
-          f'{step_dir} holds non-finite parameters',
-          reason='non-finite parameters (saved before finite checks)')
+          f'{step_dir} holds non-finite parameters', reason=_NON_FINITE)
     return step, restored['state'], restored['data']
 
+  # Multi-process restores. Each process reads its own shards, so one may
+  # find a step damaged that the others read whole. Orbax's restore is
+  # collective (barriers inside it): once one process has left it with an
+  # error the processes cannot walk back together. That process records
+  # the step in a mark file on the shared store and stops the run
+  # (CheckpointUnavailableError: exit 75, launchers restart it; the
+  # distributed service stops the others); the next start skips marked
+  # steps on every process and restores the newest good one.
+
+  def _marks(self) -> epath.Path:
+    root = str(self.manager.directory).rstrip('/')
+    return epath.Path(root.rsplit('/', 1)[0]) / 'damaged_checkpoints' / 'marks'
+
+  def _marked(self) -> dict:
+    """{step: reason} of the steps a process of an earlier start marked."""
+    marks = self._marks()
+    if not marks.exists():
+      return {}
+    found = {}
+    for mark in marks.iterdir():
+      step = mark.name.split('.', 1)[0]
+      if step.isdigit():
+        found[int(step)] = mark.read_text().strip()
+    return found
+
+  def _mark(self, step: int, reason: str) -> Exception:
+    """Records `step` as damaged; the error that stops this process."""
+    me = jax.process_index()
+    mark = self._marks() / f'{step}.process-{me}'
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    mark.write_text(f'process {me}: {reason}\n')
+    return CheckpointUnavailableError(
+        f'checkpoint step {step} is damaged as process {me} reads it '
+        f'({reason}). Recorded in {mark}: the run stops (the other processes '
+        'with it) and its next start restores an earlier step on every '
+        'process. Run the same command again')
+
   def _move_aside(self, damaged) -> None:
-    """Moves damaged steps to <workdir>/damaged_checkpoints/ (process 0)."""
+    """Moves damaged steps to <workdir>/damaged_checkpoints/ (process 0),
+    with the marks naming them."""
     if not damaged:
       return
     root = str(self.manager.directory).rstrip('/')
@@ -205,6 +250,10 @@ class Checkpointer:
         except Exception as e:  # pylint: disable=broad-except
           logging.warning('could not move damaged checkpoint %s aside (%s); '
                           'it is skipped and left in place', src, e)
+          continue
+        # A later save of this step (the run redoes it) is a new one.
+        for mark in self._marks().glob(f'{step}.*'):
+          mark.rename(dst / f'DAMAGED-{mark.name}')
     if jax.process_count() > 1:
       multihost_utils.sync_global_devices('damaged checkpoints moved')
     self.manager.reload()
@@ -215,6 +264,9 @@ class Checkpointer:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+_NON_FINITE = 'non-finite parameters (saved before finite checks)'
 
 
 def as_saved(value: Any) -> Any:
