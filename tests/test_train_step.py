@@ -100,13 +100,33 @@ def test_mesh_errors():
     shd.make_mesh(data=n, fsdp=2)
 
 
+def _fake_mesh(data, fsdp, model, devices_per_process):
+  """A mesh's shape and devices (process of each) as jax.make_mesh orders
+  them: consecutive devices on one process."""
+  import types
+  devices = np.array([
+      types.SimpleNamespace(process_index=i // devices_per_process)
+      for i in range(data * fsdp * model)]).reshape(data, fsdp, model)
+  return types.SimpleNamespace(
+      shape={'data': data, 'fsdp': fsdp, 'model': model}, devices=devices)
+
+
 def test_batch_not_divisible_is_a_clear_error():
-  class FakeMesh:
-    shape = {'data': 4, 'fsdp': 2, 'model': 1}
+  mesh = _fake_mesh(4, 2, 1, 8)
   with pytest.raises(ValueError, match=r'input.batch_size=100 is not '
                      r'divisible by the 8 devices.*multiple of 8, e.g. 96'):
-    shd.check_batch_size(100, FakeMesh(), 'input.batch_size')
-  shd.check_batch_size(96, FakeMesh())
+    shd.check_batch_size(100, mesh, 'input.batch_size')
+  shd.check_batch_size(96, mesh)
+
+
+def test_processes_never_share_batch_rows():
+  # 2 hosts x 4 devices: a model axis within a host is fine ...
+  shd.check_batch_size(32, _fake_mesh(2, 1, 4, 4))
+  shd.check_batch_size(32, _fake_mesh(1, 2, 4, 4))
+  # ... one across hosts would feed one row different data on each.
+  with pytest.raises(ValueError, match=r'processes \[0, 1\] hold the same '
+                     r'batch rows.*model axis across hosts'):
+    shd.check_batch_size(32, _fake_mesh(1, 1, 8, 4))
 
 
 def _cfg(**kw):

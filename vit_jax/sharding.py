@@ -227,9 +227,30 @@ def batch_divisor(mesh: Mesh) -> int:
   return mesh.shape['data'] * mesh.shape['fsdp']
 
 
+def _check_rows_per_process(mesh: Mesh) -> None:
+  """Each process feeds the rows its devices hold (`global_batch`), from
+  its own part of the data: a mesh on which two processes hold the same
+  rows (the `model` axis spanning hosts) would give those rows different
+  examples on each, silently."""
+  devices = np.asarray(mesh.devices).reshape(
+      mesh.shape['data'] * mesh.shape['fsdp'], -1)  # Rows x model.
+  shared = [p for p in ({d.process_index for d in row} for row in devices)
+            if len(p) > 1]
+  if shared:
+    raise ValueError(
+        f'processes {sorted(shared[0])} hold the same batch rows: this mesh '
+        f'(data x fsdp x model = {mesh.shape["data"]} x {mesh.shape["fsdp"]} '
+        f'x {mesh.shape["model"]}) puts the model axis across hosts, and '
+        'each process reads its own part of the data. Use a model axis no '
+        f'larger than the devices of one host ({jax.local_device_count()}) '
+        '(e.g. --config.mesh.model), or shard parameters with fsdp instead')
+
+
 def check_batch_size(batch_size: int, mesh: Mesh, what: str = 'batch_size',
                      accum_steps: int = 1) -> None:
-  """A clear error when the global batch cannot be split evenly."""
+  """A clear error when the global batch cannot be split evenly, or when
+  processes would share batch rows."""
+  _check_rows_per_process(mesh)
   n = batch_divisor(mesh)
   if batch_size % (n * accum_steps):
     raise ValueError(
