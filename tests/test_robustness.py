@@ -159,7 +159,8 @@ def _wait_for_row(workdir, proc, timeout=240):
     pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow)])
 def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
   workdir = str(tmp_path / 'run')
-  long = ['--config.total_steps=100000', '--config.checkpoint_every=0']
+  long = ['--config.total_steps=100000', '--config.checkpoint_every=0',
+          '--config.eval_every=1']
   first = _start(workdir, *long)
   try:
     _wait_for_row(workdir, first)
@@ -183,6 +184,27 @@ def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
   # The stop's checkpoint is a whole one (resuming from one is
   # test_loop.py's SIGKILL test; this saves an interpreter start-up).
   assert all(np.isfinite(x).all() for x in _params(workdir, saved[0]))
+  if sig != signal.SIGTERM:
+    return
+  # The stop put off the evaluation due at its step: the resumed run does
+  # it first.
+  def evaluated():
+    try:
+      return any(r['step'] == saved[0] and 'eval_accuracy' in r
+                 for r in _rows(workdir))
+    except ValueError:  # A row being written.
+      return False
+  assert not evaluated()
+  resumed = _start(workdir, *long)
+  try:
+    deadline = time.time() + 240
+    while not evaluated():
+      assert time.time() < deadline and resumed.poll() is None
+      time.sleep(0.2)
+    resumed.send_signal(signal.SIGTERM)
+    resumed.communicate(timeout=120)
+  finally:
+    resumed.kill()
 
 
 def test_a_multi_process_ctrl_c_goes_to_the_preemption_service(monkeypatch):

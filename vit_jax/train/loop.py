@@ -241,10 +241,12 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
   # (killed before its summary) reports them again.
   last_metrics = dict(run.saved.get('train_metrics', {}))
 
-  def run_state(step_metrics):
+  def run_state(step_metrics, evals_owed=()):
     return {'input': run.train_it.get_state(), **run.specs,
             'wall_s': prior_wall + progress.elapsed(),
-            'train_metrics': step_metrics}
+            'train_metrics': step_metrics,
+            # Evaluations due at this step that a stop put off.
+            'evals_owed': list(evals_owed)}
 
   keys = step_lib.batch_keys(config)  # MPP: images only, labels unread.
   pending = None  # (step, metrics) of the previous step, checked one late.
@@ -253,6 +255,11 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
   profile = profiling.Window(config.get('profile'), run.workdir, run.start)
   try:
     with stops, jax.set_mesh(run.mesh):
+      owed = [e for e in run.evals
+              if e.name in run.saved.get('evals_owed', ())]
+      if owed and step < run.steps:  # The final step evaluates them all.
+        with progress.timed('eval', wait_jax_async_dispatch=False):
+          writer.write_scalars(step, _evaluate(config, owed, state))
       while step < run.steps:
         profile.before_step(step)
         with progress.timed('input_wait', wait_jax_async_dispatch=False):
@@ -284,8 +291,11 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             writer.write_scalars(step, _evaluate(config, due, state))
         if ckpt.due(step) or stop:
           last_metrics = _check_finite(*pending, ckpt)  # Never save NaNs.
+          owed = [e.name for e in run.evals
+                  if stop and e.due(step, run.steps)]
           with progress.timed('checkpoint', wait_jax_async_dispatch=False):
-            ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
+            ckpt.maybe_save(step, state, run_state(last_metrics, owed),
+                            force=True)
         if stop:
           ckpt.wait()
           raise stop  # `finally` writes the metrics (and never hides this).
