@@ -208,7 +208,7 @@ def test_cli_writes_every_figure_from_a_smoke_trained_workdir(
 
 
 @pytest.mark.parametrize('case', ['empty_folder', 'other_model', 'bad_grid',
-                                  'unprepared'])
+                                  'unprepared', 'data_file', 'out_file'])
 def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
                                                      tmp_path):
   kw = dict(init=smoke_workdir, data='digits', out=str(tmp_path / 'o'),
@@ -221,6 +221,13 @@ def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
   elif case == 'other_model':
     kw['model'], error, match = 'ViT-B/16', ValueError, (
         'is a checkpoint of ViT-test')
+  elif case == 'data_file':
+    (tmp_path / 'one.png').write_bytes(b'')
+    kw['data'], error, match = str(tmp_path / 'one.png'), ValueError, (
+        'is a file: pass a folder of images or a dataset name')
+  elif case == 'out_file':
+    (tmp_path / 'o').write_text('a file, not a folder')
+    error, match = ValueError, 'is a file; pass a folder'
   elif case == 'unprepared':  # Named with its prepare command, no download.
     kw['data'], kw['data_dir'] = 'mnist', str(tmp_path / 'tfds')
     error, match = FileNotFoundError, 'vit_jax.data.prepare mnist'
@@ -229,7 +236,8 @@ def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
         'not divisible by the patch size 4')
   with pytest.raises(error, match=match):
     report.run(**kw)
-  assert not (tmp_path / 'o').exists()
+  assert (tmp_path / 'o').is_file() if case == 'out_file' else not (
+      tmp_path / 'o').exists()
 
 
 def test_a_resized_model_reports_its_checkpoints_resolution(tmp_path):

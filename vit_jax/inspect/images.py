@@ -77,6 +77,9 @@ def load(data: str, n: int, trained, split: Optional[str] = None,
     raise ValueError(f'--images={n}: inspect at least one image')
   if os.path.isdir(data):
     return _from_folder(data, n, trained)
+  if os.path.isfile(data):
+    raise ValueError(f'--data={data} is a file: pass a folder of images or '
+                     'a dataset name')
   if os.sep in data or data.startswith('.'):
-    raise FileNotFoundError(f'no such folder: {data}')
+    raise FileNotFoundError(f'--data={data}: no such folder')
   return _from_dataset(data, n, trained, split, data_dir)

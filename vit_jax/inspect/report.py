@@ -168,8 +168,9 @@ def run(init: str, data: str, out: str, *, model: str = None,
   it is inspected, the baseline trained figures are compared with. `raw`:
   a run's raw parameters instead of its Polyak averages. `data_dir`: where
   a dataset named by `data` is (as `input.data_dir`)."""
-  from vit_jax import trained as trained_lib
+  from vit_jax import outputs, trained as trained_lib
   from vit_jax.inspect import images as images_lib
+  out = outputs.directory(out, '--out', remote=False)  # Before any work.
   trained = trained_lib.load(init, model=model, image_size=image_size,
                              require_head=False, ema=False if raw else None)
   if random_init:
