@@ -171,6 +171,9 @@ def test_hf_export_loads_back_with_labels(trained, tmp_path, capsys):
   export.export_model(relabelled, 'hf', out)
   back = trained_lib.load(out)
   assert back.kind == 'hf' and back.name == 'ViT-test'
+  for name in os.listdir(out):  # safetensors writes 0600 files.
+    assert oct(os.stat(os.path.join(out, name)).st_mode & 0o777) == oct(
+        0o666 & ~_umask()), name
   assert back.labels[4] == 'digit 4'
   x = _images(trained, 2)
   np.testing.assert_allclose(_ours(back, x), _ours(trained, x), atol=TOL)
@@ -298,6 +301,8 @@ def test_a_failed_overwrite_keeps_the_earlier_export(trained, tmp_path):
     assert sorted(os.listdir(out)) == sorted(before)
     assert os.listdir(tmp_path) == ['n']
     assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~_umask())
+    assert oct(os.stat(out / 'params.npz').st_mode & 0o777) == oct(
+        0o666 & ~_umask())  # save_npz's file, not mkstemp's 0600.
     broken.append(True)
     # A failed export to a new or an empty folder leaves it as it was.
     with pytest.raises(export.ExportError, match='is wrong'):

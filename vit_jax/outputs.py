@@ -57,3 +57,13 @@ def file(path, flag: str, *, remote: bool = False) -> str:
   if not os.access(parent, os.W_OK):
     raise OutputPathError(f'{flag}={path}: {parent} is not writable')
   return path
+
+
+def as_created(path: str, *, folder: bool = False) -> None:
+  """Gives `path` the mode `open()` (or `os.makedirs`) would have: files
+  made through `tempfile` (and by libraries that use it, e.g. safetensors)
+  are private (0600 / 0700), which other users and serving containers
+  reading an export cannot open."""
+  mask = os.umask(0)
+  os.umask(mask)
+  os.chmod(path, (0o777 if folder else 0o666) & ~mask)

@@ -27,6 +27,8 @@ import numpy as np
 from flax import traverse_util
 from flax.training.checkpoints import convert_pre_linen
 
+from vit_jax import outputs
+
 Params = Dict[str, Any]
 
 
@@ -48,6 +50,7 @@ def save_npz(params: Mapping[str, Any], path: str) -> None:
   try:
     with os.fdopen(fd, 'wb') as f:
       np.savez(f, **flat)
+    outputs.as_created(tmp)  # Not mkstemp's 0600.
     os.replace(tmp, path)
   except BaseException:
     if os.path.exists(tmp):

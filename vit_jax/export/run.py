@@ -21,6 +21,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import jax
 import numpy as np
 
+from vit_jax import outputs
 from vit_jax.export import card, registry
 from vit_jax.models import matmul
 
@@ -58,9 +59,7 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
   except OSError as e:
     raise ExportError(f'--overwrite needs a folder beside {real} to write '
                       f'the new export to first: {e}') from None
-  umask = os.umask(0)
-  os.umask(umask)
-  os.chmod(staging, 0o777 & ~umask)  # As os.makedirs would (not 0700).
+  outputs.as_created(staging, folder=True)  # Not mkdtemp's 0700.
   return staging, True
 
 
@@ -221,6 +220,8 @@ def _export(fmt, trained, out: str, options, tolerance: float
     start = time.time()
     info = fmt.export(trained, out, options)
     seconds = time.time() - start
+    for name in info['files']:  # Some writers leave them private (0600).
+      outputs.as_created(os.path.join(out, name))
     verification = verify(fmt, trained, out, options, tolerance)
   with open(os.path.join(out, 'labels.txt'), 'w') as f:
     f.write('\n'.join(trained.labels) + '\n')
