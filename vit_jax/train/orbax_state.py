@@ -8,8 +8,10 @@ killed mid-save keeps its previous checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
+import logging as logging_std
 import os
 import time
 from typing import Any, Optional, Tuple
@@ -307,12 +309,32 @@ def resolve(path: str) -> str:
   return path
 
 
+class _NoStepMetadataWarning(logging_std.Filter):
+  """Orbax warns that an item folder (`<step>/state`, read on its own by
+  `StandardCheckpointer`) has no step metadata file: it never has one."""
+
+  def filter(self, record):
+    return not str(record.msg).startswith('Metadata file does not exist')
+
+
+@contextlib.contextmanager
+def _reading_an_item():
+  quiet = _NoStepMetadataWarning()
+  logger = logging.get_absl_logger()
+  logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    logger.removeFilter(quiet)
+
+
 def _check_layout(step_dir: str, abstract_state: Any) -> None:
   """ConfigChangedError if the saved arrays do not fit `abstract_state`;
   DamagedCheckpointError if the saved metadata cannot be read."""
   try:
-    meta = ocp.StandardCheckpointer().metadata(
-        f'{step_dir}/state').item_metadata.tree
+    with _reading_an_item():
+      meta = ocp.StandardCheckpointer().metadata(
+          f'{step_dir}/state').item_metadata.tree
   except Exception as e:  # Missing / garbled metadata or missing state/.
     raise DamagedCheckpointError(
         f'cannot read the metadata of {step_dir}/state',
@@ -352,12 +374,13 @@ def _restore_on_host(state_dir: str) -> Any:
   """A saved state tree as host numpy arrays, whatever mesh or process
   count saved it (each process reads whole arrays onto one local device)."""
   try:
-    meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    target = jax.tree.map(
-        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-        meta)
-    state = ocp.StandardCheckpointer().restore(state_dir, target)
+    with _reading_an_item():
+      meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
+      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      target = jax.tree.map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+          meta)
+      state = ocp.StandardCheckpointer().restore(state_dir, target)
   except Exception as e:  # Orbax raises many types for damaged files.
     raise DamagedCheckpointError(
         f'cannot read the checkpoint {state_dir}; it is damaged: pass '
