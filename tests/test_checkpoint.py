@@ -216,6 +216,24 @@ def test_load_pretrained_names_missing_key(vit):
     checkpoint.load_pretrained(params, _init(target, (1, 28, 28, 3)))
 
 
+def test_npz_on_an_object_store(tmp_path, vit, monkeypatch):
+  """`config.init=gs://.../ViT-B_16.npz` (how the public checkpoints are
+  published): read through etils' epath, as gs:// is on a TPU VM."""
+  from etils import epath
+  from vit_jax.checkpoint import npz
+  _, params = vit
+  checkpoint.save_npz(params, str(tmp_path / 'ckpt.npz'))
+
+  real = epath.Path
+
+  def store(path):  # gs://bucket/... -> tmp_path/...
+    return real(str(path).replace('gs://bucket', str(tmp_path)))
+  monkeypatch.setattr(npz.epath, 'Path', store)
+  _assert_trees_equal(checkpoint.load_npz('gs://bucket/ckpt.npz'), params)
+  with pytest.raises(FileNotFoundError, match='not found: gs://bucket/no'):
+    checkpoint.load_npz('gs://bucket/no.npz')
+
+
 def test_missing_file(tmp_path):
   with pytest.raises(FileNotFoundError, match='checkpoint not found'):
     checkpoint.load_npz(str(tmp_path / 'nope.npz'))

@@ -160,3 +160,16 @@ def test_a_relative_init_loads_and_a_damaged_one_is_a_message(
   assert predict.main([f'--init={name}', 'x.jpg']) == 1
   err = capsys.readouterr().err
   assert 'damaged' in err and 'earlier step' in err and 'Traceback' not in err
+
+
+def test_a_reinitialised_copy_has_fresh_weights_and_its_own_logits(trained):
+  """`inspect --random_init`'s baseline: the same model, fresh weights,
+  and the original's jitted logits untouched."""
+  x = np.zeros((1, *trained.image_shape), np.float32)
+  before = trained.logits(x)
+  fresh = trained_lib.reinitialised(trained, seed=1)
+  assert 'random init, seed 1' in fresh.source
+  assert not np.allclose(fresh.params['embedding']['kernel'],
+                         trained.params['embedding']['kernel'])
+  assert not np.allclose(fresh.logits(x), before)
+  np.testing.assert_array_equal(trained.logits(x), before)

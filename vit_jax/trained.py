@@ -193,7 +193,7 @@ def resized(trained: Trained, image_size: int) -> Trained:
         'run whose input.pp_eval follows input.image_size (a preset name)')
   return dataclasses.replace(trained, image_size=out.image_size,
                              channels=out.channels, pp=out.pp,
-                             params=out.params, _jitted={})
+                             params=out.params)
 
 
 def reinitialised(trained: Trained, seed: int = 0) -> Trained:
@@ -203,7 +203,7 @@ def reinitialised(trained: Trained, seed: int = 0) -> Trained:
   params = trained.model().init(jax.random.key(seed), x,
                                 train=False)['params']
   return dataclasses.replace(
-      trained, params=jax.tree.map(np.asarray, params), _jitted={},
+      trained, params=jax.tree.map(np.asarray, params),
       source=f'{trained.source} (random init, seed {seed})')
 
 

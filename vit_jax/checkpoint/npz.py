@@ -17,6 +17,7 @@ they are reshaped to (C,). Files are read with `allow_pickle=False` only.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 import zipfile
@@ -24,6 +25,7 @@ import zlib
 from typing import Any, Dict, Mapping
 
 import numpy as np
+from etils import epath
 from flax import traverse_util
 from flax.training.checkpoints import convert_pre_linen
 
@@ -76,17 +78,28 @@ def load_npz(path: str) -> Params:
 
 def read_flat(path: str) -> Dict[str, np.ndarray]:
   """The file's arrays by key; errors name the file and what is wrong."""
+  if '://' in path:  # gs:// and other stores: read whole, then as local.
+    remote = epath.Path(path)
+    if not remote.exists():
+      raise CheckpointNotFoundError(f'checkpoint not found: {path}')
+    return _read(io.BytesIO(remote.read_bytes()), path)
   if not os.path.exists(path):
     raise CheckpointNotFoundError(f'checkpoint not found: {path}')
   with open(path, 'rb') as f:
-    head = f.read(64)
+    return _read(f, path)
+
+
+def _read(f, path: str) -> Dict[str, np.ndarray]:
+  """`read_flat` of the open (seekable) file `f`."""
+  head = f.read(64)
+  f.seek(0)
   if not head.startswith((b'PK', b'\x93NUMPY')):  # zip (.npz) or .npy
     raise CheckpointError(
         f'{path} is not an .npz checkpoint: it starts with {head[:24]!r}, '
         'not a zip archive (an HTML page or a Git LFS pointer saved in '
         'place of the file?); download the checkpoint itself')
   try:
-    with np.load(path, allow_pickle=False) as data:
+    with np.load(f, allow_pickle=False) as data:
       if not hasattr(data, 'files'):
         raise CheckpointError(
             f'{path} holds a single array, not an .npz checkpoint of named '
