@@ -217,6 +217,14 @@ def check_batches(config, topo) -> None:
   check (`sharding.check_batch_size`), here before a TPU is created."""
   from vit_jax import sharding  # Loads JAX: only when a config is checked.
   mesh = sharding.abstract_mesh(topo.devices, **config.get('mesh', {}))
+  model, per_host = mesh.shape['model'], topo.devices_per_host
+  if per_host % model:  # The trainer's check of real devices, by numbers.
+    raise ValueError(
+        f'{topo.name} ({topo.hosts} hosts of {per_host} JAX devices): '
+        f'--config.mesh.model={model} puts the model axis across hosts, '
+        'whose processes would feed the same batch rows different data. '
+        f'Use a model axis that divides {per_host}, or shard parameters '
+        'with --config.mesh.fsdp')
   accum = max(1, int(config.get('accum_steps', 1)))
   for field, steps in (('batch_size', accum), ('eval_batch_size', 1)):
     size = config.input.get(field)

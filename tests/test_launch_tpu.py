@@ -843,3 +843,11 @@ def test_batch_that_does_not_split_over_the_slice_fails_before_create():
     tpu.check_batches(config, topology_lib.parse('v4-64'))
   pre = os.path.join(ROOT, 'configs/pretrain.py:model=ViT-B/16,data=i21k')
   tpu.check_batches(tpu.load_config(pre), topology_lib.parse('v4-32'))
+  # A model axis across hosts (v4-32: 4 hosts of 4 devices) is refused
+  # before a TPU is created, as the trainer would refuse it on the slice.
+  with pytest.raises(ValueError, match=r'mesh.model=8 puts the model axis '
+                     'across hosts'):
+    tpu.check_batches(tpu.load_config(pre, ['--config.mesh.model=8']),
+                      topology_lib.parse('v4-32'))
+  tpu.check_batches(tpu.load_config(pre, ['--config.mesh.model=4']),
+                    topology_lib.parse('v4-32'))

@@ -231,7 +231,10 @@ def _check_rows_per_process(mesh: Mesh) -> None:
   """Each process feeds the rows its devices hold (`global_batch`), from
   its own part of the data: a mesh on which two processes hold the same
   rows (the `model` axis spanning hosts) would give those rows different
-  examples on each, silently."""
+  examples on each, silently. An abstract mesh (no devices: a launcher's
+  plan) is checked by its caller, which knows the hosts."""
+  if isinstance(mesh, jax.sharding.AbstractMesh):
+    return
   devices = np.asarray(mesh.devices).reshape(
       mesh.shape['data'] * mesh.shape['fsdp'], -1)  # Rows x model.
   shared = [p for p in ({d.process_index for d in row} for row in devices)
