@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Tuple
+from typing import Optional, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,3 +29,23 @@ def config_file(spec: str) -> Tuple[str, str]:
     raise ValueError(f'--config={spec}: no such file {full}. The config '
                      f'files are configs/{{{",".join(files)}}}')
   return full, sep + arg
+
+
+def unknown_field(config, path: str) -> Optional[str]:
+  """What is wrong with `--config.<path>` when it names no field of
+  `config` (config_flags would raise a traceback), else None."""
+  import difflib
+  node, done = config, []
+  for key in path.split('.'):
+    if '[' in key:
+      return None  # An element of a sequence: config_flags' own business.
+    keys = list(node.keys()) if hasattr(node, 'keys') else []
+    if key not in keys:
+      close = difflib.get_close_matches(key, keys, n=3)
+      where = '.'.join(['config'] + done)
+      return (f'--config.{path}: {where} has no field {key!r}'
+              + (f' (did you mean {" or ".join(close)}?)' if close else '')
+              + (f'; its fields: {", ".join(sorted(keys))}' if keys else
+                 f' ({where} is a value, not a section)'))
+    node, done = node[key], done + [key]
+  return None

@@ -199,17 +199,30 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
   """The config exactly as vit_jax.main builds it from the same flags."""
   from absl import flags
   from ml_collections import config_flags
-  fv = flags.FlagValues()
-  argv = ['launch.tpu', f'--config={spec}', *overrides]
-  # The --config.FIELD flags are defined from `sys_argv`, as in main.py.
-  config_flags.DEFINE_config_file('config', None, flag_values=fv,
-                                  lock_config=True, sys_argv=argv)
-  try:
-    fv(argv)
-    return fv.config
-  except Exception as e:  # Whatever the config file or an override raises.
-    raise ValueError(f'--config={spec} {" ".join(overrides)}: '
-                     f'{type(e).__name__}: {e}') from e
+  from vit_jax.configs import unknown_field
+  from vit_jax.train import config_check
+  def build(argv):
+    fv = flags.FlagValues()
+    # The --config.FIELD flags are defined from `sys_argv`, as in main.py.
+    config_flags.DEFINE_config_file('config', None, flag_values=fv,
+                                    lock_config=True, sys_argv=argv)
+    try:
+      fv(argv)
+      return fv.config
+    except Exception as e:  # Whatever the file or an override raises.
+      raise ValueError(f'{" ".join(argv[1:])}: {type(e).__name__}: {e}'
+                       ) from e
+
+  base = build(['launch.tpu', f'--config={spec}'])
+  for arg in overrides:
+    if arg.startswith('--config.'):
+      problem = unknown_field(base, arg[len('--config.'):].split('=', 1)[0])
+      if problem:
+        raise ValueError(problem)
+  config = build(['launch.tpu', f'--config={spec}', *overrides])
+  # What vit_jax.main would refuse on the workers, refused before a TPU.
+  config_check.check(config)
+  return config
 
 
 def check_batches(config, topo) -> None:

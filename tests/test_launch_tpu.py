@@ -292,7 +292,7 @@ def test_bad_flags(argv, message, capsys):
     (['--config=/etc/hostname'], 'must be inside'),
     (['--config=configs/nope.py'], 'no such file'),
     (['--repo=/tmp'], 'no setup.py'),
-    (['--config.no_such_field=1'], "AttributeError: \"'no_such_field'\""),
+    (['--config.no_such_field=1'], "config has no field 'no_such_field'"),
 ])
 def test_bad_runs_fail_before_any_command(extra, message, capsys):
   runner = FakeRunner()
@@ -851,3 +851,13 @@ def test_batch_that_does_not_split_over_the_slice_fails_before_create():
                       topology_lib.parse('v4-32'))
   tpu.check_batches(tpu.load_config(pre, ['--config.mesh.model=4']),
                     topology_lib.parse('v4-32'))
+
+
+def test_a_config_the_trainer_would_refuse_is_refused_before_create():
+  from vit_jax.launch import tpu
+  pre = os.path.join(ROOT, 'configs/pretrain.py:model=ViT-B/16,data=i21k')
+  with pytest.raises(ValueError, match=r'optim.lr=-1.0 cannot work'):
+    tpu.load_config(pre, ['--config.optim.lr=-1'])
+  with pytest.raises(ValueError, match=r"^--config.optim.lrr: config.optim "
+                     r"has no field 'lrr' \(did you mean lr\?\)"):
+    tpu.load_config(pre, ['--config.optim.lrr=1'])

@@ -135,22 +135,11 @@ def _find_config(argv):
 
 
 def _check_field(config, path: str) -> None:
-  """Ends the process naming the field when `--config.<path>` names none
-  (config_flags would raise a traceback)."""
-  import difflib
-  node, done = config, []
-  for key in path.split('.'):
-    if '[' in key:
-      return  # An element of a sequence: config_flags' own business.
-    keys = list(node.keys()) if hasattr(node, 'keys') else []
-    if key not in keys:
-      close = difflib.get_close_matches(key, keys, n=3)
-      where = '.'.join(['config'] + done)
-      _exit(f'--config.{path}: {where} has no field {key!r}'
-            + (f' (did you mean {" or ".join(close)}?)' if close else '')
-            + (f'; its fields: {", ".join(sorted(keys))}' if keys else
-               f' ({where} is a value, not a section)'), EXIT_ERROR)
-    node, done = node[key], done + [key]
+  """Ends the process naming the field when `--config.<path>` names none."""
+  from vit_jax.configs import unknown_field
+  problem = unknown_field(config, path)
+  if problem:
+    _exit(problem, EXIT_ERROR)
 
 
 if __name__ == '__main__':
