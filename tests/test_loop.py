@@ -190,7 +190,13 @@ def test_fine_tune_from_earlier_run_at_new_resolution(reference_run, tmp_path):
         '--config.optim.warmup_steps=0']
   out = _main(str(tmp_path / 'ft'), f'--config.init={ref_dir}', *ft)
   assert out.returncode == 0, out.stderr[-4000:]
-  assert f'initialised from {ref_dir}' in out.stderr
+  # The step it read, not only the workdir (whose run may save more).
+  step_dir = os.path.join(ref_dir, 'checkpoints', '40')
+  assert f'initialised from {step_dir}' in out.stderr
+  with open(tmp_path / 'ft' / 'summary.json') as f:
+    summary = json.load(f)
+  assert summary['init'] == ref_dir and summary['init_from'] == step_dir
+  assert summary['objective'] == 'supervised'
   _, ref = _final_params(ref_dir)
   _, tuned = _final_params(str(tmp_path / 'ft'))
   pe = lambda p: np.asarray(p['Transformer']['posembed_input']['pos_embedding'])

@@ -319,3 +319,20 @@ def test_real_cell_of_a_run_on_imagenet2012_real_is_its_real_accuracy(
   value, pick = match.accuracy(tables._setting('ViT-B/32', 'jft', 7.0),
                                paper.REAL)
   assert pick.run is not None and value == pytest.approx(88.0)
+
+
+def test_an_mpp_run_of_a_pretrain_config_is_not_its_supervised_cell():
+  """`configs/pretrain.py:... --config.objective=mpp` keeps the pre-training
+  report; summary.json's task names the objective, so the tables do not
+  show it as the supervised run's compute."""
+  import ml_collections
+  from vit_jax.train import loop
+  cell = dict(model='ViT-L/16', pretrain='i21k', pretrain_epochs=90,
+              task='pretrain')
+  config = ml_collections.ConfigDict(dict(
+      objective='mpp', mpp=dict(target='colour'), report=cell))
+  assert loop._report(config)['task'] == 'mpp_colour'
+  config.objective = 'supervised'
+  assert loop._report(config) == cell
+  config.objective, config.report.task = 'mpp', 'mpp_pixels'  # configs/mpp.py
+  assert loop._report(config)['task'] == 'mpp_pixels'

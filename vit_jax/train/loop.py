@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Dict, Tuple
 
 import jax
@@ -54,13 +55,18 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
   raise ValueError('config sets neither total_steps nor total_epochs')
 
 
-def _init_weights(config) -> Any:
-  """The host weights of `config.init`: an .npz file, or an orbax workdir /
-  checkpoint directory of an earlier run. Read before the fresh state is
-  computed, so a bad path fails first."""
+def _init_weights(config) -> Tuple[Any, str]:
+  """(the host weights of `config.init`, the file or checkpoint step they
+  were read from): an .npz file, or an orbax workdir / checkpoint directory
+  of an earlier run (its newest step now: recorded, as that run may save
+  more). Read before the fresh state is computed, so a bad path fails
+  first."""
   source = config.init
-  return (load_npz(source) if source.endswith('.npz')
-          else orbax_state.load_params(source))
+  if source.endswith('.npz'):
+    return load_npz(source), (source if '://' in source
+                              else os.path.abspath(source))
+  step_dir = orbax_state.resolve(source)
+  return orbax_state.load_params(step_dir), step_dir
 
 
 def _init_params(config, source, state, state_sh):
@@ -69,7 +75,6 @@ def _init_params(config, source, state, state_sh):
   # mesh whose FSDP/model axis spans hosts no process holds it alone.
   host = multihost_utils.process_allgather(state.params, tiled=True)
   params = load_pretrained(source, host)
-  logging.info('initialised from %s', config.init)
   def place():  # A buffer of its own each: the state is donated.
     return jax.device_put(params, state_sh.params)
   # The averages, if any, start at the init too.
@@ -166,11 +171,14 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     _log_changes(saved, config, steps, start)
   else:
     start, saved = 0, {}
-    init = _init_weights(config) if config.get('init') else None
+    init = None
+    if config.get('init'):
+      init, saved['init_from'] = _init_weights(config)
     state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
                                 state_sh, ema=ema)
     if init is not None:
       state = _init_params(config, init, state, state_sh)
+      logging.info('initialised from %s', saved['init_from'])
   label_ndim = 2 if (config.input.get('mixup')
                     or config.input.get('cutmix')) else 1
   train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
@@ -246,7 +254,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             'wall_s': prior_wall + progress.elapsed(),
             'train_metrics': step_metrics,
             # Evaluations due at this step that a stop put off.
-            'evals_owed': list(evals_owed)}
+            'evals_owed': list(evals_owed),
+            'init_from': run.saved.get('init_from')}
 
   keys = step_lib.batch_keys(config)  # MPP: images only, labels unread.
   pending = None  # (step, metrics) of the previous step, checked one late.
@@ -350,15 +359,32 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'core_days': jax.device_count() * (hw.cores(1) if hw else 1.0) * wall
                    / 86400,
       'image_size': run.image_shape[0], 'init': config.get('init'),
+      # The file or checkpoint step `init` named when the run started.
+      'init_from': run.saved.get('init_from'),
       'forward_gflops': run.forward_flops / 1e9,
       'exaflops': examples * 3 * run.forward_flops / 1e18,
-      'report': config.report.to_dict() if 'report' in config else {},
+      'objective': config.get('objective', 'supervised'),
+      'report': _report(config),
       **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
   path = run_files.write_summary(run.workdir, summary)
   logging.info('summary written to %s: %s', path, summary)
   return summary
+
+
+def _report(config) -> Dict[str, Any]:
+  """`config.report` (which paper table cell the run is), its task naming
+  the objective when it is not supervised: a pre-training config switched
+  to MPP with `--config.objective=mpp` is not the supervised run of that
+  cell (configs/mpp.py names its own task, `mpp_<target>`)."""
+  report = config.report.to_dict() if 'report' in config else {}
+  objective = config.get('objective', 'supervised')
+  if report and objective != 'supervised' and not str(
+      report.get('task', '')).startswith(objective):
+    target = config.get(objective, {}).get('target')
+    report['task'] = objective + (f'_{target}' if target else '')
+  return report
 
 
 def _check_finite(step: int, metrics: Dict[str, Any],
