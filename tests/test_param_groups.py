@@ -175,3 +175,25 @@ def test_a_run_with_frozen_scheduled_and_decayed_groups_trains(tmp_path):
                                 fresh.params['embedding']['kernel'])
   assert not np.array_equal(trained['head']['kernel'],
                             fresh.params['head']['kernel'])
+
+
+def test_grad_norm_is_the_trained_parameters_gradient():
+  """With the zero-initialised head frozen, every trained parameter's
+  gradient is 0 (it flows through the head): so is the logged grad_norm,
+  the norm clipping sees, not the frozen head's."""
+  import functools
+  from vit_jax import sharding as shd
+  from vit_jax.train import step as step_lib
+  model = models.create('ViT-test', num_classes=3)
+  batch = {'image': jnp.asarray(np.random.RandomState(0).uniform(
+      -1, 1, (4, 16, 16, 3)), jnp.float32),
+           'label': jnp.asarray([0, 1, 2, 0])}
+  norms = {}
+  for frozen in (None, '^head/'):
+    tx, lr = optim.make(_cfg(frozen=frozen, grad_clip_norm=1.0), 100)
+    state, _ = step_lib.create_state(model, tx, 0, (16, 16, 3),
+                                     shd.make_mesh())
+    step = jax.jit(functools.partial(step_lib.train_step, model=model, tx=tx,
+                                     lr_fn=lr, frozen=frozen))
+    norms[frozen] = float(step(state, batch)[1]['grad_norm'])
+  assert norms[None] > 0 and norms['^head/'] == 0

@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from vit_jax import selfsup
 from vit_jax.models import platform_switch
 from vit_jax import sharding as shd
-from vit_jax.train import optim
+from vit_jax.train import optim, param_groups
 
 LOSSES = ('softmax', 'sigmoid')
 
@@ -178,8 +178,13 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
                label_smoothing: float = 0.0, accum_steps: int = 1,
                objective: str = 'supervised',
                ema: Optional[Mapping[str, Any]] = None,
+               frozen: Optional[str] = None,
                ) -> Tuple[TrainState, Dict[str, jax.Array]]:
   """One optimiser step on a global batch (split in `accum_steps` parts).
+
+  `frozen`: the optim config's regex of parameters never updated (`tx`
+  zeroes their updates); `grad_norm` is the norm over the trained ones, the
+  gradient the optimiser (and its clipping) sees.
 
   A state with `ema_params` also updates them, with the decay of
   `optim.ema_decay_at(ema, step)` (`ema`: the optim config's ema_decay and
@@ -238,6 +243,10 @@ def train_step(state: TrainState, batch: Dict[str, jax.Array], *,
     value, aux, grads = jax.tree.map(lambda x: x / accum_steps,
                                      (value, aux, grads))
 
+  if frozen:  # Before the update: XLA need not compute what is unused.
+    trained = param_groups.trainable(grads, frozen)
+    grads = jax.tree.map(lambda g, t: g if t else jnp.zeros_like(g), grads,
+                         trained)
   updates, opt_state = tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   # param_norm is finite only if every parameter is: with loss and
@@ -289,7 +298,8 @@ def compile_train_step(model, tx, lr_fn, state_sh, mesh,
                            loss=cfg.get('loss', 'softmax'),
                            label_smoothing=cfg.get('label_smoothing', 0.0),
                            accum_steps=cfg.get('accum_steps', 1),
-                           objective=objective, ema=_ema_settings(cfg))
+                           objective=objective, ema=_ema_settings(cfg),
+                           frozen=(cfg.get('optim') or {}).get('frozen'))
   train = jax.jit(
       platform_switch.traced_for(shd.platform(mesh), step),
       in_shardings=(state_sh, batch_sh),
