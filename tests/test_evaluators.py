@@ -295,12 +295,21 @@ def test_mode_eval_evaluates_a_finished_run(tmp_path):
   assert 0 < summary['fewshot/digits/5shot'] <= 1
   assert summary['steps'] == 30  # Keys of the training summary are kept.
 
-  # At another resolution: eval_summary.json only; the run's results stay.
-  eval_run.evaluate_run(config(',fewshot=digits', mode='eval',
-                               input__image_size=24), workdir)
-  assert json.load(open(os.path.join(workdir, 'eval_summary.json')))[
-      'image_size'] == 24
-  assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
+  # At another resolution, on another split, with the raw parameters:
+  # eval_summary.json only; the run's results stay.
+  for changed in (dict(input__image_size=24),
+                  dict(input__eval_split='train[:64]'), dict(eval_ema='raw')):
+    eval_run.evaluate_run(config(',fewshot=digits', mode='eval', **changed),
+                          workdir)
+    assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
+  written = json.load(open(os.path.join(workdir, 'eval_summary.json')))
+  assert written['eval_ema'] == 'raw' and written['data'] == 'digits'
+  # A run stopped before its end has no results to merge into.
+  os.remove(os.path.join(workdir, 'summary.json'))
+  eval_run.evaluate_run(config(mode='eval'), workdir)
+  assert not os.path.exists(os.path.join(workdir, 'summary.json'))
+  with open(os.path.join(workdir, 'summary.json'), 'w') as f:
+    json.dump(summary, f)
 
   # No checkpoint in a new workdir: config.init is evaluated, into
   # eval_summary.json only (it is not that workdir's run).

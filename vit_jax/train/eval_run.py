@@ -7,9 +7,10 @@ model than the config's — with top-1 on `input.eval_split` and every
 
 Every evaluation writes `workdir/eval_summary.json`. Its metrics are also
 merged into the run's `summary.json` (where the result tables read them)
-only when they describe that run: its own checkpoint at its own resolution.
-So re-evaluating at another resolution, or evaluating `init`, never replaces
-a run's results. The head is kept; position embeddings are resized when the
+only when they describe that run (`_not_the_runs_evaluation`): its own
+final checkpoint, evaluated as it was (data, split, pre-processing, EMA
+mode, resolution, its evaluators; new ones may be added). So re-evaluating
+another way, an unfinished run, or `init` never replaces a run's results. The head is kept; position embeddings are resized when the
 resolution differs.
 """
 
@@ -120,13 +121,59 @@ def _evaluate(config: ml_collections.ConfigDict,
   last = source.rstrip('/').rsplit('/', 1)[-1]
   step = int(last) if last.isdigit() else 0
   result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],
-            'eval_split': info.eval_split, **metrics}
+            'data': config.input.data, 'eval_split': info.eval_split,
+            'eval_ema': mode, **metrics}
   run_files.write_json(workdir, run_files.EVAL_SUMMARY, result)
-  run = run_files.read_summary(workdir)
-  if own and run.get('image_size', image_shape[0]) == image_shape[0]:
+  why_not = _not_the_runs_evaluation(config, workdir, step, image_shape[0]) \
+      if own else 'it evaluated config.init, not this run'
+  if why_not:
+    logging.info('metrics written to %s/%s only, not merged into the run\'s '
+                 'summary.json: %s', workdir, run_files.EVAL_SUMMARY, why_not)
+  else:
     run_files.write_summary(workdir, metrics)
     writer = reporting.make_writer(workdir)
     writer.write_scalars(step, metrics)
     writer.close()
     logging.info('metrics merged into %s/summary.json', workdir)
   return result
+
+
+# What an evaluation must share with the run's own to stand in its summary
+# (evaluators may be added: their metrics are new keys).
+_SAME = (('input', 'data'), ('input', 'eval_split'), ('input', 'pp_eval'),
+         ('eval_ema',))
+
+
+def _not_the_runs_evaluation(config, workdir: str, step: int,
+                             image_size: int):
+  """Why metrics of `workdir`'s checkpoint `step` do not describe the
+  run's results (summary.json, where the tables read them), else None: the
+  run must have finished at that step, and the evaluation be the one it
+  ran (its data, split, pre-processing, EMA mode, resolution, and each of
+  its evaluators as it was; new evaluators may be added).
+  """
+  run = run_files.read_summary(workdir)
+  if not run:
+    return 'the run has no summary.json (it did not finish)'
+  if run.get('steps') != step:
+    return (f'checkpoint step {step} is not the step the run finished at '
+            f'({run.get("steps")})')
+  if run.get('image_size', image_size) != image_size:
+    return f'image size {image_size}, the run\'s is {run["image_size"]}'
+  trained = run_files.read_config(workdir).get('config') or {}
+  now = config.to_dict()
+  for keys in _SAME:
+    then, value = trained, now
+    for key in keys:
+      then = then.get(key) if isinstance(then, dict) else None
+      value = value.get(key) if isinstance(value, dict) else None
+    if orbax_state.as_saved(then) != orbax_state.as_saved(value):
+      return (f'config.{".".join(keys)} is {value!r}, the run\'s was '
+              f'{then!r}')
+  before, after = trained.get('evals') or {}, now.get('evals') or {}
+  for name in sorted(set(before) & set(after)):
+    if orbax_state.as_saved(before[name]) != orbax_state.as_saved(
+        after[name]):
+      return (f'config.evals.{name} is {after[name]!r}, the run\'s was '
+              f'{before[name]!r}')
+  return None
