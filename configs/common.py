@@ -81,6 +81,8 @@ def base() -> ml_collections.ConfigDict:
       pp_eval=none(str), shuffle_buffer=none(int), cache=none(bool),
       prefetch=none(int), mixup=none(float), cutmix=none(float),
       skip_bad_images=none(bool),
+      # TFRecords (data=tfrecord): their class count and feature names.
+      num_classes=none(int), image_key=none(str), label_key=none(str),
       prepare=False))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)

@@ -254,8 +254,14 @@ def test_eval_counts_records_and_sees_each_once(records, process_count):
 def test_missing_split_and_classes(records):
   with pytest.raises(UnknownSplitError, match="split 'test'"):
     pipeline.eval_iterator(_config(records), split='test')
-  with pytest.raises(ValueError, match='num_classes'):
+  with pytest.raises(DataError, match='pass --config.input.num_classes=N'):
     pipeline.train_iterator(_config(records, num_classes=None), seed=0)
+  # ... which every config has, with the feature names, for the command line.
+  from vit_jax.configs import smoke
+  config = smoke.get_config('data=digits')
+  config.lock()
+  config.input.update(num_classes=10, image_key='image/encoded',
+                      label_key='image/class/label')
 
 
 def test_measure_input(records):

@@ -175,7 +175,9 @@ class TFRecordSource(Source):
           f'files, got {self.data_dir!r} ({spec.prepare})')
     self._num_classes = input_config.get('num_classes') or spec.num_classes
     if not self._num_classes:
-      raise ValueError(f'{spec.name}: set input.num_classes for TFRecords')
+      raise DataError(f'{spec.name}: TFRecords do not record their class '
+                      'count: pass --config.input.num_classes=N (the labels '
+                      'are checked against it as they are read)')
     # A tfds entry read from TFRecords (imagenet21k) has tfds' key names.
     own = spec.source == 'tfrecord'
     self.image_key = input_config.get('image_key') or (
