@@ -422,6 +422,18 @@ def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
   assert metrics['eval_examples'] == 360  # The built-in top-1 ran too.
 
 
+def test_a_classification_eval_with_more_classes_than_the_head_is_refused():
+  """Top-1 on another dataset whose labels a 3-class head cannot score
+  would log eval loss NaN after training: refused when built."""
+  from vit_jax.data.errors import LabelRangeError
+  model = models.create('ViT-test', num_classes=3)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
+  config, _, _, mesh, sh = _digits_run(
+      (model, params), other=dict(type='classification', data='digits'))
+  with pytest.raises(LabelRangeError, match=r'\(digits\).*num_classes=3'):
+    evaluators.build(config, model, mesh, sh, 16)
+
+
 def test_evaluator_types_say_what_is_known(digits_model):
   config, model, _, mesh, sh = _digits_run(digits_model,
                                            x=dict(type='fewshoot'))

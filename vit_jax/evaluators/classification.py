@@ -78,6 +78,12 @@ class Classification(base.Evaluator):
       raise ValueError(f'evals.{name}: real_only needs a dataset with ReaL '
                        f'labels (imagenet2012_real), not {spec.name}')
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
+    head = getattr(context.model, 'num_classes', None)
+    if isinstance(head, int) and head > 0:  # Labels the head cannot score.
+      try:
+        pipeline.check_num_classes(inp, head)
+      except ValueError as e:
+        raise type(e)(f'evals.{name} ({inp.data}): {e}') from None
     self._batches = base.eval_batches(inp, self._split)
     self._sums = jax.jit(
         functools.partial(batch_sums, model=context.model),
