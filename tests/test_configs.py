@@ -91,6 +91,10 @@ def test_finetune_rows_follow_table4(data):
                                                                'dev')
   assert sweep.report.sweep and not sweep.evals
   registry.get(data).resolve_split('train_dev')
+  # Its smoke variant holds out part of digits' train split instead.
+  smoke = finetune.get_config(f'data={data},sweep=true,smoke=true')
+  for split in (smoke.input.train_split, smoke.input.eval_split):
+    registry.get('digits').resolve_split(split)
 
 
 def test_vtab_one_setting_for_all_tasks():
