@@ -137,6 +137,52 @@ def test_fewshot_on_digits_with_random_features(digits_model):
   assert out['fewshot/digits/10shot'] > 0.2
 
 
+def test_fewshot_split_expressions_and_too_few_examples(digits_model, caplog):
+  """`NAME:TRAIN:TEST` takes split expressions with colons; a class with
+  fewer examples than the largest shot count (found when the split is read,
+  at evaluation) costs only those shot counts, logged, not the run."""
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('digits:train[:50]:test[:60]',), shots=(1, 2, 20), seeds=1,
+      pool_per_class=20, batch_size=60))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=60, data_dir=None))
+  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
+  with jax.set_mesh(mesh), caplog.at_level('ERROR'):
+    out = ev.run(jax.device_put(params, sh))
+  assert sorted(k for k in out if not k.endswith('_std')) == [
+      'fewshot/digits/1shot', 'fewshot/digits/2shot']
+  assert "no 20-shot result; lower evals.fewshot.shots" in caplog.text
+
+
+def test_fewshot_on_a_folder_dataset(digits_model, tmp_path):
+  """A folder of class sub-folders knows its classes: few-shot reads it."""
+  from PIL import Image
+  from sklearn.datasets import load_digits
+  d = load_digits()
+  for split, rows in (('train', range(0, 120)), ('test', range(300, 360))):
+    for i in rows:
+      if d.target[i] < 3:
+        (tmp_path / split / f'c{d.target[i]}').mkdir(parents=True,
+                                                      exist_ok=True)
+        Image.fromarray((d.images[i] * 255 / 16).astype(np.uint8)).save(
+            tmp_path / split / f'c{d.target[i]}' / f'{i}.png')
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('folder:train:test',), shots=(1, 5), seeds=1,
+      pool_per_class=5, batch_size=20, data_dir=str(tmp_path)))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=20, data_dir=None))
+  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
+  with jax.set_mesh(mesh):
+    out = ev.run(jax.device_put(params, sh))
+  assert sorted(out) == ['fewshot/folder/1shot', 'fewshot/folder/1shot_std',
+                         'fewshot/folder/5shot', 'fewshot/folder/5shot_std']
+  assert 0 <= out['fewshot/folder/5shot'] <= 1
+
+
 class _Pixels(nn.Module):
   """Represents an image by its pixels (to check the evaluator's plumbing
   against few-shot regression computed here directly)."""

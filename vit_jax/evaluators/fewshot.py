@@ -18,6 +18,7 @@ seed the 1-, 5-, 10- and 25-shot sets are nested.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Sequence, Tuple
 
 import flax.linen as nn
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 from vit_jax.data import pipeline, registry
 from vit_jax.evaluators import base
@@ -117,12 +119,18 @@ class FewShot(base.Evaluator):
         data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
         image_size=image_size, pp_eval=pp.format(size=image_size),
         eval_batch_size=batch, batch_size=batch))
+    self._classes: Dict[str, int] = {}
     for data, train_split, test_split in self._datasets:  # Fail early.
       cfg_ = ml_collections.ConfigDict(self._input.to_dict())
       cfg_.data = data
       if train_split:
         cfg_.train_split = train_split
-      pipeline.dataset_info(cfg_, split=test_split or None)
+      info = pipeline.dataset_info(cfg_, split=test_split or None)
+      if not info.num_classes:
+        raise ValueError(f'evals.{name}: few-shot dataset {data!r} does not '
+                         'fix its class count; few-shot needs labelled '
+                         'classes')
+      self._classes[data] = info.num_classes
     rep = shd.replicated(mesh)
     def represent(params, batch):
       return {'x': representation(params, batch['image'], model=model),
@@ -143,7 +151,7 @@ class FewShot(base.Evaluator):
                 ) -> Tuple[np.ndarray, np.ndarray]:
     """(features, labels) of `split`, in order; with `pool`, only until
     every class has `pool` examples (then the first `pool` of each)."""
-    num_classes = registry.get(data).num_classes
+    num_classes = self._classes[data]
     feats: List[np.ndarray] = []
     labels: List[np.ndarray] = []
     counts = np.zeros(num_classes or 1, np.int64)
@@ -173,19 +181,25 @@ class FewShot(base.Evaluator):
       spec = registry.get(data)
       train_split = train_split or spec.train_split
       test_split = test_split or spec.eval_split
-      k = spec.num_classes
+      k = self._classes[data]
       x_train, y_train = self._features(params, data, train_split, self.pool)
       have = np.bincount(y_train, minlength=k)
-      if have.min() < self.shots[-1]:
-        raise ValueError(
-            f'few-shot {data}: class {int(have.argmin())} has only '
-            f'{int(have.min())} examples in {train_split!r}; lower '
-            f'evals.{self.name}.shots (now {self.shots}) or pick a larger '
-            'train split')
+      shot_counts = [n for n in self.shots if n <= have.min()]
+      if len(shot_counts) < len(self.shots):
+        # Found only now (the split is read at evaluation): the other
+        # shot counts and the run's results are kept.
+        logging.error(
+            'few-shot %s: class %d has only %d examples in %r: no %s-shot '
+            'result; lower evals.%s.shots (now %s) or pick a larger train '
+            'split', data, int(have.argmin()), int(have.min()), train_split,
+            '/'.join(str(n) for n in self.shots if n > have.min()),
+            self.name, self.shots)
+      if not shot_counts:
+        continue
       x_test, y_test = self._features(params, data, test_split)
-      accs = {s: [] for s in self.shots}
+      accs = {s: [] for s in shot_counts}
       for seed in range(self.seeds):
-        for shots, idx in draw(y_train, k, self.shots, seed).items():
+        for shots, idx in draw(y_train, k, shot_counts, seed).items():
           pred = fit_predict(x_train[idx], y_train[idx], x_test, k,
                              self.l2_reg)
           accs[shots].append(float(np.mean(pred == y_test)))
@@ -196,13 +210,11 @@ class FewShot(base.Evaluator):
 
 
 def _parse_dataset(item: str) -> Tuple[str, str, str]:
-  parts = item.split(':')
+  # Colons inside split expressions ('train[:30]') are not separators.
+  parts = re.split(r':(?![^\[]*\])', item)
   if len(parts) not in (1, 3):
     raise ValueError(f'few-shot dataset {item!r}: expected NAME or '
                      'NAME:TRAIN_SPLIT:TEST_SPLIT')
-  spec = registry.get(parts[0])  # Unknown names fail, with suggestions.
-  if not spec.num_classes:
-    raise ValueError(f'few-shot dataset {parts[0]!r} does not fix its class '
-                     'count; few-shot needs a registry dataset with classes')
+  registry.get(parts[0])  # Unknown names fail, with suggestions.
   return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (
       parts[0], '', '')
