@@ -336,3 +336,19 @@ def test_an_mpp_run_of_a_pretrain_config_is_not_its_supervised_cell():
   assert loop._report(config) == cell
   config.objective, config.report.task = 'mpp', 'mpp_pixels'  # configs/mpp.py
   assert loop._report(config)['task'] == 'mpp_pixels'
+
+
+def test_a_run_whose_model_was_overridden_fills_no_cell():
+  """`pretrain.py:model=ViT-B/16,...` with `--config.model.name=ViT-test`:
+  the report the config args made is marked, and no table cell takes it."""
+  import ml_collections
+  from vit_jax.train import loop
+  cell = dict(model='ViT-B/16', pretrain='jft', pretrain_epochs=7,
+              task='pretrain')
+  config = ml_collections.ConfigDict(dict(
+      model=dict(name='ViT-test'), report=cell))
+  report = loop._report(config)
+  assert report['overridden'] == 'model.name=ViT-test'
+  run = tables.Run('w/summary.json', {'report': report})
+  assert run.setting is None
+  assert tables.Run('w/summary.json', {'report': cell}).setting is not None

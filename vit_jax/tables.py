@@ -129,7 +129,9 @@ class Run:
 
   @property
   def setting(self) -> Setting | None:
-    if not self.report or self.missing:
+    # `overridden`: the command line trained another model than the
+    # config args the report was made from: no table cell is this run's.
+    if not self.report or self.missing or self.report.get('overridden'):
       return None
     r = self.report
     return _setting(r['model'], r['pretrain'], r['pretrain_epochs'],

@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 import ml_collections
 from absl import logging
 
-from vit_jax import accounting, evaluators, heap, selfsup
+from vit_jax import accounting, evaluators, heap, models, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
@@ -379,6 +379,15 @@ def _report(config) -> Dict[str, Any]:
   to MPP with `--config.objective=mpp` is not the supervised run of that
   cell (configs/mpp.py names its own task, `mpp_<target>`)."""
   report = config.report.to_dict() if 'report' in config else {}
+  trained = (config.get('model') or {}).get('name')
+  if (report.get('model') in models.names() and trained
+      and report['model'] != trained):
+    # --config.model.name changed the zoo model the config args named
+    # (labels such as cpu_reproduce's 'ViT-cpu' name no zoo model): this
+    # run is not that table cell's (the tables list it with the others).
+    logging.warning('config.report names %s but the run trained %s: its '
+                    'report is marked overridden', report['model'], trained)
+    report['overridden'] = f'model.name={trained}'
   objective = config.get('objective', 'supervised')
   if report and objective != 'supervised' and not str(
       report.get('task', '')).startswith(objective):
