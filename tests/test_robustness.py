@@ -354,6 +354,8 @@ def test_the_heartbeat_survives_storage_errors_and_never_overwrites_a_taker(
      "config.model has no field 'dtyp' (did you mean dtype?)"),
     (['--config.input.image_size=18'], 'not divisible by the patch size 4'),
     (['--config.mode=eval'], 'has no checkpoint and config.init is not set'),
+    (["--config.optim.lr_mults=(('^nope', 5.0),)"],
+     "optim.lr_mults regex(es) ['^nope'] match no"),
 ])
 def test_mistakes_get_one_message_not_a_traceback(tmp_path, flags, message):
   out = _main(str(tmp_path / 'run'), *flags)

@@ -72,7 +72,8 @@ def _run(mode: str, config, workdir: str):
   from vit_jax.checkpoint import CheckpointError, CheckpointNotFoundError
   from vit_jax.data import pipeline
   from vit_jax.data.errors import DataError
-  from vit_jax.train import eval_run, loop, orbax_state, preemption
+  from vit_jax.train import eval_run, loop, orbax_state, param_groups
+  from vit_jax.train import preemption
   pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
   run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
   try:
@@ -85,7 +86,7 @@ def _run(mode: str, config, workdir: str):
   # path): no traceback. Anything else keeps its traceback.
   except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,
           loop.NonFiniteLossError, DataError, CheckpointError,
-          CheckpointNotFoundError) as e:
+          CheckpointNotFoundError, param_groups.ParamGroupError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
 
 

@@ -47,6 +47,11 @@ SCHEDULE_FIELDS = ('lr', 'warmup_steps', 'decay', 'linear_end')
 DEFAULT_GROUP = 'default'
 
 
+class ParamGroupError(ValueError):
+  """An `optim.frozen` / `lr_mults` / `layer_decay` / `schedules` setting
+  that does not fit the model's parameters (the message names it)."""
+
+
 def enabled(cfg) -> bool:
   return bool(cfg.get('frozen') or cfg.get('lr_mults') or
               cfg.get('layer_decay') or cfg.get('schedules'))
@@ -60,13 +65,13 @@ def schedule_groups(cfg) -> Tuple[Tuple[str, Dict[str, object]], ...]:
       rx, over = entry
       over = dict(over)
     except (TypeError, ValueError):
-      raise ValueError(
+      raise ParamGroupError(
           f'optim.schedules entry {entry!r}: expected (regex, dict of '
           f'{", ".join(SCHEDULE_FIELDS)}), e.g. '
           "('^head/', {'warmup_steps': 0})") from None
     bad = sorted(set(over) - set(SCHEDULE_FIELDS))
     if bad or not over:
-      raise ValueError(
+      raise ParamGroupError(
           f'optim.schedules entry {rx!r}: {bad or "no fields"}; a group '
           f'schedule sets some of {", ".join(SCHEDULE_FIELDS)}')
     re.compile(rx)
@@ -97,7 +102,7 @@ def schedule_labels(groups):
     unused = [rx for i, (rx, _) in enumerate(groups)
               if group_name(i) not in used]
     if unused:
-      raise ValueError(f'optim.schedules regex(es) {unused} match no trained '
+      raise ParamGroupError(f'optim.schedules regex(es) {unused} match no trained '
                        f'parameter (or an earlier entry takes them); paths '
                        f'look like {sorted(paths.values())[:3]}')
     return traverse_util.unflatten_dict(flat)
@@ -114,10 +119,10 @@ def trainable(params, frozen: str):
   rx = re.compile(frozen)
   flags = {k: not rx.search(p) for k, p in paths.items()}
   if all(flags.values()):
-    raise ValueError(f'optim.frozen={frozen!r} matches no parameter; paths '
+    raise ParamGroupError(f'optim.frozen={frozen!r} matches no parameter; paths '
                      f'look like {sorted(paths.values())[:3]}')
   if not any(flags.values()):
-    raise ValueError(f'optim.frozen={frozen!r} matches every parameter: '
+    raise ParamGroupError(f'optim.frozen={frozen!r} matches every parameter: '
                      'nothing would train')
   return traverse_util.unflatten_dict(flags)
 
@@ -135,7 +140,7 @@ class Multipliers:
     unused = [rx for rx, _ in lr_mults
               if not any(re.search(rx, p) for p in paths)]
     if unused:
-      raise ValueError(f'optim.lr_mults regex(es) {unused} match no '
+      raise ParamGroupError(f'optim.lr_mults regex(es) {unused} match no '
                        f'parameter; paths look like {sorted(paths)[:3]}')
     self.decay = float(layer_decay)
     blocks = [_BLOCK.match(p) for p in paths]
@@ -145,10 +150,10 @@ class Multipliers:
     self.layers = (int(scanned[0]) if scanned else
                    max(unrolled) + 1 if unrolled else 0)
     if self.decay and not self.layers:
-      raise ValueError('optim.layer_decay needs a model with encoder blocks '
+      raise ParamGroupError('optim.layer_decay needs a model with encoder blocks '
                        '(Transformer/encoderblock...): a ViT or hybrid')
     if self.decay and not 0 < self.decay <= 1:
-      raise ValueError(f'optim.layer_decay={self.decay}: a factor in (0, 1] '
+      raise ParamGroupError(f'optim.layer_decay={self.decay}: a factor in (0, 1] '
                        '(MAE / BEiT fine-tuning: 0.65-0.75)')
 
   def __call__(self, path: str, ndim: int):
