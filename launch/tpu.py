@@ -161,6 +161,17 @@ def _validate(args: argparse.Namespace) -> None:
     raise ValueError('exec runs the command after "--" (and only exec does)')
   if args.results and not args.workdir:
     raise ValueError('--results needs --workdir (what to copy)')
+  if args.results and os.path.isdir(args.repo):
+    results, repo = (os.path.realpath(p) for p in (args.results, args.repo))
+    if os.path.commonpath([results, repo]) == repo:
+      raise ValueError(
+          f'--results={args.results} is inside the checkout {repo}, which '
+          '`setup` copies to every worker (these results, checkpoints '
+          'included, with it): put them outside, e.g. ../results')
+  if args.worker is not None and not re.fullmatch(r'all|\d+(,\d+)*',
+                                                  args.worker):
+    raise ValueError(f'--worker={args.worker}: expected all, a worker '
+                     'number or numbers separated by commas (0,2)')
   if args.max_restarts < 0 or args.poll_seconds < 0 or args.hang_minutes < 0:
     raise ValueError('--max-restarts, --poll-seconds and --hang-minutes must '
                      'be >= 0')

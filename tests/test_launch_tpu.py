@@ -159,7 +159,7 @@ UP = ['up', '--name=vit', '--zone=us-central2-b', f'--config={B16}',
         '--zone=us-central2-b']),
 ])
 def test_dry_run_up(topo, flags, create):
-  code, lines = dry(UP + [f'--topology={topo}', '--results=out',
+  code, lines = dry(UP + [f'--topology={topo}', '--results=../out',
                           '--env', 'TFDS_DATA_DIR=gs://b/tfds', *flags])
   assert code == 0
   cmds = gcloud_lines(lines)
@@ -180,7 +180,7 @@ def test_dry_run_up(topo, flags, create):
   assert ('env TFDS_DATA_DIR=gs://b/tfds $HOME/vit_jax_env/bin/python -m '
           f'vit_jax.main --config={B16} --workdir=gs://b/run;') in run
   assert 'nohup bash -c' in run and '> $HOME/vit_jax_run.log' in run
-  assert cmds[7] == ['gcloud', 'storage', 'cp', '-r', 'gs://b/run', 'out'] + [
+  assert cmds[7] == ['gcloud', 'storage', 'cp', '-r', 'gs://b/run', '../out'] + [
       f for f in flags if 'project' in f]
   assert cmds[8] == (
       ['gcloud', 'compute', 'tpus', 'queued-resources', 'delete', 'vit',
@@ -203,7 +203,7 @@ def test_dry_run_up(topo, flags, create):
 
 
 def test_dry_run_output_is_a_shell_script():
-  code, lines = dry(UP + ['--topology=v4-32', '--spot', '--results=out'])
+  code, lines = dry(UP + ['--topology=v4-32', '--spot', '--results=../out'])
   assert code == 0
   subprocess.run(['bash', '-n'], input='\n'.join(lines), text=True,
                  check=True)
@@ -381,7 +381,7 @@ def test_preemption_recreates_and_resumes():
   # the next poll (READY), then the run ends well.
   runner = FakeRunner(states=['PREEMPTED', 'READY'],
                       streams=[[None], [None, 0]])
-  assert _up(runner, '--results=out') == 0
+  assert _up(runner, '--results=../out') == 0
   assert [kind(c) for c in runner.calls] == (
       LAUNCH + ['logs', 'describe', 'delete'] + LAUNCH +
       ['logs', 'describe', 'mkdir', 'storage cp', 'delete'])
@@ -493,7 +493,7 @@ def test_too_many_preemptions_give_up_and_delete():
 
 def test_failed_run_copies_results_and_deletes():
   runner = FakeRunner(states=['READY'], streams=[[1]], runs=['exited 1'])
-  assert _up(runner, '--results=out') == 1
+  assert _up(runner, '--results=../out') == 1
   assert [kind(c) for c in runner.calls][-8:] == [
       'logs', 'describe', 'run state', 'run state', 'save logs', 'mkdir',
       'storage cp', 'delete']
@@ -861,3 +861,16 @@ def test_a_config_the_trainer_would_refuse_is_refused_before_create():
   with pytest.raises(ValueError, match=r"^--config.optim.lrr: config.optim "
                      r"has no field 'lrr' \(did you mean lr\?\)"):
     tpu.load_config(pre, ['--config.optim.lrr=1'])
+
+
+def test_results_inside_the_checkout_and_odd_workers_are_refused(capsys):
+  # `setup` copies the checkout to every worker: results (checkpoints
+  # included) inside it would go along.
+  for argv, message in (
+      (UP + ['--topology=v4-8', f'--results={ROOT}/results'],
+       'is inside the checkout'),
+      (['logs', '--name=vit', '--zone=us-central2-b', '--worker=abc'],
+       '--worker=abc: expected all')):
+    with pytest.raises(SystemExit) as stop:
+      dry(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
