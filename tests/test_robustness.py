@@ -479,6 +479,11 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
     node[last] = value
     with pytest.raises(ValueError, match=f'--config.{key}={value}'):
       config_check.check(bad)
+  long_warmup = config.copy_and_resolve_references()
+  long_warmup.total_steps, long_warmup.optim.warmup_steps = 10, 10
+  with pytest.raises(ValueError, match='warmup_steps=10 is not below the 10 '
+                     'total steps'):
+    config_check.check(long_warmup)
   # A size the explicit pre-processing would ignore (it resizes to 16).
   from vit_jax.data import pipeline
   ignored = config.copy_and_resolve_references()

@@ -103,6 +103,12 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
       and not config.get('total_epochs')):
     yield ('the config sets neither total_steps nor total_epochs; set one, '
            'e.g. --config.total_steps=1000')
+  steps, warmup = config.get('total_steps'), _get(config, 'optim.warmup_steps')
+  if (config.get('mode', 'train') == 'train' and isinstance(steps, int)
+      and isinstance(warmup, int) and steps > 1 and warmup >= steps):
+    yield (f'--config.optim.warmup_steps={warmup} is not below the '
+           f'{steps} total steps: shorten the warm-up, e.g. '
+           f'--config.optim.warmup_steps={steps // 10}')
 
 
 def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
