@@ -195,6 +195,10 @@ def test_fewshot_and_other_runs(rendered):
       rendered, 'b32/pretrain')) == '75.00'
   assert _col(rendered, 'Few-shot', 'imagenet2012 1-shot', *_workdir(
       rendered, 'b32/pretrain')) == '30.00'
+  # Its top-1 too: the run is marked used, so no other table shows it.
+  top1 = _col(rendered, 'Few-shot', 'top-1', *_workdir(rendered,
+                                                        'b32/pretrain'))
+  assert top1 not in ('', None)
   other = '\n'.join(_section(rendered, 'Other runs'))
   assert 'misc/no_report' in other and 'no report' in other
   assert 'misc/i1k_b16' in other and 'no paper cell' in other

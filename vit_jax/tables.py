@@ -629,19 +629,26 @@ def table_fewshot(ctx: _Ctx) -> list[str]:
   cols = sorted({k for r in runs for k in r.fewshot()})
   rows = []
   for run in runs:
-    ctx.match.used.add(run.path)
+    ctx.match.used.add(run.path)  # Its top-1 is in this table too.
     shots = run.fewshot()
-    rows.append([run.workdir, _run_label(run)] + [_pct(shots.get(c))
-                                                  for c in cols])
-  header = ['workdir', 'run'] + [f'{d} {k}-shot' for d, k in cols]
+    rows.append([run.workdir, _run_label(run), _pct(run.accuracy)] + [
+        _pct(shots.get(c)) for c in cols])
+  header = ['workdir', 'run', 'top-1'] + [f'{d} {k}-shot' for d, k in cols]
   return ['## Few-shot linear accuracy (%)', '',
-          *_md_table(header, rows, 'll' + 'r' * len(cols))]
+          *_md_table(header, rows, 'llr' + 'r' * len(cols))]
 
 
 def _run_label(run: Run) -> str:
+  """The run's table setting and task, with the architecture it trained
+  where that is not the setting's model (a shrunk or stand-in model), and
+  `smoke` for smoke runs."""
   s = run.setting
-  return f'{s.label()} → {run.task}' if s else str(
-      run.summary.get('model', '?'))
+  trained = run.summary.get('architecture') or run.summary.get('model', '?')
+  smoke = ' (smoke)' if run.report.get('smoke') else ''
+  if not s:
+    return f'{trained}{smoke}'
+  extra = f' [{trained}]' if trained != s.model else ''
+  return f'{s.label()} → {run.task}{extra}{smoke}'
 
 
 def table_other(ctx: _Ctx) -> list[str]:
