@@ -80,6 +80,25 @@ def test_folder_with_corrupt_files_reports_them_and_classifies_the_rest(
   assert captured.out.count(': ') == 7
 
 
+def test_ctrl_c_keeps_what_was_classified(trained, images, tmp_path,
+                                          monkeypatch, capsys):
+  real, calls = predict.top_k, []
+
+  def top_k(*args, **kw):  # Ctrl-C while the 4th image's result is made.
+    calls.append(1)
+    if len(calls) == 4:
+      raise KeyboardInterrupt
+    return real(*args, **kw)
+  monkeypatch.setattr(predict, 'top_k', top_k)
+  out = tmp_path / 'out.json'
+  code = predict.main([f'--init={trained.workdir}', '--batch=4',
+                       f'--json={out}', str(images)])
+  assert code == 130
+  result = json.loads(out.read_text())
+  assert result['interrupted'] and len(result['results']) == 3
+  assert 'interrupted after' in capsys.readouterr().err
+
+
 def test_predict_equals_the_model_on_the_eval_pipeline(trained, images):
   """Batched, padded, device-sharded predictions = the plain model."""
   import jax

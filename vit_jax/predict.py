@@ -146,13 +146,18 @@ def top_k(probs: np.ndarray, labels: Sequence[str], k: int) -> List[Dict]:
 
 
 def predict(trained, paths: Sequence[str], *, top: int = 5, batch: int = 64,
-            dtype: Optional[str] = None, progress: bool = False
+            dtype: Optional[str] = None, progress: bool = False,
+            results: Optional[List[Dict]] = None,
+            skipped: Optional[List[Dict]] = None
             ) -> Tuple[List[Dict], List[Dict]]:
   """([{'file', 'top': [{'label', 'index', 'probability'}]}], [{'file',
-  'error'}]) for the images among `paths` (files and folders)."""
+  'error'}]) for the images among `paths` (files and folders). Given
+  `results` / `skipped` lists, they grow as images are classified (what
+  an interrupted call had done is in them)."""
   files = list_images(paths)
   predictor = Predictor(trained, batch=batch, dtype=dtype)
-  results, skipped = [], []
+  results = [] if results is None else results
+  skipped = [] if skipped is None else skipped
   bar = _progress(len(files)) if progress else None
   for status, path, value in predictor(files):
     if status == 'ok':
@@ -228,8 +233,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f'vit_jax.predict: no image files in {args.paths}',
           file=sys.stderr)
     return 1
-  results, skipped = predict(trained, files, top=args.top, batch=args.batch,
-                             dtype=args.dtype, progress=True)
+  results, skipped, interrupted = [], [], False
+  try:
+    predict(trained, files, top=args.top, batch=args.batch, dtype=args.dtype,
+            progress=True, results=results, skipped=skipped)
+  except KeyboardInterrupt:  # Keep what was classified: print and save it.
+    interrupted = True
+    print(f'interrupted after {len(results) + len(skipped)} of {len(files)} '
+          'images', file=sys.stderr)
   for r in results:
     print(f'{r["file"]}: ' + ', '.join(
         f'{t["label"]} ({t["probability"]:.3f})' for t in r['top']))
@@ -240,7 +251,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with open(args.json, 'w') as f:
       json.dump({'model': trained.architecture, 'init': args.init,
                  'pre_processing': '|'.join(trained.pp),
-                 'results': results, 'skipped': skipped}, f, indent=2)
+                 'results': results, 'skipped': skipped,
+                 **({'interrupted': True} if interrupted else {})}, f,
+                indent=2)
+  if interrupted:
+    return 130
   return 0 if results else 1
 
 
