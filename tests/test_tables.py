@@ -356,3 +356,12 @@ def test_a_run_whose_model_was_overridden_fills_no_cell():
   run = tables.Run('w/summary.json', {'report': report})
   assert run.setting is None
   assert tables.Run('w/summary.json', {'report': cell}).setting is not None
+  # The run length the config args set, overridden.
+  config = ml_collections.ConfigDict(dict(
+      model=dict(name='ViT-B/16'), report=cell, total_epochs=7.0,
+      total_steps=ml_collections.FieldReference(None, field_type=int)))
+  assert 'overridden' not in loop._report(config)
+  config.total_epochs = 14.0
+  assert loop._report(config)['overridden'].startswith('total_epochs=14.0')
+  config.total_epochs, config.total_steps = 7.0, 4
+  assert loop._report(config)['overridden'].endswith('total_steps=4')

@@ -388,6 +388,18 @@ def _report(config) -> Dict[str, Any]:
     logging.warning('config.report names %s but the run trained %s: its '
                     'report is marked overridden', report['model'], trained)
     report['overridden'] = f'model.name={trained}'
+  epochs = report.get('pretrain_epochs')
+  if report.get('task') == 'pretrain' and epochs and (
+      config.get('total_steps') or (config.get('total_epochs') or epochs)
+      != epochs) and config.get('total_epochs') is not None:
+    # The cell's epochs came from the config args; --config.total_epochs
+    # (or a total_steps, which wins over it) trained another length.
+    logging.warning('config.report says %s pre-training epochs but the run '
+                    'set total_epochs=%s, total_steps=%s: its report is '
+                    'marked overridden', epochs, config.get('total_epochs'),
+                    config.get('total_steps'))
+    report['overridden'] = (f'total_epochs={config.get("total_epochs")}, '
+                            f'total_steps={config.get("total_steps")}')
   objective = config.get('objective', 'supervised')
   if report and objective != 'supervised' and not str(
       report.get('task', '')).startswith(objective):
