@@ -661,7 +661,8 @@ def table_other(ctx: _Ctx) -> list[str]:
     s = run.summary
     why = ('no report' if not run.report else
            f'report lacks {", ".join(run.missing)}' if run.missing else
-           'no paper cell')
+           f'overridden: {run.report["overridden"]}'
+           if run.report.get('overridden') else 'no paper cell')
     days = s.get('core_days')
     rows.append([run.workdir, s.get('model') or run.report.get('model', ''),
                  s.get('dataset') or run.report.get('task', ''),
