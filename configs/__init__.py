@@ -46,6 +46,9 @@ def unknown_field(config, path: str) -> Optional[str]:
       return (f'--config.{path}: {where} has no field {key!r}'
               + (f' (did you mean {" or ".join(close)}?)' if close else '')
               + (f'; its fields: {", ".join(sorted(keys))}' if keys else
+                 f' ({where} is empty: its entries are added in a config '
+                 'file, e.g. configs/smoke.py:fewshot=digits for evals; '
+                 'see docs/configs.md)' if hasattr(node, 'keys') else
                  f' ({where} is a value, not a section)'))
     node, done = node[key], done + [key]
   return None
