@@ -197,3 +197,17 @@ def test_grad_norm_is_the_trained_parameters_gradient():
                                      lr_fn=lr, frozen=frozen))
     norms[frozen] = float(step(state, batch)[1]['grad_norm'])
   assert norms[None] > 0 and norms['^head/'] == 0
+
+
+def test_multipliers_under_frozen_parameters():
+  """An lr_mults regex that matches only frozen parameters is refused (it
+  would do nothing); layer_decay with every scanned block frozen says so."""
+  params, _ = _setup(scan=True)
+  for cfg, message in (
+      (_cfg(frozen='^embedding/', lr_mults=(('^embedding/', 2.0),)),
+       r"lr_mults regex\(es\) \['\^embedding/'\] match no trained"),
+      (_cfg(frozen='^Transformer/encoderblock/', layer_decay=0.5),
+       'layer_decay needs trained encoder blocks')):
+    tx, _ = optim.make(cfg, 100)
+    with pytest.raises(ValueError, match=message):
+      tx.init(params)

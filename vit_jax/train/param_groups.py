@@ -102,9 +102,10 @@ def schedule_labels(groups):
     unused = [rx for i, (rx, _) in enumerate(groups)
               if group_name(i) not in used]
     if unused:
-      raise ParamGroupError(f'optim.schedules regex(es) {unused} match no trained '
-                       f'parameter (or an earlier entry takes them); paths '
-                       f'look like {sorted(paths.values())[:3]}')
+      raise ParamGroupError(
+          f'optim.schedules regex(es) {unused} match no trained parameter '
+          '(or an earlier entry takes them); paths look like '
+          f'{sorted(paths.values())[:3]}')
     return traverse_util.unflatten_dict(flat)
   return labels
 
@@ -119,11 +120,11 @@ def trainable(params, frozen: str):
   rx = re.compile(frozen)
   flags = {k: not rx.search(p) for k, p in paths.items()}
   if all(flags.values()):
-    raise ParamGroupError(f'optim.frozen={frozen!r} matches no parameter; paths '
-                     f'look like {sorted(paths.values())[:3]}')
+    raise ParamGroupError(f'optim.frozen={frozen!r} matches no parameter; '
+                          f'paths look like {sorted(paths.values())[:3]}')
   if not any(flags.values()):
-    raise ParamGroupError(f'optim.frozen={frozen!r} matches every parameter: '
-                     'nothing would train')
+    raise ParamGroupError(f'optim.frozen={frozen!r} matches every '
+                          'parameter: nothing would train')
   return traverse_util.unflatten_dict(flags)
 
 
@@ -136,25 +137,34 @@ class Multipliers:
                layer_decay: float = 0.0):
     flat = traverse_util.flatten_dict(params)
     paths = {'/'.join(k): v for k, v in flat.items()}
+    # Under optim.frozen this sees the trained parameters only: the frozen
+    # ones are optax MaskedNodes (no array, never updated).
+    trained = {p: v for p, v in paths.items()
+               if not isinstance(v, optax.MaskedNode)}
     self.rules = [(re.compile(rx), float(m)) for rx, m in lr_mults]
     unused = [rx for rx, _ in lr_mults
-              if not any(re.search(rx, p) for p in paths)]
+              if not any(re.search(rx, p) for p in trained)]
     if unused:
-      raise ParamGroupError(f'optim.lr_mults regex(es) {unused} match no '
-                       f'parameter; paths look like {sorted(paths)[:3]}')
+      raise ParamGroupError(
+          f'optim.lr_mults regex(es) {unused} match no trained parameter '
+          '(frozen ones never move); paths look like '
+          f'{sorted(trained)[:3]}')
     self.decay = float(layer_decay)
     blocks = [_BLOCK.match(p) for p in paths]
-    scanned = [np.shape(v)[0] for p, v in paths.items()
+    scanned = [np.shape(v)[0] for p, v in trained.items()
                if (m := _BLOCK.match(p)) and m.group(2) is None]
     unrolled = [int(m.group(2)) for m in blocks if m and m.group(2)]
     self.layers = (int(scanned[0]) if scanned else
                    max(unrolled) + 1 if unrolled else 0)
     if self.decay and not self.layers:
-      raise ParamGroupError('optim.layer_decay needs a model with encoder blocks '
-                       '(Transformer/encoderblock...): a ViT or hybrid')
+      raise ParamGroupError(
+          'optim.layer_decay needs trained encoder blocks '
+          '(Transformer/encoderblock...): a ViT or hybrid whose blocks are '
+          'not all frozen (optim.frozen); else use optim.lr_mults')
     if self.decay and not 0 < self.decay <= 1:
-      raise ParamGroupError(f'optim.layer_decay={self.decay}: a factor in (0, 1] '
-                       '(MAE / BEiT fine-tuning: 0.65-0.75)')
+      raise ParamGroupError(
+          f'optim.layer_decay={self.decay}: a factor in (0, 1] (MAE / BEiT '
+          'fine-tuning: 0.65-0.75)')
 
   def __call__(self, path: str, ndim: int):
     mult = next((m for rx, m in self.rules if rx.search(path)), 1.0)
