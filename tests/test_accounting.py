@@ -26,6 +26,16 @@ def test_xla_and_analytic_flops_agree(name):
   assert 0.97 < analytic / xla < 1.03, (name, xla, analytic)
 
 
+def test_scanned_layers_count_every_layer():
+  """XLA's cost analysis counts a scan's body once: the count is of the
+  unrolled model, which computes the same."""
+  plain = accounting.forward_flops('ViT-Ti/16', 224, 10)
+  assert accounting.forward_flops('ViT-Ti/16', 224, 10,
+                                  scan_layers=True) == plain
+  scanned = models.create('ViT-Ti/16', num_classes=10, scan_layers=True)
+  assert accounting.module_forward_flops(scanned, (224, 224, 3)) == plain
+
+
 def test_flops_scale_with_resolution():
   f224 = accounting.forward_flops('ViT-B/16')
   f384 = accounting.forward_flops('ViT-B/16', image_size=384)

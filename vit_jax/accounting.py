@@ -102,6 +102,9 @@ def forward_flops(name: str, image_size=224, num_classes: int = 1000,
   activations and softmax), so it is slightly above `analytic_forward_flops`,
   which it falls back to where this JAX gives no cost analysis.
   """
+  # A scanned stack is one loop body to XLA's cost analysis (counted once,
+  # not per layer); the unrolled model computes the same.
+  overrides.pop('scan_layers', None)
   flops = _forward_flops(name, image_size, num_classes,
                          tuple(sorted(overrides.items())))
   if flops is None:
@@ -114,6 +117,8 @@ def module_forward_flops(model, image_shape: Sequence[int]) -> float:
   a masked-patch-prediction model, whose per-patch head is part of its
   forward; `image_shape` is (height, width, channels)."""
   images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
+  if getattr(model, 'scan_layers', False):  # As in `forward_flops`.
+    model = model.clone(scan_layers=False)
   params = jax.eval_shape(
       lambda x: model.init(jax.random.key(0), x), images)['params']
   flops = _flops(model, params, images)
