@@ -365,3 +365,19 @@ def test_a_run_whose_model_was_overridden_fills_no_cell():
   assert loop._report(config)['overridden'].startswith('total_epochs=14.0')
   config.total_epochs, config.total_steps = 7.0, 4
   assert loop._report(config)['overridden'].endswith('total_steps=4')
+
+
+def test_smoke_runs_never_average_with_real_ones():
+  cell = dict(model='ViT-L/16', pretrain='i21k', pretrain_epochs=90,
+              task='vtab/dtd')
+  real = tables.Run('real/summary.json', {'report': cell,
+                                          'eval_accuracy': 0.9})
+  smoke = tables.Run('smoke/summary.json', {
+      'report': {**cell, 'smoke': True}, 'eval_accuracy': 0.39})
+  match = tables.Matcher([real, smoke])
+  pick = match.pick(real.setting, 'vtab/dtd')
+  assert pick.runs == (real,) and 'smoke' not in pick.note()
+  alone = tables.Matcher([smoke]).pick(real.setting, 'vtab/dtd')
+  assert alone.runs == (smoke,) and 'smoke' in alone.note()
+  assert tables._vtab_smoke(tables.Matcher([smoke]), real.setting)
+  assert not tables._vtab_smoke(match, real.setting)

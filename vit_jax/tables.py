@@ -271,6 +271,9 @@ class Pick:
 
 
 def _cell_runs(runs: Sequence[Run]) -> Pick:
+  # A smoke run (an offline stand-in) never averages with real runs: it
+  # fills a cell only where there is none, marked `smoke`.
+  runs = [r for r in runs if not r.report.get('smoke')] or runs
   runs = tuple(sorted(runs, key=lambda r: r.path))
   return Pick(runs[0], runs) if runs else Pick()
 
@@ -450,7 +453,8 @@ class _Ctx:
     if not self.compare:
       return cell(ref, compare=False)
     if len(accs) == len(_vtab_tasks()):
-      return cell(ref, 100 * sum(accs.values()) / len(accs))
+      return cell(ref, 100 * sum(accs.values()) / len(accs),
+                  note='smoke' if _vtab_smoke(self.match, setting) else '')
     missing = f'{len(accs)}/{len(_vtab_tasks())} tasks' if accs else '—'
     return cell(ref, None, missing=missing)
 
@@ -465,6 +469,12 @@ def _vtab_name(task: str) -> str:
 
 def _vtab_group(task: str) -> str:
   return registry.get(_vtab_name(task)).group
+
+
+def _vtab_smoke(match: Matcher, setting: Setting) -> bool:
+  """Whether smoke runs stand in for any of `setting`'s VTAB tasks."""
+  return any(r.report.get('smoke') for task in _vtab_tasks()
+             for r in match.pick(setting, task).runs)
 
 
 def _vtab_accuracies(match: Matcher, setting: Setting) -> dict[str, float]:
@@ -602,8 +612,10 @@ def table_vtab(ctx: _Ctx) -> list[str]:
         _mean_of(cols[s], tasks) for s in settings])
   rows.append(['**VTAB mean (19)**', ''] + [
       _vtab_mean_cell(ctx, s) for s in settings])
+  labels = [s.label() + (' (smoke)' if _vtab_smoke(ctx.match, s) else '')
+            for s in settings]
   return ['## VTAB-1k (top-1 %)', '', _VTAB_NOTE, '',
-          *_md_table(['task', 'group'] + [s.label() for s in settings], rows,
+          *_md_table(['task', 'group'] + labels, rows,
                      'll' + 'r' * len(settings))]
 
 
