@@ -187,7 +187,7 @@ def transfer_report(args, task: str, lr: float) -> dict:
                                                         args.model)
   return dict(model=args.model, pretrain=args.pretrain,
               pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
-              task=task, lr=lr, sweep=args.sweep)
+              task=task, lr=lr, sweep=args.sweep, transfer=True)
 
 
 def shrink_model(model: ml_collections.ConfigDict) -> int:

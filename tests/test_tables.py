@@ -381,3 +381,16 @@ def test_smoke_runs_never_average_with_real_ones():
   assert alone.runs == (smoke,) and 'smoke' in alone.note()
   assert tables._vtab_smoke(tables.Matcher([smoke]), real.setting)
   assert not tables._vtab_smoke(match, real.setting)
+
+
+def test_a_transfer_run_without_init_fills_no_cell():
+  """finetune.py / vtab.py rows are fine-tuning from `pretrain`: without
+  init (and not a smoke run) the run trained from scratch."""
+  from vit_jax.configs import finetune
+  from vit_jax.train import loop
+  config = finetune.get_config('data=cifar10,lr=0.01')
+  assert loop._report(config)['overridden'] == 'no init: trained from scratch'
+  config.init = '/runs/b16'
+  assert 'overridden' not in loop._report(config)
+  smoke = finetune.get_config('data=cifar10,lr=0.01,smoke=true')
+  assert 'overridden' not in loop._report(smoke)

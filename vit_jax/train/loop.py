@@ -388,6 +388,11 @@ def _report(config) -> Dict[str, Any]:
     logging.warning('config.report names %s but the run trained %s: its '
                     'report is marked overridden', report['model'], trained)
     report['overridden'] = f'model.name={trained}'
+  if (report.get('transfer') and not config.get('init')
+      and not report.get('smoke')):
+    # A transfer row (finetune.py, vtab.py) is fine-tuning from its
+    # `pretrain`: without init the run trained from scratch.
+    report['overridden'] = 'no init: trained from scratch'
   epochs = report.get('pretrain_epochs')
   if report.get('task') == 'pretrain' and epochs and (
       config.get('total_steps') or (config.get('total_epochs') or epochs)
