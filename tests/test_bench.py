@@ -366,3 +366,19 @@ def test_trace_benchmark_times_both_forms_of_the_step():
                         rounds=1)
   assert set(times) == {'mesh step', 'platform switch'}
   assert all(len(v) == 1 and v[0] > 0 for v in times.values())
+
+
+def test_arguments_that_cannot_be_measured_are_refused():
+  """Zero or negative sizes and counts: the flag parser names the flag
+  (not a ZeroDivisionError or an img/s for an image of no patches)."""
+  import pytest
+  from absl import flags as absl_flags
+  from vit_jax import bench
+  from vit_jax.models.inputs import check_image_shape
+  for flag in ('batch', 'steps', 'image_size', 'accum_steps', 'num_classes'):
+    with pytest.raises(absl_flags.IllegalFlagValueError):
+      bench.FLAGS[flag].parse('0')
+  with pytest.raises(absl_flags.IllegalFlagValueError):
+    bench.FLAGS['warmup'].parse('-1')
+  with pytest.raises(ValueError, match='at least one patch'):
+    check_image_shape((1, 0, 0, 3), 16)

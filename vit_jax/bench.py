@@ -33,21 +33,24 @@ from typing import Any, Dict
 
 from absl import app, flags
 
-from vit_jax import heap, hugepages
+from vit_jax import heap, hugepages, outputs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('model', 'ViT-B/16', 'Model name from the zoo.')
-flags.DEFINE_integer('batch', 8, 'Global batch size.')
-flags.DEFINE_integer('image_size', 224, 'Image side in pixels.')
+flags.DEFINE_integer('batch', 8, 'Global batch size.', lower_bound=1)
+flags.DEFINE_integer('image_size', 224, 'Image side in pixels.',
+                     lower_bound=1)
 flags.DEFINE_enum('dtype', 'float32', ['float32', 'bfloat16'],
                   'Compute dtype (parameters stay float32).')
 flags.DEFINE_enum('mode', 'train', ['train', 'infer'],
                   'train: the train step; infer: the eval forward pass.')
 flags.DEFINE_string('mesh', 'data=-1', 'Mesh axes, e.g. data=-1,fsdp=2.')
-flags.DEFINE_integer('steps', 10, 'Timed steps.')
-flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.')
-flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.')
-flags.DEFINE_integer('num_classes', 1000, 'Head size.')
+flags.DEFINE_integer('steps', 10, 'Timed steps.', lower_bound=1)
+flags.DEFINE_integer('warmup', 2, 'Untimed steps after compilation.',
+                     lower_bound=0)
+flags.DEFINE_integer('accum_steps', 1, 'Gradient accumulation steps.',
+                     lower_bound=1)
+flags.DEFINE_integer('num_classes', 1000, 'Head size.', lower_bound=1)
 flags.DEFINE_bool('matmul_peak', True, 'Measure the matmul peak for MFU '
                   '(seconds); --nomatmul_peak reports no MFU.')
 flags.DEFINE_enum('objective', 'supervised', ['supervised', 'mpp'],
@@ -449,6 +452,11 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
   options = _parse_options(FLAGS.model_option)
+  if FLAGS.json:  # Before the measurement, not after it.
+    try:
+      FLAGS.json = outputs.file(FLAGS.json, '--json')
+    except outputs.OutputPathError as e:
+      raise app.UsageError(str(e)) from None
   if FLAGS.input_only:
     res = _bench_input()
   elif FLAGS.mode == 'infer':

@@ -8,6 +8,9 @@ def check_image_shape(shape: Sequence[int], stride: int) -> None:
   if len(shape) != 4:
     raise ValueError(f'images must be NHWC (4 dims), got shape {tuple(shape)}')
   _, h, w, c = shape
+  if h < 1 or w < 1:
+    raise ValueError(f'image size {h}x{w}: images need at least one patch '
+                     f'({stride}x{stride} pixels)')
   if h % stride or w % stride:
     raise ValueError(
         f'image size {h}x{w} is not divisible by the patch size {stride} '
