@@ -141,6 +141,18 @@ def test_to_hf_writes_installed_naming():
   assert set(state) == set(hf.state_dict())
 
 
+def test_to_hf_takes_scanned_parameters():
+  model = models.create('ViT-Ti/16', num_classes=4, num_layers=2)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']
+  scanned = checkpoint.stack_blocks(jax.device_get(params))
+  plain = checkpoint.to_hf(params, 'ViT-Ti/16', num_layers=2)
+  stacked = checkpoint.to_hf(scanned, 'ViT-Ti/16', num_layers=2)
+  assert set(stacked) == set(plain)
+  for k in plain:
+    np.testing.assert_array_equal(np.asarray(stacked[k]),
+                                  np.asarray(plain[k]), err_msg=k)
+
+
 def test_models_without_hf_counterpart_are_refused():
   with pytest.raises(ValueError, match='pre-logits'):
     checkpoint.to_hf({}, 'ViT-B/16', representation_size=768)

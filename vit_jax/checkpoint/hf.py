@@ -27,6 +27,7 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax import models
+from vit_jax.checkpoint.layers import unstack_blocks
 from vit_jax.checkpoint.npz import CheckpointError
 
 # Per block: HF (transformers 5) key suffix -> (our path, kind).
@@ -124,7 +125,8 @@ def to_hf(params: Mapping[str, Any], name: str, *,
   if naming not in ('v4', 'v5'):
     raise ValueError(f"naming must be 'v4' or 'v5', got {naming!r}")
   p = {'/'.join(k): np.asarray(v, np.float32)
-       for k, v in traverse_util.flatten_dict(dict(params)).items()}
+       for k, v in traverse_util.flatten_dict(
+           unstack_blocks(params)).items()}  # Scanned runs too.
   d = kw['hidden_size']
   out = {
       'vit.embeddings.cls_token': p['cls'],
