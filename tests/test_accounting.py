@@ -105,12 +105,13 @@ def test_bad_config_args():
     pretrain.get_config('data=jfx')
 
 
-def test_cli_config():
+def test_cli_config(tmp_path):
+  # From any directory: configs/ is found as vit_jax.main finds it.
   out = subprocess.run(
       [sys.executable, '-m', 'vit_jax.accounting',
        '--config=configs/pretrain.py:model=ViT-B/16,data=i1k',
        '--config.total_epochs=1', '--hardware=tpu_v4', '--devices=4'],
-      capture_output=True, text=True, check=True).stdout
+      capture_output=True, text=True, check=True, cwd=tmp_path).stdout
   assert 'ViT-B/16 at 224px' in out and 'examples seen      1,281,167' in out
   assert 'core-days' in out and 'on 4 devices' in out
 

@@ -436,4 +436,14 @@ if __name__ == '__main__':
       'utilization', lambda u: u is None or 0 < u <= 1,
       '--utilization is a share of the peak in (0, 1], e.g. 0.45 (not a '
       'percentage)')
-  app.run(_main)
+  import sys
+  from vit_jax.configs import config_file
+
+  def found(arg):  # configs/... from any directory, as vit_jax.main does.
+    if not arg.startswith('--config='):
+      return arg
+    try:
+      return '--config=' + ''.join(config_file(arg[len('--config='):]))
+    except ValueError as e:
+      raise SystemExit(f'vit_jax.accounting: {e}') from None
+  app.run(_main, argv=[found(a) for a in sys.argv])
