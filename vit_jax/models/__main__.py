@@ -5,7 +5,7 @@ from vit_jax import accounting, models
 
 def main():
   print(f'| {"model":<14} | {"params":>13} | {"GFLOPs@224":>10} |')
-  print(f'|{"-" * 16}|{"-" * 15}:|{"-" * 12}:|')
+  print(f'|{"-" * 16}|{"-" * 14}:|{"-" * 11}:|')
   for name in models.names():
     params = accounting.param_count(name)
     gflops = accounting.forward_flops(name) / 1e9
