@@ -10,8 +10,9 @@ merged into the run's `summary.json` (where the result tables read them)
 only when they describe that run (`_not_the_runs_evaluation`): its own
 final checkpoint, evaluated as it was (data, split, pre-processing, EMA
 mode, resolution, its evaluators; new ones may be added). So re-evaluating
-another way, an unfinished run, or `init` never replaces a run's results. The head is kept; position embeddings are resized when the
-resolution differs.
+another way, an unfinished run, or `init` never replaces a run's results.
+The head is kept; position embeddings are resized when the resolution
+differs.
 """
 
 from __future__ import annotations

@@ -374,10 +374,13 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
 
 
 def _report(config) -> Dict[str, Any]:
-  """`config.report` (which paper table cell the run is), its task naming
-  the objective when it is not supervised: a pre-training config switched
-  to MPP with `--config.objective=mpp` is not the supervised run of that
-  cell (configs/mpp.py names its own task, `mpp_<target>`)."""
+  """`config.report` (which paper table cell the run is) as the run was
+  really trained. The config args made it; the command line may change the
+  run: `overridden` (no cell is this run's) when it trained another zoo
+  model, another pre-training length, or a transfer without `init`; the
+  task names the objective when it is not supervised (a pre-training
+  config switched to MPP is not that cell's supervised run; configs/mpp.py
+  names its own task, `mpp_<target>`)."""
   report = config.report.to_dict() if 'report' in config else {}
   trained = (config.get('model') or {}).get('name')
   if (report.get('model') in models.names() and trained
