@@ -112,6 +112,19 @@ def test_hidden_and_underscore_folders_are_not_classes(tmp_path):
   assert (info.num_classes, info.num_train_examples) == (3, 10)
 
 
+def test_a_class_folder_without_images_is_named(tmp_path, caplog):
+  """Its images one folder deeper are not read: the class would have no
+  examples, silently."""
+  _write(tmp_path, corrupt=False)
+  os.makedirs(tmp_path / 'empty' / 'deeper')
+  (tmp_path / 'empty' / 'deeper' / 'x.jpg').write_bytes(
+      (tmp_path / 'animals' / 'chelsea_0.jpg').read_bytes())
+  with caplog.at_level(logging.WARNING):
+    info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
+  assert info.num_classes == 4
+  assert "class 'empty' has no train examples" in caplog.text
+
+
 def test_split_folders_beside_other_folders_are_refused(tmp_path):
   _write(tmp_path / 'train', corrupt=False)
   os.makedirs(tmp_path / 'cats')

@@ -129,6 +129,10 @@ class FolderSource(Source):
               f'{path}/{cls}: class {cls!r} is not a class of the train '
               f'split ({len(self.classes)} classes)')
         files = _images(_join(path, cls))
+        if not files:  # Files in deeper folders are not read either.
+          logging.warning('%s/%s has no %s files directly in it: class %r '
+                          'has no %s examples', path, cls,
+                          '/'.join(EXTENSIONS), cls, split)
         paths += files
         labels += [index[cls]] * len(files)
       if not paths:
