@@ -224,13 +224,19 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
       raise ValueError(f'{" ".join(argv[1:])}: {type(e).__name__}: {e}'
                        ) from e
 
-  base = build(['launch.tpu', f'--config={spec}'])
-  for arg in overrides:
-    if arg.startswith('--config.'):
-      problem = unknown_field(base, arg[len('--config.'):].split('=', 1)[0])
-      if problem:
-        raise ValueError(problem)
-  config = build(['launch.tpu', f'--config={spec}', *overrides])
+  try:
+    config = build(['launch.tpu', f'--config={spec}', *overrides])
+  except ValueError:
+    # An override naming no field: say which, as vit_jax.main does (the
+    # file alone is built again only on this path).
+    base = build(['launch.tpu', f'--config={spec}'])
+    for arg in overrides:
+      if arg.startswith('--config.'):
+        problem = unknown_field(base,
+                                arg[len('--config.'):].split('=', 1)[0])
+        if problem:
+          raise ValueError(problem) from None
+    raise
   # What vit_jax.main would refuse on the workers, refused before a TPU.
   config_check.check(config)
   return config

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator, Tuple
 
 import ml_collections
 
-from vit_jax.train import profiling
+from vit_jax.train import optim, profiling
 from vit_jax import models, selfsup
 from vit_jax.ema_modes import EMA_MODES
 
@@ -105,10 +105,10 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            'e.g. --config.total_steps=1000')
   steps, warmup = config.get('total_steps'), _get(config, 'optim.warmup_steps')
   if (config.get('mode', 'train') == 'train' and isinstance(steps, int)
-      and isinstance(warmup, int) and steps > 1 and warmup >= steps):
-    yield (f'--config.optim.warmup_steps={warmup} is not below the '
-           f'{steps} total steps: shorten the warm-up, e.g. '
-           f'--config.optim.warmup_steps={steps // 10}')
+      and isinstance(warmup, int)):
+    problem = optim.warmup_problem(warmup, steps)  # Epoch runs: at setup.
+    if problem:
+      yield problem
 
 
 def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:

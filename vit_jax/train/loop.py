@@ -301,7 +301,7 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
         if ckpt.due(step) or stop:
           last_metrics = _check_finite(*pending, ckpt)  # Never save NaNs.
           owed = [e.name for e in run.evals
-                  if stop and e.due(step, run.steps)]
+                  if e.due(step, run.steps)] if stop else []
           with progress.timed('checkpoint', wait_jax_async_dispatch=False):
             ckpt.maybe_save(step, state, run_state(last_metrics, owed),
                             force=True)

@@ -31,7 +31,7 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -44,15 +44,24 @@ NAMES = ('adam', 'sgd')
 DECAYS = ('linear', 'cosine', 'constant')
 
 
+def warmup_problem(warmup: int, total_steps: int) -> Optional[str]:
+  """What is wrong with a warm-up as long as the run, else None."""
+  if warmup >= total_steps > 1:
+    return (f'--config.optim.warmup_steps={warmup} is not below the '
+            f'{total_steps} total steps: shorten the warm-up, e.g. '
+            f'--config.optim.warmup_steps={total_steps // 10}')
+  return None
+
+
 def schedule(cfg: Any,
              total_steps: int) -> optax.Schedule:
   """Linear warm-up, then linear-to-floor, cosine or constant decay."""
   if cfg.decay not in DECAYS:
     raise ValueError(f'optim.decay={cfg.decay!r}: expected one of {DECAYS}')
   warmup = int(cfg.get('warmup_steps', 0))
-  if warmup >= total_steps and total_steps > 1:
-    raise ValueError(f'optim.warmup_steps={warmup} is not below the '
-                     f'{total_steps} total steps: shorten the warm-up')
+  problem = warmup_problem(warmup, total_steps)
+  if problem:
+    raise ValueError(problem)
   rest = max(total_steps - warmup, 1)
   if cfg.decay == 'linear':
     decay = optax.linear_schedule(cfg.lr, cfg.get('linear_end', 0.0), rest)
