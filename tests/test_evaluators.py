@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from vit_jax import evaluators, models
+from vit_jax.data.errors import DatasetNotPreparedError
 from vit_jax.evaluators import classification, fewshot
 from vit_jax import sharding as shd
 
@@ -181,6 +182,27 @@ def test_fewshot_on_a_folder_dataset(digits_model, tmp_path):
   assert sorted(out) == ['fewshot/folder/1shot', 'fewshot/folder/1shot_std',
                          'fewshot/folder/5shot', 'fewshot/folder/5shot_std']
   assert 0 <= out['fewshot/folder/5shot'] <= 1
+
+
+def test_fewshot_missing_dataset_names_its_data_dir(digits_model, tmp_path):
+  """A few-shot dataset that is not where it is looked for names the
+  config field that says where (`evals.<name>.data_dir`)."""
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('folder:train:test',), shots=(1,), seeds=1,
+      pool_per_class=5, batch_size=20))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=20,
+                                       data_dir=str(tmp_path / 'nowhere')))
+  with pytest.raises(DatasetNotPreparedError,
+                     match=r"evals\.fewshot.*input\.data_dir.*nowhere.*"
+                           r"--config\.evals\.fewshot\.data_dir"):
+    _fewshot(cfg, inp, model, mesh, sh, image_size=16)
+  cfg.data_dir = str(tmp_path / 'elsewhere')
+  with pytest.raises(DatasetNotPreparedError,
+                     match=r"evals\.fewshot\.data_dir=.*elsewhere"):
+    _fewshot(cfg, inp, model, mesh, sh, image_size=16)
 
 
 class _Pixels(nn.Module):

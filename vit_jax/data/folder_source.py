@@ -237,6 +237,7 @@ class FolderSource(Source):
         f'cannot decode {len(bad)} image file(s) of folder dataset '
         f'{self.root}: {shown}. Remove or replace them, or set '
         'input.skip_bad_images=True to skip such files (they are counted in '
-        'the logs; it changes the input stream, so a run that saved a '
-        'checkpoint can only start afresh from its weights: a new --workdir '
-        'with --config.init=<its workdir>).', bad)
+        'the logs). Skipping changes what is read: an evaluation then covers '
+        'the readable images only, and a training run that already saved a '
+        'checkpoint cannot resume with it; start it afresh from its weights '
+        '(a new --workdir with --config.init=<its workdir>).', bad)

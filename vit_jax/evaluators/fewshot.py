@@ -29,6 +29,7 @@ import numpy as np
 from absl import logging
 
 from vit_jax.data import pipeline, registry
+from vit_jax.data.errors import DatasetNotPreparedError
 from vit_jax.evaluators import base
 from vit_jax import sharding as shd
 
@@ -125,7 +126,17 @@ class FewShot(base.Evaluator):
       cfg_.data = data
       if train_split:
         cfg_.train_split = train_split
-      info = pipeline.dataset_info(cfg_, split=test_split or None)
+      try:
+        info = pipeline.dataset_info(cfg_, split=test_split or None)
+      except DatasetNotPreparedError as e:
+        where = ('evals.%s.data_dir=%s' % (name, cfg.data_dir)
+                 if cfg.get('data_dir') else
+                 f'the run\'s input.data_dir ({cfg_.data_dir}), as '
+                 f'evals.{name}.data_dir is unset')
+        raise DatasetNotPreparedError(
+            f'evals.{name}: few-shot dataset {data!r} was looked for in '
+            f'{where}: {e} (set --config.evals.{name}.data_dir to where it '
+            'is)') from e
       if not info.num_classes:
         raise ValueError(f'evals.{name}: few-shot dataset {data!r} does not '
                          'fix its class count; few-shot needs labelled '
