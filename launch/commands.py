@@ -15,7 +15,8 @@ import re
 import shlex
 from typing import Mapping, Optional, Sequence
 
-REMOTE_DIR = 'vit_jax'  # Relative to the home directory (scp's default).
+# The packed checkout (`launch.pack`), relative to the home directory.
+ARCHIVE = 'vit_jax_setup.tar.gz'
 _HOME_DIR = '$HOME/vit_jax'
 _VENV = '$HOME/vit_jax_env'
 _PYTHON = f'{_VENV}/bin/python'
@@ -95,8 +96,8 @@ def ssh(tpu: Tpu, command: str, worker: str = 'all') -> list:
       f'--worker={worker}', f'--command={command}']
 
 
-def scp_to_workers(tpu: Tpu, src: str, dest: str = REMOTE_DIR) -> list:
-  return _TPU_VM + ['scp', '--recurse', src, f'{tpu.name}:{dest}'] + (
+def scp_to_workers(tpu: Tpu, src: str, dest: str) -> list:
+  return _TPU_VM + ['scp', src, f'{tpu.name}:{dest}'] + (
       tpu.flags() + ['--worker=all'])
 
 
@@ -122,15 +123,16 @@ def idle_guard() -> str:
           'exit 1; fi')
 
 
-def remove_project_script() -> str:
-  return f'{idle_guard()} && rm -rf {_HOME_DIR}'
-
-
 def install_script(git_url: Optional[str] = None,
-                   ref: Optional[str] = None) -> str:
-  """Installs ~/vit_jax (cloned from `git_url`, else already copied there)."""
+                   ref: Optional[str] = None,
+                   archive: Optional[str] = None) -> str:
+  """Installs ~/vit_jax: cloned from `git_url`, or unpacked from `archive`
+  (copied to the home directory, `launch.pack`), else already there."""
   steps = [idle_guard()]
-  if git_url:
+  if archive:
+    steps += [f'rm -rf {_HOME_DIR}', f'mkdir {_HOME_DIR}',
+              f'tar -xzf $HOME/{shlex.quote(archive)} -C {_HOME_DIR}']
+  elif git_url:
     steps += [f'rm -rf {_HOME_DIR}',
               f'git clone -q {shlex.quote(git_url)} {_HOME_DIR}']
     if ref:

@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import time
 from typing import Optional, Sequence
 
@@ -398,12 +399,24 @@ def _repo(repo: str) -> tuple:
 def _setup(runner: Runner, args) -> None:
   tpu = _tpu(args)
   path, url, ref = _repo(args.repo)
-  if path:  # Again together: a retried copy would land inside a partial one.
+  if not path:
     _run_reconnecting(runner, args,
-                      commands.ssh(tpu, commands.remove_project_script()),
-                      commands.scp_to_workers(tpu, path))
-  _run_reconnecting(runner, args,
-                    commands.ssh(tpu, commands.install_script(url, ref)))
+                      commands.ssh(tpu, commands.install_script(url, ref)))
+    return
+  # One archive of what git would commit (`launch.pack`), not the folder:
+  # .git, environments and ignored workdirs stay here.
+  local_archive = os.path.join(tempfile.gettempdir(),
+                               f'vit_jax_setup_{tpu.name}.tar.gz')
+  runner.run([sys.executable, '-m', 'vit_jax.launch.pack', path,
+              local_archive])
+  try:
+    _run_reconnecting(
+        runner, args,
+        commands.scp_to_workers(tpu, local_archive, commands.ARCHIVE),
+        commands.ssh(tpu, commands.install_script(archive=commands.ARCHIVE)))
+  finally:
+    if not runner.dry_run and os.path.exists(local_archive):
+      os.remove(local_archive)
 
 
 def _run_reconnecting(runner: Runner, args, *argvs) -> None:

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
@@ -106,6 +107,8 @@ def kind(argv) -> str:
   """A short name for a recorded command."""
   if argv[:2] == ['gcloud', 'storage']:
     return 'storage cp'
+  if 'vit_jax.launch.pack' in argv:
+    return 'pack'
   if argv[0] != 'gcloud':
     return argv[0]
   verb = argv[4]
@@ -164,15 +167,18 @@ def test_dry_run_up(topo, flags, create):
   assert code == 0
   cmds = gcloud_lines(lines)
   assert [kind(c) for c in cmds] == [
-      'create', 'rm', 'scp', 'install', 'run', 'logs', 'mkdir', 'storage cp',
-      'delete']
+      'create', 'pack', 'scp', 'install', 'run', 'logs', 'mkdir',
+      'storage cp', 'delete']
   assert cmds[0] == create
   zone = ['--zone=us-central2-b'] + [f for f in flags if 'project' in f]
   queued = '--queued' in flags
   tpu_vm = ['gcloud', 'compute', 'tpus', 'tpu-vm']
-  assert cmds[2] == tpu_vm + ['scp', '--recurse', ROOT, 'vit:vit_jax', *zone,
-                              '--worker=all']
-  for i, worker in zip((1, 3, 4, 5), ('all', 'all', 'all', '0')):
+  archive = os.path.join(tempfile.gettempdir(), 'vit_jax_setup_vit.tar.gz')
+  assert cmds[1] == [sys.executable, '-m', 'vit_jax.launch.pack', ROOT,
+                     archive]
+  assert cmds[2] == tpu_vm + ['scp', archive, 'vit:vit_jax_setup.tar.gz',
+                              *zone, '--worker=all']
+  for i, worker in zip((3, 4, 5), ('all', 'all', '0')):
     c = cmds[i]
     assert c[:6] + c[-2:-1] == tpu_vm + ['ssh', 'vit', f'--worker={worker}']
     assert c[6:-2] == zone
@@ -373,7 +379,7 @@ def _up(runner, *extra):
                         '--poll-seconds=0', *extra], runner=runner)
 
 
-LAUNCH = ['create', 'rm', 'scp', 'install', 'run']
+LAUNCH = ['create', 'pack', 'scp', 'install', 'run']
 
 
 def test_preemption_recreates_and_resumes():
@@ -453,8 +459,8 @@ def test_no_capacity_to_recreate_is_retried_as_a_restart():
 
 
 def test_setup_tries_ssh_again_on_a_new_tpu():
-  """ssh's own failures (255) are tried again; a failed copy together with
-  the removal before it (a second copy would land inside the first)."""
+  """ssh's own failures (255) are tried again, the copy of the archive
+  together with its unpacking and install; the archive is packed once."""
   failures = {'install': iter([255, 255]), 'scp': iter([255])}
   runner = FakeRunner(streams=[[0]])
   calls = runner._call
@@ -468,8 +474,8 @@ def test_setup_tries_ssh_again_on_a_new_tpu():
   runner._call = call
   assert _up(runner) == 0
   kinds = [kind(c) for c in runner.calls]
-  assert kinds[:8] == ['create', 'rm', 'scp', 'rm', 'scp', 'install',
-                       'install', 'install']
+  assert kinds[:9] == ['create', 'pack', 'scp', 'scp', 'install', 'scp',
+                       'install', 'scp', 'install']
   assert runner.out.getvalue().count('ssh failed (exit 255)') == 3
 
 
@@ -688,7 +694,8 @@ def test_worker_scripts(tmp_path):
   assert second.returncode == 1 and 'still going' in second.stdout
   (going,) = commands.parse_status(sh(commands.status_script()).stdout)
   assert going.state == 'running' and 0 <= going.log_idle_s < 30
-  for setup in (commands.remove_project_script(), commands.install_script()):
+  for setup in (commands.install_script(archive=commands.ARCHIVE),
+                commands.install_script()):
     busy = sh(setup)  # Setup would replace the running run's code.
     assert busy.returncode == 1 and 'still going' in busy.stdout
   assert (home / 'vit_jax').is_dir() and python.exists()
@@ -714,6 +721,62 @@ def test_worker_scripts(tmp_path):
   assert time.monotonic() - start < 1.5
   time.sleep(0.5)
   assert (home / 'vit_jax' / 'b.log').read_text().startswith('ran b in')
+
+
+def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):
+  """`setup` copies an archive of the checkout, not the folder: tracked and
+  untracked-but-not-ignored files, links as links; `.git`, ignored files
+  (workdirs, environments) and deleted tracked files stay behind. The
+  worker-side unpacking replaces ~/vit_jax with it."""
+  from vit_jax.launch import pack
+  repo = tmp_path / 'repo'
+  (repo / 'configs').mkdir(parents=True)
+  (repo / 'pkg').mkdir()
+  for name in ('setup.py', 'configs/a.py', 'gone.py', 'new.py',
+               '.gitignore'):
+    (repo / name).write_text('workdirs/\n.venv/\n' if name == '.gitignore'
+                             else name)
+  os.symlink('../configs', repo / 'pkg' / 'configs')
+  git = ['git', '-C', str(repo), '-c', 'user.name=t', '-c', 'user.email=t@t']
+  subprocess.run(git + ['init', '-q'], check=True)
+  subprocess.run(git + ['add', 'setup.py', 'configs', 'gone.py', 'pkg',
+                        '.gitignore'], check=True)
+  subprocess.run(git + ['commit', '-qm', 'x'], check=True)
+  (repo / 'gone.py').unlink()
+  for ignored in ('workdirs/run/ckpt', '.venv/bin/python'):
+    (repo / ignored).parent.mkdir(parents=True)
+    (repo / ignored).write_text('big')
+  assert pack.files(str(repo)) == ['.gitignore', 'configs/a.py', 'new.py',
+                                   'pkg/configs', 'setup.py']
+  home = tmp_path / 'home'
+  (home / 'vit_jax' / 'stale').mkdir(parents=True)  # A previous setup's.
+  code = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.launch.pack', str(repo),
+       str(home / commands.ARCHIVE)], capture_output=True, text=True)
+  assert code.returncode == 0 and 'packed 5 files' in code.stdout
+  script = commands.install_script(archive=commands.ARCHIVE)
+  unpack, sep, _ = script.partition(' && cd $HOME/vit_jax && ')
+  assert sep  # The steps before the install proper.
+  subprocess.run(['bash', '-c', unpack], check=True,
+                 env=dict(os.environ, HOME=str(home)))
+  got = home / 'vit_jax'
+  assert sorted(str(p.relative_to(got)) for p in got.rglob('*')) == [
+      '.gitignore', 'configs', 'configs/a.py', 'new.py', 'pkg',
+      'pkg/configs', 'setup.py']
+  assert os.readlink(got / 'pkg' / 'configs') == '../configs'
+  # Outside git: everything but .git and __pycache__.
+  shutil.rmtree(repo / '.git')
+  (repo / '__pycache__').mkdir()
+  (repo / '__pycache__' / 'x.pyc').write_text('')
+  assert '.venv/bin/python' in pack.files(str(repo))
+  assert not any('__pycache__' in f for f in pack.files(str(repo)))
+  # A checkout whose setup.py git ignores cannot be installed: said so.
+  bad = tmp_path / 'bad'
+  bad.mkdir()
+  code = subprocess.run([sys.executable, '-m', 'vit_jax.launch.pack',
+                         str(bad), str(tmp_path / 'x.tar.gz')],
+                        capture_output=True, text=True)
+  assert code.returncode == 1 and 'setup.py is not among' in code.stderr
 
 
 # --------------------------------------------------------------------------
