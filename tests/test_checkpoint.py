@@ -165,12 +165,61 @@ def test_load_pretrained_b16_224_to_384():
     np.testing.assert_allclose(new_grid[i, j], old_grid[i, j], atol=1e-6)
 
 
-def test_load_pretrained_token_checkpoint_into_gap_model_is_an_error(vit):
+def test_load_pretrained_token_checkpoint_into_gap_model(vit, caplog):
+  """A class-token checkpoint starts a "gap" model: its cls and the
+  class-token position row are dropped (logged), the grid kept; the
+  reverse cannot be done and says so."""
   _, params = vit
   target = models.create('ViT-test', num_classes=3, classifier='gap')
   init = _init(target, (1, 28, 28, 3))
-  with pytest.raises(CheckpointError, match="unexpected key cls"):
-    checkpoint.load_pretrained(params, init)
+  with caplog.at_level('INFO'):
+    new = checkpoint.load_pretrained(params, init)
+  assert 'dropping its cls' in caplog.text and 'cls' not in new
+  old_pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  np.testing.assert_array_equal(
+      new['Transformer']['posembed_input']['pos_embedding'], old_pe[:, 1:])
+  with pytest.raises(CheckpointError, match='no class token'):
+    checkpoint.load_pretrained(new, _init(models.create(
+        'ViT-test', num_classes=3), (1, 28, 28, 3)))
+
+
+def test_load_pretrained_non_square_grids(vit):
+  """A non-square target grid is resized to (rows, cols), also when its
+  row count equals the checkpoint's (4x4 + cls = 2x8 + cls) or looks like
+  a square grid without class token (14x16 + cls = 15x15): the class-token
+  rows are read from the `cls` parameters, not guessed from counts."""
+  _, params = vit  # 7x7 grid + cls.
+  old_pe = np.asarray(params['Transformer']['posembed_input']['pos_embedding'])
+  model = models.create('ViT-test', num_classes=5, representation_size=16)
+  for (h, w) in ((8, 32), (28, 36), (16, 16)):  # 2x8, 7x9, 4x4 grids.
+    target = _init(model, (1, h, w, 3))
+    grid = models.patch_grid(model, (h, w, 3))
+    assert grid == (h // 4, w // 4)
+    new = checkpoint.load_pretrained(params, target, grid=grid,
+                                     keep_head=True)
+    pe = new['Transformer']['posembed_input']['pos_embedding']
+    np.testing.assert_array_equal(pe[:, 0], old_pe[:, 0])
+    ref = tf.compat.v1.image.resize_bilinear(
+        old_pe[None, 0, 1:].reshape(1, 7, 7, 32), grid,
+        align_corners=True).numpy()[0]
+    np.testing.assert_allclose(pe[0, 1:].reshape(*grid, 32), ref, atol=1e-5)
+  # The same row count: 4x4 + cls resized to 2x8 + cls, not copied.
+  small = _init(model, (1, 16, 16, 3))
+  target = _init(model, (1, 8, 32, 3))
+  new = checkpoint.load_pretrained(small, target, keep_head=True,
+                                   grid=models.patch_grid(model, (8, 32)))
+  old4 = np.asarray(small['Transformer']['posembed_input']['pos_embedding'])
+  ref = tf.compat.v1.image.resize_bilinear(
+      old4[None, 0, 1:].reshape(1, 4, 4, 32), (2, 8),
+      align_corners=True).numpy()[0]
+  np.testing.assert_allclose(new['Transformer']['posembed_input'][
+      'pos_embedding'][0, 1:].reshape(2, 8, 32), ref, atol=1e-5)
+  # 225 rows with a class token: a 14x16 grid, not 15x15 without one.
+  pe = np.random.RandomState(0).normal(size=(1, 197, 8)).astype(np.float32)
+  new = checkpoint.resize_posemb(pe, (1, 225, 8), (14, 16), tokens=(1, 1))
+  np.testing.assert_array_equal(new[:, 0], pe[:, 0])
+  with pytest.raises(CheckpointError, match=r'not square; pass grid'):
+    checkpoint.resize_posemb(pe, (1, 225, 8), tokens=(1, 1))
 
 
 def test_load_pretrained_keep_head(vit):

@@ -212,6 +212,39 @@ def test_fine_tune_from_earlier_run_at_new_resolution(reference_run, tmp_path):
   assert np.abs(np.asarray(tuned['head']['kernel'])).max() < 0.05
 
 
+def test_fine_tune_at_a_non_square_size(reference_run, tmp_path):
+  """16x16 -> 16x24 images: the 4x4 grid's position embeddings are resized
+  to 4x6 (25 rows with the class token, which is no 5x5 grid)."""
+  ref_dir, _ = reference_run
+  config = tmp_path / 'non_square.py'
+  config.write_text(
+      'from configs import smoke\n'
+      'def get_config(arg=None):\n'
+      '  c = smoke.get_config("data=digits,steps=2,batch=32")\n'
+      '  c.input.image_size = None  # The op strings give the size.\n'
+      '  c.input.pp_train = c.input.pp_eval = (\n'
+      '      "decode|resize(16,24)|value_range(-1,1)")\n'
+      '  return c\n')
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--config={config}',
+       f'--workdir={tmp_path / "ft"}', f'--config.init={ref_dir}',
+       '--config.optim.name=sgd', '--config.optim.lr=1e-6',
+       '--config.optim.warmup_steps=0', '--config.async_checkpoints=false'],
+      cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu', PYTHONPATH=ROOT))
+  assert out.returncode == 0, out.stderr[-4000:]
+  _, ref = _final_params(ref_dir)
+  _, tuned = _final_params(str(tmp_path / 'ft'))
+  pe = lambda p: np.asarray(p['Transformer']['posembed_input']['pos_embedding'])
+  assert pe(tuned).shape == (1, 25, 32)
+  import scipy.ndimage
+  want = scipy.ndimage.zoom(pe(ref)[0, 1:].reshape(4, 4, 32), (1, 1.5, 1),
+                            order=1)
+  np.testing.assert_allclose(pe(tuned)[0, 1:].reshape(4, 6, 32), want,
+                             atol=1e-4)
+  np.testing.assert_allclose(pe(tuned)[0, 0], pe(ref)[0, 0], atol=1e-4)
+
+
 def test_missing_init_is_a_clear_error(tmp_path):
   out = _main(str(tmp_path / 'ft'), f'--config.init={tmp_path}/nothing')
   assert out.returncode != 0

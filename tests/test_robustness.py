@@ -490,7 +490,13 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
   ignored.input.image_size = 32
   ignored.input.pp_train = 'decode|resize(16)|value_range(-1,1)'
   with pytest.raises(ValueError, match=r"input.image_size=32 is ignored: "
-                     r"input.pp_train=.* makes 16x16 images"):
+                     r"input.pp_train=.* makes 16x16 images. Set "
+                     r"--config.input.image_size=16"):
+    pipeline.dataset_info(ignored.input)
+  # Non-square images: image_size is a square size, so None is the fix.
+  ignored.input.pp_train = 'decode|resize(16,24)|value_range(-1,1)'
+  with pytest.raises(ValueError, match=r"makes 16x24 images. input.image_size"
+                     r" is a square size: .* set it to None"):
     pipeline.dataset_info(ignored.input)
   out = _main_tracked(str(tmp_path / 'bad'), '--config.total_steps=-5',
                       '--config.eval_ema=last')

@@ -446,7 +446,8 @@ def _build(name, options, num_classes, size, pp, params, source, kind,
                           train=False))['params']
   host = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), abstract)
   try:
-    loaded = load_pretrained(params, host, keep_head=True)
+    loaded = load_pretrained(params, host, keep_head=True,
+                             grid=models.patch_grid(module, (size, size)))
   except ValueError as e:
     raise TrainedModelError(f'{source} does not fit {name} with {options} '
                             f'at {size}x{size}x{channels}: {e}') from e

@@ -8,7 +8,9 @@ the pre-trained weights, adapted to the new model:
     has no representation layer;
   * position embeddings are resized in 2-D (bilinear, corner-aligned, as
     the reference code) when the patch grid changes, e.g. 224 -> 384
-    turns a 14x14 grid into 24x24; the class-token row is kept as is;
+    turns a 14x14 grid into 24x24, or 224 -> 224x256 into 14x16 (`grid`);
+    the class-token row is kept as is, or dropped, with `cls`, for a target
+    without a class token (a "gap" classifier);
   * a masked-patch-prediction model's `mask_token` and `mpp_head` are
     dropped (logged);
   * everything else must match exactly, else the error lists each missing,
@@ -46,7 +48,9 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
       and their zero head are what is returned where the checkpoint differs).
     keep_head: keep the checkpoint's head instead (same class count), e.g. to
       evaluate a fine-tuned checkpoint at another resolution.
-    grid: (rows, cols) of the target's patch grid when it is not square.
+    grid: (rows, cols) of the target's patch grid
+      (`vit_jax.models.patch_grid`); required when it is not square. Whether
+      either side has a class-token row is read from its `cls` parameter.
 
   Returns:
     A nested dict of numpy arrays shaped like `init_params`, in its dtypes.
@@ -65,13 +69,19 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
     logging.info('%s is a masked-patch-prediction model: dropping its %s '
                  '(not part of the classifier)', source, ', '.join(dropped))
     loaded = {k: v for k, v in loaded.items() if k[0] not in dropped}
+  tokens = int(('cls',) in loaded), int(('cls',) in target)
+  if tokens == (1, 0) and POSEMB in loaded and POSEMB in target:
+    # A class-token checkpoint starting a "gap" model: the grid is kept.
+    logging.info('%s has a class token, the target model none: dropping '
+                 'its cls and class-token position row', source)
+    loaded = {k: v for k, v in loaded.items() if k != ('cls',)}
   out = {}
   for key, init in target.items():
     if key[0] == 'head' and not keep_head:
       out[key] = np.asarray(init)
-    elif key == POSEMB and key in loaded and \
-        np.shape(loaded[key]) != np.shape(init):
-      out[key] = resize_posemb(np.asarray(loaded[key]), np.shape(init), grid)
+    elif key == POSEMB and key in loaded:
+      out[key] = resize_posemb(np.asarray(loaded[key]), np.shape(init), grid,
+                               tokens=tokens)
     elif key in loaded:
       out[key] = np.asarray(loaded[key])
   # `pre_logits` is dropped when the target has none (a new head follows);
@@ -89,13 +99,23 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
 
 
 def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
-                  grid: Optional[Tuple[int, int]] = None) -> np.ndarray:
+                  grid: Optional[Tuple[int, int]] = None, *,
+                  tokens: Optional[Tuple[int, int]] = None) -> np.ndarray:
   """Bilinearly resizes (1, tokens, D) position embeddings to `new_shape`,
   as the reference code does (corner-aligned: `scipy.ndimage.zoom`, order 1).
 
-  Rows beyond the square grid (the class token) are kept unchanged. The old
-  grid must be square (all public checkpoints are); the new one is square
-  unless `grid` says otherwise.
+  Args:
+    posemb: the checkpoint's position embeddings; the class-token row (if
+      any) first, then a square grid (all public checkpoints are square).
+    new_shape: the target's shape (1, rows, D).
+    grid: the target's (rows, cols) patch grid; None: a square one.
+    tokens: (checkpoint, target) class-token rows, 0 or 1 each; None: read
+      from the row counts, where a square grid plus one row is taken as a
+      class token (ambiguous: `load_pretrained` passes them).
+
+  Returns:
+    `new_shape`'s embeddings: the class-token row kept (or dropped for a
+    target without one), the grid resized; unchanged when the grids match.
   """
   _, n_old, d = posemb.shape
   _, n_new, d_new = new_shape
@@ -103,19 +123,43 @@ def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
     raise CheckpointError(
         f'shape mismatch for {"/".join(POSEMB)}: expected {tuple(new_shape)}, '
         f'found {posemb.shape} (hidden sizes differ: a different model?)')
-  g_old, ntok = _split_grid(n_old)
-  if grid is None:
-    g, ntok_new = _split_grid(n_new, what='target')
-    grid = (g, g)
-  ntok_new = n_new - grid[0] * grid[1]
-  if ntok_new not in (0, ntok):
+  if tokens is None:
+    tokens = (_split_grid(n_old)[1],
+              _split_grid(n_new, what='target')[1] if grid is None
+              else n_new - grid[0] * grid[1])
+  tok_old, tok_new = tokens
+  if tok_new not in (0, 1):
     raise CheckpointError(
-        f'target position embeddings have {n_new} rows = grid {grid} plus '
-        f'{ntok_new} token row(s), but the checkpoint has {ntok} (a class '
-        'token checkpoint fits "token" models, and a "gap" grid without its '
-        'class row; a "gap" one only "gap" models); for a non-square grid '
-        'pass grid=(rows, cols)')
-  tok, pe = posemb[:, :ntok_new], posemb[0, ntok:].reshape(g_old, g_old, d)
+        f'target position embeddings have {n_new} rows: not grid {grid} '
+        'plus 0 or 1 class token row')
+  if tok_new > tok_old:
+    raise CheckpointError(
+        'the checkpoint has no class token (a "gap" model): it cannot start '
+        'a model with one (classifier "token"); use a "gap" classifier')
+  if grid is None:
+    side = math.isqrt(n_new - tok_new)
+    if side * side != n_new - tok_new:
+      raise CheckpointError(
+          f'target position embeddings have {n_new} rows: {tok_new} class '
+          f'token row(s) and a grid that is not square; pass '
+          'grid=(rows, cols)')
+    grid = (side, side)
+  if grid[0] * grid[1] + tok_new != n_new:
+    raise CheckpointError(
+        f'target position embeddings have {n_new} rows, not grid {grid} '
+        f'plus {tok_new} class token row(s)')
+  g_old = math.isqrt(n_old - tok_old)
+  if g_old * g_old != n_old - tok_old or g_old == 0:
+    if n_old - tok_old == grid[0] * grid[1]:
+      # A non-square checkpoint: its grid is taken to be the target's.
+      return posemb[:, tok_old - tok_new:]
+    raise CheckpointError(
+        f'checkpoint position embeddings have {n_old} rows: {tok_old} class '
+        f'token row(s) and a grid that is not square, which cannot be '
+        f'resized to {grid}')
+  if (g_old, g_old) == tuple(grid):
+    return posemb[:, tok_old - tok_new:]
+  tok, pe = posemb[:, :tok_new], posemb[0, tok_old:].reshape(g_old, g_old, d)
   # The reference's interpolation (vision_transformer's load_pretrained,
   # big_vision's resample_posemb): order-1 spline zoom, which maps the old
   # grid's corner rows onto the new grid's corners. Imported here: 0.3 s

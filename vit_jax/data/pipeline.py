@@ -442,11 +442,15 @@ def _check_size_used(input_config, field: str, shape) -> None:
   images of another size: the size would be silently ignored."""
   size, spec = input_config.get('image_size'), input_config.get(field)
   if size and spec and tuple(shape[:2]) != (int(size), int(size)):
+    fix = (f'Set --config.input.image_size={shape[0]}' if shape[0] == shape[1]
+           else 'input.image_size is a square size: for non-square images '
+           'set it to None in the config file (the op strings give the '
+           'size)')
     raise DataError(
         f'input.image_size={size} is ignored: input.{field}={spec!r} makes '
-        f'{shape[0]}x{shape[1]} images. Set --config.input.image_size='
-        f'{shape[0]}, or change the size in the op string (presets such as '
-        "'resize' or 'inception' use input.image_size)")
+        f'{shape[0]}x{shape[1]} images. {fix}, or change the size in the op '
+        "string (presets such as 'resize' or 'inception' use "
+        'input.image_size)')
 
 
 def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:

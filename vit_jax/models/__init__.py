@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from vit_jax.models import vit, hybrid, bit  # noqa: F401 (registration)
 from vit_jax.models import attention
 from vit_jax.models.bit import BiT
+from vit_jax.models.inputs import patch_grid
 from vit_jax.models.partitioning import Module, with_axes
 from vit_jax.models.registry import (VARIANTS, Family, family, names,
                                      option_names, options, register, spec)
@@ -32,7 +33,7 @@ register(vit.FAMILY, {'ViT-test': dict(patch_size=4, hidden_size=32,
 
 __all__ = ['BiT', 'Family', 'Module', 'VARIANTS', 'VisionTransformer',
            'create', 'family', 'from_config', 'names', 'option_names',
-           'options', 'register', 'spec', 'with_axes']
+           'options', 'patch_grid', 'register', 'spec', 'with_axes']
 
 
 def create(name: str, num_classes: int | None = 1000, **overrides) -> nn.Module:

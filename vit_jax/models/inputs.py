@@ -1,6 +1,6 @@
 """Validation of the images a model is called with."""
 
-from typing import Sequence
+from typing import Optional, Sequence, Tuple
 
 
 def check_image_shape(shape: Sequence[int], stride: int) -> None:
@@ -19,3 +19,13 @@ def check_image_shape(shape: Sequence[int], stride: int) -> None:
   if c not in (1, 3):
     raise ValueError(f'images must have 1 or 3 channels, got {c} '
                      f'(shape {tuple(shape)}, expected NHWC)')
+
+
+def patch_grid(model, image_shape: Sequence[int]
+               ) -> Optional[Tuple[int, int]]:
+  """(rows, cols) of tokens `model` cuts (H, W, ...) images into; None for a
+  model without a patch grid (BiT)."""
+  stride = getattr(model, 'stride', None)
+  if stride is None:
+    return None
+  return image_shape[0] // stride, image_shape[1] // stride

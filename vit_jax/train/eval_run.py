@@ -26,7 +26,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax import evaluators, selfsup
+from vit_jax import evaluators, models, selfsup
 from vit_jax.checkpoint import CheckpointNotFoundError, load_pretrained
 from vit_jax.data import pipeline, prepare
 from vit_jax import sharding as shd
@@ -77,8 +77,9 @@ def _load(config, source: str, model, image_shape, mesh, ema: bool):
                       abstract['params'])
 
   def place(tree):
-    return jax.device_put(load_pretrained(tree, host, keep_head=True),
-                          params_sh)
+    return jax.device_put(load_pretrained(
+        tree, host, keep_head=True,
+        grid=models.patch_grid(model, image_shape)), params_sh)
   return (place(loaded), place(averages) if ema and averages is not None
           else None, params_sh)
 

@@ -69,12 +69,13 @@ def _init_weights(config) -> Tuple[Any, str]:
   return orbax_state.load_params(step_dir), step_dir
 
 
-def _init_params(config, source, state, state_sh):
-  """Replaces fresh params with `config.init`'s weights (`_init_weights`)."""
+def _init_params(source, state, state_sh, grid):
+  """Replaces fresh params with `config.init`'s weights (`_init_weights`);
+  `grid`: the model's patch grid at the run's image size."""
   # Every host needs the whole template (shapes, the fresh head): on a
   # mesh whose FSDP/model axis spans hosts no process holds it alone.
   host = multihost_utils.process_allgather(state.params, tiled=True)
-  params = load_pretrained(source, host)
+  params = load_pretrained(source, host, grid=grid)
   def place():  # A buffer of its own each: the state is donated.
     return jax.device_put(params, state_sh.params)
   # The averages, if any, start at the init too.
@@ -177,7 +178,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
                                 state_sh, ema=ema)
     if init is not None:
-      state = _init_params(config, init, state, state_sh)
+      state = _init_params(init, state, state_sh,
+                           models.patch_grid(model, image_shape))
       logging.info('initialised from %s', saved['init_from'])
   label_ndim = 2 if (config.input.get('mixup')
                     or config.input.get('cutmix')) else 1
