@@ -352,3 +352,105 @@ def test_layouts_convert_both_ways(tmp_path, vit):
   np.testing.assert_allclose(scanned.apply({'params': new}, x),
                              model.apply({'params': params}, x), atol=1e-5)
   _assert_trees_equal(checkpoint.unstack_blocks(new), params)
+
+
+def _as_big_transfer(params) -> dict:
+  """Our BiT params under the public BiT files' names (big_transfer's
+  `resnet/...` layout, as timm's `resnetv2._load_weights` reads it)."""
+  parts = {'gn1': 'a/group_norm', 'conv1': 'a/standardized_conv2d',
+           'conv_proj': 'a/proj/standardized_conv2d', 'gn2': 'b/group_norm',
+           'conv2': 'b/standardized_conv2d', 'gn3': 'c/group_norm',
+           'conv3': 'c/standardized_conv2d'}
+  leaves = {'scale': 'gamma', 'bias': 'beta', 'kernel': 'kernel'}
+  out = {}
+  for key, value in _flat(params).items():
+    *path, leaf = key.split('/')
+    if path == ['conv_root']:
+      name = 'root_block/standardized_conv2d/kernel'
+    elif path == ['norm_pre_head']:
+      name = f'group_norm/{leaves[leaf]}'
+    elif path == ['head']:
+      name = f'head/conv2d/{leaf}'
+      value = value.reshape(1, 1, *value.shape) if leaf == 'kernel' else value
+    else:
+      block, unit, part = path
+      name = (f'{block}/unit{int(unit[4:]):02d}/{parts[part]}/'
+              f'{leaves[leaf]}')
+    out[f'resnet/{name}'] = value
+  return out
+
+
+def test_public_bit_files_load(tmp_path):
+  """A file in the public BiT layout (`BiT-M-R101x1.npz`: unit01 ... unit23,
+  a/b/c parts, a 1x1 conv head) loads as our BiT's params. The model itself
+  matches timm's `resnetv2_50x1_bit` through such a file:
+  `test_bit_matches_timm` (where timm is installed)."""
+  model = models.create('BiT-R101x1', num_classes=7)
+  shapes = jax.eval_shape(lambda: _init(model, (1, 32, 32, 3)))
+  rng = np.random.RandomState(0)
+  params = jax.tree.map(
+      lambda s: rng.normal(size=s.shape).astype(np.float32), shapes)
+  public = _as_big_transfer(params)
+  assert 'resnet/block3/unit23/c/standardized_conv2d/kernel' in public
+  np.savez(tmp_path / 'BiT-M-R101x1.npz', **public)
+  _assert_trees_equal(checkpoint.load_npz(str(tmp_path / 'BiT-M-R101x1.npz')),
+                      params)
+  public['resnet/block1/unit01/d/group_norm/gamma'] = np.zeros(4)
+  np.savez(tmp_path / 'odd.npz', **public)
+  with pytest.raises(CheckpointError, match='unit01/d/group_norm/gamma.*is '
+                     'not a parameter of a BiT checkpoint'):
+    checkpoint.load_npz(str(tmp_path / 'odd.npz'))
+
+
+def test_bit_matches_timm(tmp_path):
+  """Our BiT-R50x1 computes timm's `resnetv2_50x1_bit` (an independent
+  implementation of big_transfer's model): its weights written in the BiT
+  file layout, read back by timm's own loader and by ours."""
+  timm = pytest.importorskip('timm')
+  torch = pytest.importorskip('torch')
+  from timm.models.resnetv2 import _load_weights
+  torch.manual_seed(0)
+  ref = timm.create_model('resnetv2_50x1_bit', pretrained=False,
+                          num_classes=10).eval()
+  with torch.no_grad():  # Non-trivial norms and head.
+    for name, p in ref.named_parameters():
+      if 'norm' in name or 'head' in name:
+        p.copy_(torch.randn_like(p) * 0.5 + float(
+            'norm' in name and name.endswith('weight')))
+  model = models.create('BiT-R50x1', num_classes=10)
+  shapes = jax.eval_shape(lambda: _init(model, (1, 32, 32, 3)))
+  # timm's parameters in order of its loader = ours under the BiT names.
+  hwio = lambda w: w.detach().numpy().transpose(2, 3, 1, 0)
+  public = {'resnet/root_block/standardized_conv2d/kernel':
+                hwio(ref.stem.conv.weight),
+            'resnet/group_norm/gamma': ref.norm.weight.detach().numpy(),
+            'resnet/group_norm/beta': ref.norm.bias.detach().numpy(),
+            'resnet/head/conv2d/kernel': hwio(ref.head.fc.weight),
+            'resnet/head/conv2d/bias': ref.head.fc.bias.detach().numpy()}
+  for i, stage in enumerate(ref.stages):
+    for j, b in enumerate(stage.blocks):
+      q = f'resnet/block{i + 1}/unit{j + 1:02d}/'
+      for part, conv, norm in (('a', b.conv1, b.norm1),
+                               ('b', b.conv2, b.norm2),
+                               ('c', b.conv3, b.norm3)):
+        public[f'{q}{part}/standardized_conv2d/kernel'] = hwio(conv.weight)
+        public[f'{q}{part}/group_norm/gamma'] = norm.weight.detach().numpy()
+        public[f'{q}{part}/group_norm/beta'] = norm.bias.detach().numpy()
+      if b.downsample is not None:
+        public[f'{q}a/proj/standardized_conv2d/kernel'] = hwio(
+            b.downsample.conv.weight)
+  path = str(tmp_path / 'BiT-M-R50x1.npz')
+  np.savez(path, **public)
+  again = timm.create_model('resnetv2_50x1_bit', pretrained=False,
+                            num_classes=10).eval()
+  with torch.no_grad():
+    _load_weights(again, path)  # The file is in timm's (BiT's) layout.
+  x = np.asarray(_images((2, 128, 128, 3)))
+  with torch.no_grad():
+    want = ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+    np.testing.assert_allclose(
+        again(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy(), want)
+  params = checkpoint.load_npz(path)
+  checkpoint.check_params(shapes, params)
+  got = np.asarray(model.apply({'params': params}, x))
+  np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max() * 10)

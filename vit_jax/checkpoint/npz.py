@@ -12,7 +12,15 @@ MultiHeadDotProductAttention_0/query/kernel`, `embedding/kernel`, `cls`,
     what our models use and what `save_npz` writes.
 
 Old hybrid checkpoints stored GroupNorm scales and biases as (1, 1, 1, C);
-they are reshaped to (C,). Files are read with `allow_pickle=False` only.
+they are reshaped to (C,).
+
+The public BiT files (`BiT-M-R50x1.npz`, ..., google-research/big_transfer)
+name the same parameters in their own way (`resnet/root_block/
+standardized_conv2d/kernel`, `resnet/block1/unit01/a/group_norm/gamma`,
+`.../a/proj/...`, `resnet/group_norm`, a 1x1 `resnet/head/conv2d`); they are
+renamed to our BiT's (`conv_root`, `block1/unit1/gn1`, `conv_proj`,
+`norm_pre_head`, a dense `head`) when read (`_from_big_transfer`). Files are
+read with `allow_pickle=False` only.
 """
 
 from __future__ import annotations
@@ -71,6 +79,8 @@ def _to_numpy(x) -> np.ndarray:
 def load_npz(path: str) -> Params:
   """Reads a checkpoint into a nested dict of numpy arrays, linen naming."""
   flat = read_flat(path)
+  if any(k.startswith(BIG_TRANSFER_PREFIX) for k in flat):
+    flat = _from_big_transfer(flat, path)
   params = traverse_util.unflatten_dict(
       {tuple(k.split('/')): v for k, v in flat.items()})
   return _fix_groupnorm(convert_pre_linen(params))
@@ -129,6 +139,54 @@ def _read_array(data, key, path):
     raise CheckpointError(
         f'{path}: array {key!r} is not a plain array (object arrays are '
         f'refused, allow_pickle=False): {e}') from e
+
+
+BIG_TRANSFER_PREFIX = 'resnet/'
+# Pre-activation unit parts of the BiT files: a = GroupNorm + 1x1 conv (and
+# the projection of the shortcut), b = GroupNorm + 3x3, c = GroupNorm + 1x1.
+_BIT_PARTS = {'a/group_norm': 'gn1', 'a/standardized_conv2d': 'conv1',
+              'a/proj/standardized_conv2d': 'conv_proj',
+              'b/group_norm': 'gn2', 'b/standardized_conv2d': 'conv2',
+              'c/group_norm': 'gn3', 'c/standardized_conv2d': 'conv3'}
+_BIT_LEAVES = {'gamma': 'scale', 'beta': 'bias', 'kernel': 'kernel',
+               'bias': 'bias'}
+
+
+def _from_big_transfer(flat: Dict[str, np.ndarray],
+                       path: str) -> Dict[str, np.ndarray]:
+  """A BiT file's arrays under our BiT's names (see the module text)."""
+  out = {}
+  for key, value in flat.items():
+    name = _big_transfer_name(key)
+    if name is None:
+      raise CheckpointError(
+          f'{path}: {key!r} is not a parameter of a BiT checkpoint '
+          '(resnet/root_block, resnet/blockN/unitMM/{a,b,c}, '
+          'resnet/group_norm, resnet/head)')
+    if name == 'head/kernel':  # A 1x1 convolution: (1, 1, C, K).
+      value = value.reshape(value.shape[-2:])
+    elif value.ndim == 4 and name.endswith(('/scale', '/bias')):
+      value = value.reshape(-1)
+    out[name] = value
+  return out
+
+
+def _big_transfer_name(key: str):
+  parts = key[len(BIG_TRANSFER_PREFIX):].split('/') if key.startswith(
+      BIG_TRANSFER_PREFIX) else []
+  if not parts or parts[-1] not in _BIT_LEAVES:
+    return None
+  leaf, body = _BIT_LEAVES[parts[-1]], '/'.join(parts[:-1])
+  fixed = {'root_block/standardized_conv2d': 'conv_root',
+           'group_norm': 'norm_pre_head', 'head/conv2d': 'head'}
+  if body in fixed:
+    return f'{fixed[body]}/{leaf}'
+  if (len(parts) >= 4 and parts[0].startswith('block') and
+      parts[1].startswith('unit') and parts[1][4:].isdigit()):
+    part = _BIT_PARTS.get('/'.join(parts[2:-1]))
+    if part:
+      return f'{parts[0]}/unit{int(parts[1][4:])}/{part}/{leaf}'
+  return None
 
 
 def _fix_groupnorm(params: Params) -> Params:

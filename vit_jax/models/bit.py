@@ -2,8 +2,8 @@
 
 Pre-activation bottleneck units (`resnet.BottleneckV2`) with weight-
 standardised convolutions and GroupNorm, a GroupNorm + ReLU before global
-average pooling, then a zero-initialised `head`; names as in the public BiT
-checkpoints in their linen form.
+average pooling, then a zero-initialised `head`. The public BiT files name
+these parameters their own way; `checkpoint.load_npz` renames them.
 """
 
 from __future__ import annotations
