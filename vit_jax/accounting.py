@@ -119,6 +119,11 @@ def module_forward_flops(model, image_shape: Sequence[int]) -> float:
   images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
   if getattr(model, 'scan_layers', False):  # As in `forward_flops`.
     model = model.clone(scan_layers=False)
+  # The model's count, whatever it computes in: XLA's cost analysis misses
+  # most bfloat16 dots (`matmul.dot_general`'s per-platform forms), and
+  # `forward_flops` leaves the dtype out alike.
+  if getattr(model, 'dtype', jnp.float32) != jnp.float32:
+    model = model.clone(dtype=jnp.float32)
   params = jax.eval_shape(
       lambda x: model.init(jax.random.key(0), x), images)['params']
   flops = _flops(model, params, images)
