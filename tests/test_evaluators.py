@@ -511,3 +511,32 @@ def test_evaluator_types_say_what_is_known(digits_model):
   config.evals.x = dict(kind='fewshot')
   with pytest.raises(ValueError, match='now called type'):
     evaluators.build(config, model, mesh, sh, 16)
+
+
+def test_an_mpp_evaluation_with_other_settings_is_not_the_runs(tmp_path):
+  """`mode=eval` merges into summary.json only the run's own evaluation:
+  for MPP also its objective settings (rate, representation, ...) and the
+  eval batch size, which its per-batch corruption depends on."""
+  from configs import mpp as mpp_config
+  from vit_jax.train import eval_run, run_files
+  config = mpp_config.get_config('data=cpu,smoke=true')
+  workdir = str(tmp_path)
+  run_files.write_config(workdir, config, command='test')
+  run_files.write_summary(workdir, {'steps': 10, 'image_size': 28})
+  same = lambda c: eval_run._not_the_runs_evaluation(c, workdir, 10, 28)
+  assert same(config) is None
+  for field, value in (('mpp.rate', 0.25), ('mpp.representation', 'gap'),
+                       ('input.eval_batch_size', 64),
+                       ('objective', 'supervised')):
+    other = config.copy_and_resolve_references()
+    section, _, key = field.rpartition('.')
+    setattr(other.get(section) if section else other, key, value)
+    assert same(other) and field.split('.')[0] in same(other), field
+  # A supervised run's accuracy does not depend on the eval batch size.
+  from configs import smoke
+  supervised = smoke.get_config('data=digits,steps=10,batch=32')
+  run_files.write_config(workdir, supervised, command='test')
+  run_files.write_summary(workdir, {'steps': 10, 'image_size': 16})
+  bigger = supervised.copy_and_resolve_references()
+  bigger.input.eval_batch_size = 64
+  assert eval_run._not_the_runs_evaluation(bigger, workdir, 10, 16) is None

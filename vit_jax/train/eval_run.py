@@ -143,7 +143,10 @@ def _evaluate(config: ml_collections.ConfigDict,
 # What an evaluation must share with the run's own to stand in its summary
 # (evaluators may be added: their metrics are new keys).
 _SAME = (('input', 'data'), ('input', 'eval_split'), ('input', 'pp_eval'),
-         ('eval_ema',))
+         ('eval_ema',), ('objective',), ('mpp',))
+# Masked patch prediction draws its corruption per batch (the "other" patch
+# from the whole batch): its numbers also depend on the eval batch size.
+_SAME_MPP = (('input', 'eval_batch_size'),)
 
 
 def _not_the_runs_evaluation(config, workdir: str, step: int,
@@ -151,8 +154,9 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
   """Why metrics of `workdir`'s checkpoint `step` do not describe the
   run's results (summary.json, where the tables read them), else None: the
   run must have finished at that step, and the evaluation be the one it
-  ran (its data, split, pre-processing, EMA mode, resolution, and each of
-  its evaluators as it was; new evaluators may be added).
+  ran (its data, split, pre-processing, EMA mode, resolution, objective and
+  its settings (for MPP also the eval batch size), and each of its
+  evaluators as it was; new evaluators may be added).
   """
   run = run_files.read_summary(workdir)
   if not run:
@@ -164,7 +168,8 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
     return f'image size {image_size}, the run\'s is {run["image_size"]}'
   trained = run_files.read_config(workdir).get('config') or {}
   now = config.to_dict()
-  for keys in _SAME:
+  same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
+  for keys in same:
     then, value = trained, now
     for key in keys:
       then = then.get(key) if isinstance(then, dict) else None
