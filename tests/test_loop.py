@@ -196,7 +196,7 @@ def test_fine_tune_from_earlier_run_at_new_resolution(reference_run, tmp_path):
   with open(tmp_path / 'ft' / 'summary.json') as f:
     summary = json.load(f)
   assert summary['init'] == ref_dir and summary['init_from'] == step_dir
-  assert summary['objective'] == 'supervised'
+  assert summary['objective'] == summary['init_objective'] == 'supervised'
   _, ref = _final_params(ref_dir)
   _, tuned = _final_params(str(tmp_path / 'ft'))
   pe = lambda p: np.asarray(p['Transformer']['posembed_input']['pos_embedding'])

@@ -324,7 +324,8 @@ def test_fine_tuning_and_eval_start_from_the_mpp_workdir(mpp_run, tmp_path):
   assert 'masked-patch-prediction model: dropping its mask_token, mpp_head' \
       in out.stderr
   assert f'initialised from {mpp_run}' in out.stderr
-  assert 0 <= _summary(str(tmp_path / 'ft'))['eval_accuracy'] <= 1
+  ft = _summary(str(tmp_path / 'ft'))
+  assert 0 <= ft['eval_accuracy'] <= 1 and ft['init_objective'] == 'mpp'
   # --config.mode=eval of the MPP workdir: held-out MPP loss and few-shot.
   ev = _main(str(tmp_path / 'ev'), '--config.mode=eval',
              '--config.init=' + mpp_run, '--config.mpp.representation=gap')

@@ -338,7 +338,9 @@ def test_an_mpp_run_of_a_pretrain_config_is_not_its_supervised_cell():
   assert loop._report(config)['task'] == 'mpp_colour'
   config.objective = 'supervised'
   assert loop._report(config) == cell
-  config.objective, config.report.task = 'mpp', 'mpp_pixels'  # configs/mpp.py
+  config.objective, config.report.task = 'mpp', 'mpp_colour'  # configs/mpp.py
+  assert loop._report(config)['task'] == 'mpp_colour'
+  config.mpp.target = 'pixels'  # --config.mpp.target=pixels: what it trained.
   assert loop._report(config)['task'] == 'mpp_pixels'
 
 
@@ -392,5 +394,9 @@ def test_a_transfer_run_without_init_fills_no_cell():
   assert loop._report(config)['overridden'] == 'no init: trained from scratch'
   config.init = '/runs/b16'
   assert 'overridden' not in loop._report(config)
+  assert 'overridden' not in loop._report(config, 'supervised')
+  # Fine-tuning an MPP run is not fine-tuning the supervised pre-training.
+  assert loop._report(config, 'mpp')['overridden'].startswith(
+      'init is a mpp run')
   smoke = finetune.get_config('data=cifar10,lr=0.01,smoke=true')
   assert 'overridden' not in loop._report(smoke)

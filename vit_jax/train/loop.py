@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 from jax.experimental import multihost_utils
@@ -175,6 +175,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     init = None
     if config.get('init'):
       init, saved['init_from'] = _init_weights(config)
+      # What the init was trained by: an MPP model has its mpp_head.
+      saved['init_objective'] = (
+          'mpp' if any(k in init for k in selfsup.PARAMS) else 'supervised')
     state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
                                 state_sh, ema=ema)
     if init is not None:
@@ -257,7 +260,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             'train_metrics': step_metrics,
             # Evaluations due at this step that a stop put off.
             'evals_owed': list(evals_owed),
-            'init_from': run.saved.get('init_from')}
+            'init_from': run.saved.get('init_from'),
+            'init_objective': run.saved.get('init_objective')}
 
   keys = step_lib.batch_keys(config)  # MPP: images only, labels unread.
   pending = None  # (step, metrics) of the previous step, checked one late.
@@ -363,10 +367,11 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'image_size': run.image_shape[0], 'init': config.get('init'),
       # The file or checkpoint step `init` named when the run started.
       'init_from': run.saved.get('init_from'),
+      'init_objective': run.saved.get('init_objective'),
       'forward_gflops': run.forward_flops / 1e9,
       'exaflops': examples * 3 * run.forward_flops / 1e18,
       'objective': config.get('objective', 'supervised'),
-      'report': _report(config),
+      'report': _report(config, run.saved.get('init_objective')),
       **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
@@ -375,14 +380,15 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
   return summary
 
 
-def _report(config) -> Dict[str, Any]:
+def _report(config, init_objective: Optional[str] = None) -> Dict[str, Any]:
   """`config.report` (which paper table cell the run is) as the run was
   really trained. The config args made it; the command line may change the
   run: `overridden` (no cell is this run's) when it trained another zoo
-  model, another pre-training length, or a transfer without `init`; the
-  task names the objective when it is not supervised (a pre-training
-  config switched to MPP is not that cell's supervised run; configs/mpp.py
-  names its own task, `mpp_<target>`)."""
+  model, another pre-training length, a transfer without `init`, or one
+  whose `init` was not trained by supervision (`init_objective`: an MPP
+  run's fine-tune is not the supervised pre-training's); the task names
+  the objective when it is not supervised (`mpp_<target>`, also when
+  `--config.mpp.target` changed the config's own)."""
   report = config.report.to_dict() if 'report' in config else {}
   trained = (config.get('model') or {}).get('name')
   if (report.get('model') in models.names() and trained
@@ -398,6 +404,11 @@ def _report(config) -> Dict[str, Any]:
     # A transfer row (finetune.py, vtab.py) is fine-tuning from its
     # `pretrain`: without init the run trained from scratch.
     report['overridden'] = 'no init: trained from scratch'
+  objective = config.get('objective', 'supervised')
+  if (report and config.get('init') and objective == 'supervised'
+      and init_objective not in (None, 'supervised')):
+    report['overridden'] = (f'init is a {init_objective} run, not the '
+                            'supervised pre-training the report names')
   epochs = report.get('pretrain_epochs')
   if report.get('task') == 'pretrain' and epochs and (
       config.get('total_steps') or (config.get('total_epochs') or epochs)
@@ -410,9 +421,7 @@ def _report(config) -> Dict[str, Any]:
                     config.get('total_steps'))
     report['overridden'] = (f'total_epochs={config.get("total_epochs")}, '
                             f'total_steps={config.get("total_steps")}')
-  objective = config.get('objective', 'supervised')
-  if report and objective != 'supervised' and not str(
-      report.get('task', '')).startswith(objective):
+  if report and objective != 'supervised':
     target = config.get(objective, {}).get('target')
     report['task'] = objective + (f'_{target}' if target else '')
   return report
