@@ -192,6 +192,22 @@ def test_mpp_params_initialise_a_classifier_without_head_or_mask(caplog):
   np.testing.assert_array_equal(loaded['embedding']['kernel'],
                                 params['embedding']['kernel'])
   vit.apply({'params': loaded}, images)  # Runs as a classifier.
+  # With a representation layer the MPP model lacks: a fresh one (as
+  # config_check advises for a pre-training row's pre-logits).
+  rep = models.create('ViT-test', num_classes=10, representation_size=16)
+  init = rep.init(jax.random.key(1), images)['params']
+  with caplog.at_level('INFO', logger='absl'):
+    loaded = load_pretrained(params, init)
+  assert 'has no pre_logits' in caplog.text
+  np.testing.assert_array_equal(loaded['pre_logits']['kernel'],
+                                init['pre_logits']['kernel'])
+  # The other way: a classifier's weights continued as MPP get a fresh
+  # mask token and head.
+  mpp_init = _mpp_model().init(jax.random.key(2), images)['params']
+  loaded = load_pretrained(init, mpp_init)
+  np.testing.assert_array_equal(loaded['mask_token'], mpp_init['mask_token'])
+  np.testing.assert_array_equal(loaded['embedding']['kernel'],
+                                init['embedding']['kernel'])
 
 
 def test_forward_without_rng_is_uncorrupted_and_sows_the_representation():
@@ -248,11 +264,35 @@ def _cfg(arg='data=cpu,smoke=true', **flags):
              'model.resnet_layers': (1, 1, 1), 'model.resnet_width': 0.25}),
      'hybrid .R50\\+ViT. cannot work'),
     (dict(objective='byol'), "objective='byol' cannot work"),
+    (dict(**{'input.cutmix': 1.0}), 'input.cutmix mixes labels'),
+    (dict(**{'model.classifier': 'gap'}),
+     "representation='token' needs the class token"),
 ])
 def test_bad_mpp_configs_fail_before_compiling(flags, message):
   with pytest.raises(ValueError, match=message):
     config_check.check(_cfg(**flags))
   config_check.check(_cfg())  # The unmodified config is fine.
+
+
+def test_mpp_images_must_be_in_minus_one_to_one():
+  """Colour targets quantise [-1, 1]: other ranges are refused before
+  training (they trained on a few levels, or on one constant class)."""
+  from vit_jax.train import loop
+  c = _cfg()
+  loop._check_mpp_value_range(c.input)  # The config's own: fine.
+  for pp, message in (('decode|resize(28)|value_range(0,1)', r'\[0, 1\]'),
+                      ('decode|resize(28)', 'no value_range op')):
+    c.input.pp_train = pp
+    with pytest.raises(ValueError, match=r'input.pp_train=.*' + message):
+      loop._check_mpp_value_range(c.input)
+
+
+def test_an_mpp_run_on_other_pixel_values_stops_before_training(tmp_path):
+  out = _main(str(tmp_path / 'bad'),
+              '--config.input.pp_train=decode|resize(8)|value_range(0,1)')
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert 'end it with value_range(-1,1)' in out.stderr
+  assert not os.path.exists(tmp_path / 'bad' / 'checkpoints')
 
 
 def test_configs_follow_the_paper_row():

@@ -12,7 +12,8 @@ the pre-trained weights, adapted to the new model:
     the class-token row is kept as is, or dropped, with `cls`, for a target
     without a class token (a "gap" classifier);
   * a masked-patch-prediction model's `mask_token` and `mpp_head` are
-    dropped (logged);
+    dropped (logged); what the target has and the checkpoint lacks of
+    `pre_logits`, `mask_token` and `mpp_head` keeps its fresh value (logged);
   * everything else must match exactly, else the error lists each missing,
     extra or mis-shaped key;
   * every array takes the target's dtype (its `param_dtype`).
@@ -75,9 +76,18 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
     logging.info('%s has a class token, the target model none: dropping '
                  'its cls and class-token position row', source)
     loaded = {k: v for k, v in loaded.items() if k != ('cls',)}
+  # Parts the target adds to what the checkpoint was trained with start
+  # fresh: a representation layer on a checkpoint without one, or MPP's
+  # mask token and head on a classifier's weights (continued as MPP).
+  fresh = sorted({k[0] for k in target if k[0] in ('pre_logits',) +
+                  SELF_SUPERVISED and not any(j[0] == k[0] for j in loaded)})
+  if fresh:
+    logging.info('%s has no %s: the target model\'s fresh %s kept',
+                 source, ', '.join(fresh), 'ones are' if len(fresh) > 1
+                 else 'one is')
   out = {}
   for key, init in target.items():
-    if key[0] == 'head' and not keep_head:
+    if (key[0] == 'head' and not keep_head) or key[0] in fresh:
       out[key] = np.asarray(init)
     elif key == POSEMB and key in loaded:
       out[key] = resize_posemb(np.asarray(loaded[key]), np.shape(init), grid,

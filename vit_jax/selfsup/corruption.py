@@ -1,7 +1,7 @@
 """The corruption of masked patch prediction (BERT's recipe on patches).
 
 `rate` of the patch positions of each image are selected (exactly
-`round(rate * N)` per image, uniformly at random); each selected position
+`floor(rate * N + 0.5)` per image, at least one, uniformly at random); each selected position
 is independently replaced by the `[mask]` embedding (80%), by the embedding
 of a random other patch of the batch (10%: any image, never itself) or left
 unchanged (10%). Unselected positions are never changed.
@@ -24,7 +24,8 @@ def check_rate(rate: float) -> None:
 
 
 def num_selected(num_patches: int, rate: float) -> int:
-  """Positions selected per image: round(rate * N), at least one."""
+  """Positions selected per image: floor(rate * N + 0.5) (halves round
+  up, unlike Python's round), at least one."""
   check_rate(rate)
   return min(num_patches, max(1, int(rate * num_patches + 0.5)))
 

@@ -136,9 +136,15 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
   if rep not in selfsup.REPRESENTATIONS:
     yield (f'--config.mpp.representation={rep!r} cannot work; expected '
            'token (the class token) or gap (mean of the patch tokens)')
-  if config.get('input', {}).get('mixup'):
-    yield ('--config.input.mixup mixes labels, which objective=mpp never '
-           'reads: unset it (--config.input.mixup=None)')
+  for field in ('mixup', 'cutmix'):
+    if config.get('input', {}).get(field):
+      yield (f'--config.input.{field} mixes labels, which objective=mpp '
+             f'never reads (it would predict the colours of mixed images): '
+             f'unset it (--config.input.{field}=None)')
+  if rep == 'token' and config.get('model', {}).get('classifier') == 'gap':
+    yield ("--config.mpp.representation='token' needs the class token that "
+           "--config.model.classifier='gap' removes: set "
+           "--config.mpp.representation=gap")
   name = config.model.get('name')
   if name not in models.names():
     return  # problems() names it.

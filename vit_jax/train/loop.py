@@ -26,7 +26,7 @@ from absl import logging
 
 from vit_jax import accounting, evaluators, heap, models, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.data import pipeline, prepare
+from vit_jax.data import pipeline, prepare, preprocess
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
@@ -53,6 +53,29 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
     return max(1, math.ceil(config.total_epochs * num_train /
                             config.input.batch_size))
   raise ValueError('config sets neither total_steps nor total_epochs')
+
+
+def _check_mpp_value_range(input_config) -> None:
+  """MPP's colour targets (colour, downsized; not pixels, a regression)
+  quantise pixel values in [-1, 1]: images of
+  another range (value_range(0,1), or none: 0-255) would train on a few
+  levels or one constant class without any error."""
+  for field in ('pp_train', 'pp_eval'):
+    spec = input_config.get(field)
+    if not spec:
+      continue
+    ranges = [(float(args[0]) if args else float(kw.get('vmin', -1.0)),
+               float(args[1]) if len(args) > 1 else float(kw.get('vmax', 1.0)))
+              for name, args, kw in map(preprocess.parse_op, preprocess.expand(
+                  spec, input_config.get('image_size') or 0))
+              if name == 'value_range']
+    if not ranges or ranges[-1] != (-1.0, 1.0):
+      raise ValueError(
+          f'objective=mpp predicts colours of pixels in [-1, 1], but '
+          f'input.{field}={spec!r} '
+          + (f'maps pixels to [{ranges[-1][0]:g}, {ranges[-1][1]:g}]'
+             if ranges else 'has no value_range op (pixels stay 0-255)')
+          + ': end it with value_range(-1,1)')
 
 
 def _init_weights(config) -> Tuple[Any, str]:
@@ -141,6 +164,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   mpp = config.get('objective', 'supervised') == 'mpp'
   if mpp:  # No head, no labels: any images do.
     num_classes = 0
+    if config.mpp.get('target', 'colour') != 'pixels':
+      _check_mpp_value_range(config.input)
   else:
     num_classes = config.get('num_classes') or info.num_classes
     pipeline.check_num_classes(config.input, num_classes)
