@@ -184,6 +184,33 @@ def test_fewshot_on_a_folder_dataset(digits_model, tmp_path):
   assert 0 <= out['fewshot/folder/5shot'] <= 1
 
 
+def test_fewshot_pool_is_read_in_split_order_on_any_process_count(
+    digits_model, monkeypatch):
+  """The pool (each class's first examples) comes from global batches that
+  hold the split's examples in order on 1 or n processes: with contiguous
+  per-process parts it was drawn from the start of each part, and the same
+  checkpoint scored differently on 1 and 4 hosts."""
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('digits',), shots=(1,), seeds=1, pool_per_class=5,
+      batch_size=40))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=40, data_dir=None))
+  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
+  one = [b['label'] for b in ev._batches('digits', 'train', ordered=True)]
+  for n in (2, 4):
+    parts = []
+    for p in range(n):
+      monkeypatch.setattr(jax, 'process_count', lambda n=n: n)
+      monkeypatch.setattr(jax, 'process_index', lambda p=p: p)
+      parts.append([b['label'] for b in
+                    ev._batches('digits', 'train', ordered=True)])
+    for i, rows in enumerate(one):
+      np.testing.assert_array_equal(
+          np.concatenate([part[i] for part in parts]), rows)
+
+
 def test_fewshot_missing_dataset_names_its_data_dir(digits_model, tmp_path):
   """A few-shot dataset that is not where it is looked for names the
   config field that says where (`evals.<name>.data_dir`)."""

@@ -12,8 +12,9 @@ standardised with the k-shot set's mean and standard deviation (+1e-5), a
 constant feature of 100 stands in for the bias (so it is barely
 regularised), and `l2_reg` defaults to its 2**10. Ours: the k images of a
 class are drawn from its first `pool_per_class` training images (the split
-is read in order and reading stops once every class has its pool); for one
-seed the 1-, 5-, 10- and 25-shot sets are nested.
+is read in order, the same order on any number of processes, and reading
+stops once every class has its pool); for one seed the 1-, 5-, 10- and
+25-shot sets are nested.
 """
 
 from __future__ import annotations
@@ -150,13 +151,30 @@ class FewShot(base.Evaluator):
     self._represent = jax.jit(represent, in_shardings=(params_sharding, None),
                               out_shardings=rep)
 
-  def _batches(self, data: str, split: str) -> pipeline.EvalIterable:
-    """`split`'s pipeline, built once (`base.eval_batches`)."""
-    if (data, split) not in self._pipelines:
+  def _batches(self, data: str, split: str, ordered: bool = False):
+    """`split`'s local batches, the pipeline built once.
+
+    `ordered`: global batch i is the split's examples [i * B, (i + 1) * B)
+    in order, whatever the process count (each process reads the whole
+    global batch and keeps its rows: the pool of the first examples of each
+    class is then the same on 1 or n hosts, at n times the decoding);
+    otherwise each process reads its own contiguous part
+    (`base.eval_batches`), for splits read whole.
+    """
+    key = (data, split, ordered)
+    if key not in self._pipelines:
       cfg = ml_collections.ConfigDict(self._input.to_dict())
       cfg.data = data
-      self._pipelines[data, split] = base.eval_batches(cfg, split)
-    return self._pipelines[data, split]
+      self._pipelines[key] = (
+          pipeline.eval_iterator(cfg, split=split) if ordered
+          else base.eval_batches(cfg, split))
+    batches = self._pipelines[key]
+    if not ordered or jax.process_count() == 1:
+      return batches
+    rows = self._input.eval_batch_size // jax.process_count()
+    start = jax.process_index() * rows
+    return ({k: v[start:start + rows] for k, v in batch.items()}
+            for batch in batches)
 
   def _features(self, params, data: str, split: str, pool: int = 0
                 ) -> Tuple[np.ndarray, np.ndarray]:
@@ -166,7 +184,7 @@ class FewShot(base.Evaluator):
     feats: List[np.ndarray] = []
     labels: List[np.ndarray] = []
     counts = np.zeros(num_classes or 1, np.int64)
-    for batch in self._batches(data, split):
+    for batch in self._batches(data, split, ordered=bool(pool)):
       batch = {k: batch[k] for k in ('image', 'label', 'mask')}
       out = jax.device_get(self._represent(
           params, shd.global_batch(batch, self._mesh)))
