@@ -95,8 +95,11 @@ def test_any_multiple_of_patch_and_one_channel(rng):
 def test_image_not_divisible_by_patch_is_a_clear_error():
   model = models.create('ViT-B/16', num_classes=4)
   with pytest.raises(ValueError, match='225x225 is not divisible by the patch '
-                     r'size 16.*e\.g\. 224'):
+                     r'size 16.*e\.g\. 224x224'):
     jax.eval_shape(lambda: _init(model, (1, 225, 225, 3)))
+  # The nearest multiple of each side, not the height rounded down alone.
+  with pytest.raises(ValueError, match=r'e\.g\. 224x240'):
+    jax.eval_shape(lambda: _init(model, (1, 230, 237, 3)))
 
 
 def test_hybrid_needs_multiple_of_16():
@@ -524,3 +527,18 @@ def test_cpu_attention_core_is_jax_xla_attention(kv_len, form, monkeypatch,
       for x, y in zip(*grads):
         x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
         np.testing.assert_allclose(y, x, atol=rtol * np.abs(x).max())
+
+
+def test_root_block_only_hybrid():
+  """AugReg's R+Ti/16: the ResNet root block alone (resnet_layers=()), 4x
+  down-sampling, then 8x8 patches: stride 32, `conv_root` / `gn_root`
+  present (an empty tuple used to drop the ResNet silently)."""
+  model = models.create('ViT-Ti/16', num_classes=3, patch_size=8,
+                        resnet_layers=(), resnet_width=1.0)
+  assert model.stride == 32
+  params = jax.eval_shape(lambda: _init(model, (1, 64, 64, 3)))
+  assert {'conv_root', 'gn_root'} <= set(params) and not any(
+      k.startswith('block') for k in params)
+  assert params['embedding']['kernel'].shape == (8, 8, 64, 192)
+  assert params['Transformer']['posembed_input'][
+      'pos_embedding'].shape == (1, 5, 192)

@@ -12,10 +12,11 @@ def check_image_shape(shape: Sequence[int], stride: int) -> None:
     raise ValueError(f'image size {h}x{w}: images need at least one patch '
                      f'({stride}x{stride} pixels)')
   if h % stride or w % stride:
+    near = lambda n: max(stride, (n + stride // 2) // stride * stride)
     raise ValueError(
         f'image size {h}x{w} is not divisible by the patch size {stride} '
         f'(pixels per token): use an image size that is a multiple of {stride}, '
-        f'e.g. {max(stride, h // stride * stride)}')
+        f'e.g. {near(h)}x{near(w)}')
   if c not in (1, 3):
     raise ValueError(f'images must have 1 or 3 channels, got {c} '
                      f'(shape {tuple(shape)}, expected NHWC)')

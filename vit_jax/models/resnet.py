@@ -72,8 +72,9 @@ class StdConv(Module, nn.Conv):
 
 
 def stem_stride(resnet_layers: Sequence[int]) -> int:
-  """Down-sampling of the hybrid stem: root (4) x 2 per stage after the first."""
-  return 4 * 2 ** (len(resnet_layers) - 1)
+  """Down-sampling of the hybrid stem: root (4) x 2 per stage after the
+  first; the root block alone (no stages, AugReg's R+Ti/16) is 4."""
+  return 4 * 2 ** max(len(resnet_layers) - 1, 0)
 
 
 class ResidualUnit(nn.Module):

@@ -345,7 +345,8 @@ class VisionTransformer(Module):
   @property
   def stride(self) -> int:
     """Pixels per token along each side."""
-    stem = resnet.stem_stride(self.resnet_layers) if self.resnet_layers else 1
+    stem = (resnet.stem_stride(self.resnet_layers)
+            if self.resnet_layers is not None else 1)
     return stem * self.patch_size
 
   @nn.compact
@@ -378,7 +379,7 @@ def embed_patches(module: VisionTransformer, images):
                      f'{module.classifier!r}')
   check_image_shape(images.shape, module.stride)
   x = images
-  if module.resnet_layers:
+  if module.resnet_layers is not None:  # () : the root block alone.
     x = resnet.hybrid_stem(x, module.resnet_layers, module.resnet_width,
                            module.dtype, module.param_dtype)
   p = module.patch_size
@@ -418,7 +419,7 @@ def encode(module: VisionTransformer, x, *, train: bool):
 def vit_flops(spec, h: int, w: int, num_classes: int) -> float:
   """Matmul and convolution FLOPs of a ViT (with its hybrid stem, if any)."""
   flops, c = 0.0, 3
-  if spec.get('resnet_layers'):
+  if spec.get('resnet_layers') is not None:
     flops, (h, w, c) = resnet.bottleneck_flops(
         h, w, spec['resnet_layers'], spec.get('resnet_width', 1.0))
   p, d, m = spec['patch_size'], spec['hidden_size'], spec['mlp_dim']
@@ -443,7 +444,7 @@ def vit_shrink(spec):
   if spec.get('representation_size'):
     out['representation_size'] = 32
   stride = spec['patch_size']
-  if spec.get('resnet_layers'):
+  if spec.get('resnet_layers') is not None:
     out['resnet_layers'] = (1,) * len(spec['resnet_layers'])
     out['resnet_width'] = 0.5
     stride *= resnet.stem_stride(spec['resnet_layers'])

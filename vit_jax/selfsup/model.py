@@ -114,7 +114,7 @@ def from_vit(model: nn.Module, target: str = 'colour', bits: int = 3,
         f'ViT); {type(model).__name__} has none (BiT ResNets have no patch '
         'tokens to mask): pick e.g. --config.model.name=ViT-B/16, or train '
         'it with --config.objective=supervised')
-  if getattr(model, 'resnet_layers', None):
+  if getattr(model, 'resnet_layers', None) is not None:
     raise ValueError(
         'masked patch prediction of a hybrid (R50+ViT) cannot work: its '
         'tokens are ResNet features whose receptive fields span the '
