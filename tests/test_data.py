@@ -301,3 +301,25 @@ def test_prefetch_zero_means_none_and_unset_means_two():
   from vit_jax.data import settings
   assert settings.read(_config(prefetch=0)).prefetch == 0
   assert settings.read(_config()).prefetch == settings.DEFAULT_PREFETCH == 2
+
+
+def test_shuffle_buffer_none_is_the_default_and_zero_is_refused():
+  """0 used to become 10_000 silently (`or DEFAULT`)."""
+  from vit_jax.data import settings
+  assert settings.read(_config()).shuffle_buffer == 10_000
+  assert settings.read(_config(shuffle_buffer=None)).shuffle_buffer == 10_000
+  assert settings.read(_config(shuffle_buffer=1)).shuffle_buffer == 1
+  for value in (0, -5, 2.5, True):
+    with pytest.raises(ValueError, match=rf'input.shuffle_buffer={value!r}: '
+                       r'expected an integer >= 1.*Use 1 to keep the read '
+                       'order'):
+      pipeline.train_iterator(_config(shuffle_buffer=value), seed=0)
+
+
+def test_image_size_is_whole_pixels():
+  for value in (8.5, 0, -8):
+    with pytest.raises(ValueError, match=rf'input.image_size={value!r} is '
+                       'not a positive whole number'):
+      pipeline.dataset_info(_config(image_size=value))
+  assert pipeline.dataset_info(_config(image_size=8.0)).image_shape == (
+      8, 8, 3)

@@ -11,8 +11,8 @@ import skimage.data
 import tensorflow as tf
 
 from vit_jax.data import folder_source, pipeline
-from vit_jax.data.errors import (BadImageError, DatasetNotPreparedError,
-                                 UnknownSplitError)
+from vit_jax.data.errors import (BadImageError, DataError,
+                                 DatasetNotPreparedError, UnknownSplitError)
 from conftest import no_cyclic_gc
 
 # class -> (photo, format) of its images.
@@ -177,3 +177,41 @@ def test_skip_bad_images_skips_and_logs(tmp_path, caplog):
                                         process_count=2):
       total += int(batch['mask'].sum())
   assert total == 10  # Every good image once.
+
+
+def test_a_crop_error_does_not_decode_the_shard(tmp_path, monkeypatch):
+  """Only a decoding failure makes the source decode every image of the
+  shard to find the bad files; a crop larger than the images says what to
+  do at once."""
+  _write(tmp_path, corrupt=False)
+
+  def scan(paths):
+    raise AssertionError('decoded the whole shard for a non-decoding error')
+
+  monkeypatch.setattr(folder_source, 'unreadable', scan)
+  config = _config(tmp_path, eval_split='train',
+                   pp_train='decode|random_crop(640)|value_range(-1,1)',
+                   pp_eval='decode|central_crop(640)|value_range(-1,1)')
+  with pytest.raises(DataError, match=r'input\.pp_train: pre-processing op '
+                     r'random_crop\(640, 640\) got a \d+x\d+ image, smaller '
+                     'than the crop: resize first'):
+    next(pipeline.train_iterator(config, seed=0))
+  with pytest.raises(DataError, match=r'input\.pp_eval: .*central_crop'):
+    list(pipeline.eval_iterator(config))
+
+
+def test_only_decoder_errors_look_like_bad_files(tmp_path):
+  for data in (b'not an image', PNG_HEADER + b'x' * 40):
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+      tf.data.Dataset.from_tensors(data).map(
+          lambda d: tf.io.decode_image(d, expand_animations=False)
+      ).get_single_element()
+    assert folder_source.is_decode_error(e.value)
+  with pytest.raises(tf.errors.InvalidArgumentError) as e:
+    tf.data.Dataset.from_tensors(tf.zeros([2])).map(
+        lambda x: tf.gather(x, 5)).get_single_element()
+  assert not folder_source.is_decode_error(e.value)
+  assert not folder_source.is_decode_error(ValueError('Decode'))
+
+
+PNG_HEADER = b'\x89PNG\r\n\x1a\n'

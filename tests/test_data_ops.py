@@ -6,6 +6,7 @@ import skimage.data
 import tensorflow as tf
 
 from vit_jax.data import mixup, ops, preprocess
+from vit_jax.data.errors import DataError
 
 PHOTO = skimage.data.astronaut()            # 512 x 512 x 3
 WIDE = skimage.data.coffee()                 # 400 x 600 x 3
@@ -120,8 +121,39 @@ def test_random_crop_is_a_crop_and_seeded():
 def test_central_crop():
   out = _run('decode|central_crop(100)', PNG)['image']
   np.testing.assert_array_equal(out, PHOTO[206:306, 206:306])
-  with pytest.raises(tf.errors.InvalidArgumentError, match='smaller'):
+  with pytest.raises(DataError, match='smaller than the crop: resize first'):
     _run('decode|central_crop(600)', PNG)
+
+
+@pytest.mark.parametrize('op', ['random_crop', 'central_crop'])
+def test_a_crop_larger_than_the_image_says_resize_first(op):
+  small = tf.zeros([32, 40, 3], tf.uint8)
+  with pytest.raises(DataError, match=rf'{op}\(64, 64\) gets 32x40 images, '
+                     'smaller than the crop: resize first'):
+    _run(f'{op}(64)', small)
+  # Sizes known only while running: a tagged assertion, which
+  # `explain_error` turns into the DataError naming the config field.
+  fn = tf.function(lambda x: preprocess.build(f'{op}(64)', 64)(
+      {'image': x}, _seed())['image'],
+                   input_signature=[tf.TensorSpec([None, None, 3], tf.uint8)])
+  with pytest.raises(tf.errors.InvalidArgumentError) as e:
+    fn(small)
+  error = ops.explain_error(e.value, 'input.pp_eval')
+  assert isinstance(error, DataError)
+  assert str(error).startswith(f'input.pp_eval: pre-processing op {op}(64, 64)'
+                               ' got a 32x40 image, smaller than the crop: '
+                               'resize first')
+  assert fn(tf.zeros([64, 70, 3], tf.uint8)).shape == (64, 64, 3)
+  assert ops.explain_error(ValueError('other'), 'input.pp_eval') is None
+
+
+def test_sizes_are_whole_pixels():
+  assert _run('decode|resize(100.0)', PNG)['image'].shape == (100, 100, 3)
+  for spec in ('resize(8.5)', 'resize(8, 7.5)', 'resize_small(224.5)',
+               'random_crop(0)', 'central_crop(True)', "resize('224')",
+               'inception_crop(100.5)'):
+    with pytest.raises(ValueError, match='positive whole number of pixels'):
+      preprocess.build(spec, 224)
 
 
 def test_flip_lr_flips_about_half_the_time():
@@ -176,6 +208,38 @@ def test_random_pipeline_is_deterministic_per_seed():
   c = _run(spec, JPEG, _seed(6), size=384)['image']
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)
+
+
+def test_presets_ignore_spaces_and_a_one_item_list():
+  inception = preprocess.expand('inception', 224)
+  for spec in (' inception', 'inception ', '\tinception\n', ['inception'],
+               [' inception '], ('inception',)):
+    assert preprocess.expand(spec, 224) == inception, spec
+    assert preprocess.build(spec, 224).ops == [
+        'decode_jpeg_and_inception_crop', 'flip_lr', 'value_range']
+  with pytest.raises(ValueError, match=r"'inception' is a preset, which must "
+                     r"be the whole spec; .*write its ops out "
+                     r"\('decode\|inception_crop\(224\)"):
+    preprocess.build(['inception', 'randaug(2, 15)'], 224)
+
+
+def test_fraction_arguments_as_the_signatures_write_them():
+  assert preprocess.parse_op(
+      'inception_crop(224, area_min=0.08, aspect_max=4/3)') == (
+          'inception_crop', (224,), {'area_min': 0.08, 'aspect_max': 4 / 3})
+  assert preprocess.parse_op('random_erasing(area_max=1/3, aspect_max=1/0.3)'
+                             ) == ('random_erasing', (),
+                                   {'area_max': 1 / 3, 'aspect_max': 1 / 0.3})
+  assert preprocess.parse_op('value_range(-1/2, 1/2)')[1] == (-0.5, 0.5)
+  assert preprocess.parse_op('f(-(4/3), 3/-4)')[1] == (-4 / 3, -0.75)
+  preprocess.build('decode|inception_crop(224, area_min=0.08, aspect_max=4/3)'
+                   '|random_erasing(area_max=1/3)|value_range(-1,1)', 224)
+  # Only a division of two numbers: no names, calls or other operators.
+  for text in ('f(4*3)', 'f(1+2)', 'f(a/3)', 'f(1/3/2)', 'f((1/3)/2)',
+               "f(__import__('os').getpid())", 'f(True/2)', "f('a'/2)",
+               'f(1/0)', 'f(2**8)', 'f(*[1])', 'f(**{})'):
+    with pytest.raises(ValueError, match='cannot parse pre-processing op'):
+      preprocess.parse_op(text)
 
 
 def test_spec_errors_are_clear():

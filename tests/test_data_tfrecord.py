@@ -289,3 +289,54 @@ def test_epochs_of_tfrecords_need_their_size(records):
   c.input.num_train_examples = 60
   assert loop.total_steps(
       c, pipeline.dataset_info(c.input).num_train_examples) == 15
+
+
+def _labelled(labels, key='image/class/label'):
+  """A record whose int64 list `key` holds `labels` (None: no such key)."""
+  feature = {'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(
+      value=[tf.io.encode_png(np.zeros((8, 8, 3), np.uint8)).numpy()]))}
+  if labels is not None:
+    feature[key] = tf.train.Feature(
+        int64_list=tf.train.Int64List(value=labels))
+  return tf.train.Example(features=tf.train.Features(
+      feature=feature)).SerializeToString()
+
+
+@pytest.mark.parametrize('missing', [[], None])
+def test_a_record_without_a_label_names_the_file_and_label_key(tmp_path,
+                                                               missing):
+  """An empty or absent label list used to fail as "slice index 0 of
+  dimension 0 out of bounds", naming neither the file nor the fix."""
+  for i, labels in enumerate([[[1], [2]], [[3], missing, [4]]]):
+    with tf.io.TFRecordWriter(str(tmp_path / f'train-{i:05d}')) as writer:
+      for label in labels:
+        writer.write(_labelled(label))
+  config = ml_collections.ConfigDict(dict(
+      data='tfrecord', data_dir=str(tmp_path), num_classes=5, batch_size=5,
+      eval_batch_size=5, image_size=8, pp_train='resize', pp_eval='resize',
+      eval_split='train'))
+  with pytest.raises(DataError, match=r"TFRecord file \S*train-00001 has a "
+                     r"record without a label: its int64 list "
+                     r"'image/class/label' \(input.label_key\) is empty or "
+                     'missing: other records of the file have it: write a '
+                     'label') as e:
+    next(pipeline.train_iterator(config, seed=0))
+  del e  # Its traceback and this frame are a cycle holding the iterator.
+  with pytest.raises(DataError, match='train-00001 has a record without'):
+    list(pipeline.eval_iterator(config))
+
+
+def test_another_label_feature_name_says_set_label_key(tmp_path):
+  with tf.io.TFRecordWriter(str(tmp_path / 'train-00000')) as writer:
+    for label in range(3):
+      writer.write(_labelled([label], key='label'))
+  config = ml_collections.ConfigDict(dict(
+      data='tfrecord', data_dir=str(tmp_path), num_classes=5, batch_size=3,
+      image_size=8, pp_train='resize'))
+  with pytest.raises(DataError, match=r"train-00000 has a record without a "
+                     r"label: .*set input.label_key to the feature that holds "
+                     r".*has non-empty int64 features \['label'\]"):
+    next(pipeline.train_iterator(config, seed=0))
+  config.label_key = 'label'
+  batch = next(pipeline.train_iterator(config, seed=0))
+  assert sorted(batch['label']) == [0, 1, 2]

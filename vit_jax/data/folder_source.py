@@ -26,6 +26,7 @@ it), skipped, and counted in the logs. Split sizes (`split_size`,
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -99,6 +100,22 @@ def unreadable(paths: Sequence[str]) -> List[str]:
               num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
   ok = {p.decode() for p, _ in ds.ignore_errors().as_numpy_iterator()}
   return [p for p in paths if p not in ok]
+
+
+# What TensorFlow's image decoders say about bytes they cannot decode: the
+# failing node (DecodeImage, DecodePng, DecodeAndCropJpeg, ExtractJpegShape,
+# ...) and the messages of the decoders.
+_DECODE_FAILURE = re.compile(
+    r'\{\{node [^}]*(Decode[A-Za-z]*|ExtractJpegShape)\}\}'
+    r'|Unknown image file format|Invalid (JPEG|PNG|GIF|BMP)|jpeg::|png::')
+
+
+def is_decode_error(error: Exception) -> bool:
+  """Whether a tf.data error is an image decoder's failure."""
+  return (isinstance(error, (tf.errors.InvalidArgumentError,
+                             tf.errors.DataLossError))
+          and _DECODE_FAILURE.search(str(getattr(error, 'message', error)))
+          is not None)
 
 
 @register('folder')
@@ -225,8 +242,9 @@ class FolderSource(Source):
                   num_parallel_calls=tf.data.AUTOTUNE)
 
   def explain_error(self, error, split, process_index, process_count):
-    if not isinstance(error, (tf.errors.InvalidArgumentError,
-                              tf.errors.DataLossError)):
+    # Finding the bad files decodes the whole shard: only for a decoding
+    # failure, not for any other error (a crop larger than the images).
+    if not is_decode_error(error):
       return None
     paths, _ = self.host_files(split, process_index, process_count)
     bad = unreadable([str(p) for p in paths])

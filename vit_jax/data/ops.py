@@ -13,23 +13,32 @@ machine, whatever the tf.data parallelism.
 | `inception_crop(size=None, area_min=0.05, area_max=1.0, aspect_min=0.75, aspect_max=1.333)` | random crop of 5-100% of the area (then resized to `size`) |
 | `decode_jpeg_and_inception_crop(size=None, ...)` | the two above fused: decodes only the crop window of a JPEG |
 | `resize(h, w=h, method='bilinear', antialias=False)` | resize to h x w (float32 out) |
-| `resize_small(size, method='bilinear')` | resize the shorter side to `size`, keep the aspect ratio |
-| `random_crop(h, w=h)` | random h x w crop |
-| `central_crop(h, w=h)` | central h x w crop |
+| `resize_small(size, method='bilinear', antialias=False)` | resize the shorter side to `size`, keep the aspect ratio (big_vision's defaults to `method='area'`) |
+| `random_crop(h, w=h)` | random h x w crop (an image smaller than the crop fails: resize first) |
+| `central_crop(h, w=h)` | central h x w crop (likewise) |
 | `flip_lr` | random left-right flip |
 | `randaug(num_layers=2, magnitude=10)`, `random_erasing(...)` | RandAugment and random erasing (`randaug.py`) |
 | `value_range(vmin=-1, vmax=1, in_min=0, in_max=255, clip=True)` | affine map of pixel values |
 | `to_rgb` | grayscale (1 channel) -> 3 channels |
 | `onehot(depth, on=1.0, off=0.0)` | label -> float32 one-hot [depth] |
 | `keep(*keys)` | drop every other feature |
+
+Sizes are whole pixel counts (`resize(8.5)` is refused, `resize(224.0)` is
+224). A crop of an image smaller than the crop fails with a tagged assertion
+that `explain_error` turns into a `DataError` naming the op and the fix.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
+import numbers
+import re
 from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
+
+from vit_jax.data.errors import DataError
 
 Features = Dict[str, tf.Tensor]
 OpFn = Callable[[Features, tf.Tensor], Features]
@@ -79,8 +88,66 @@ def on_image(fn: Callable[[tf.Tensor, tf.Tensor], tf.Tensor]) -> OpFn:
   return op
 
 
-def _hw(h: int, w: Optional[int]) -> Tuple[int, int]:
-  return int(h), int(h if w is None else w)
+def pixels(value, name: str) -> int:
+  """`value` as a positive whole number of pixels (224 or 224.0), else a
+  ValueError naming it (`int(8.5)` would silently make 8)."""
+  whole = (not isinstance(value, bool) and isinstance(value, numbers.Real)
+           and float(value).is_integer() and value >= 1)
+  if not whole:
+    hint = 'e.g. 224'
+    if isinstance(value, numbers.Real) and math.isfinite(value) and value > 1:
+      hint = f'e.g. {math.floor(value)} or {math.ceil(value)}'
+    raise ValueError(f'{name}={value!r} is not a positive whole number of '
+                     f'pixels; write an integer, {hint}')
+  return int(value)
+
+
+def _hw(h: int, w: Optional[int], op: str) -> Tuple[int, int]:
+  return (pixels(h, f'pre-processing op {op}: h'),
+          pixels(h if w is None else w, f'pre-processing op {op}: w'))
+
+
+# A crop of an image smaller than the crop fails with this tagged assertion
+# (the op and crop size after it), that `explain_error` reads back.
+_TOO_SMALL = 'image smaller than the crop of pre-processing op'
+
+
+def _check_fits(image: tf.Tensor, h: int, w: int, op: str) -> tf.Tensor:
+  """`image`, after checking that it holds an h x w crop (statically when
+  its size is known, else by a tagged assertion, one scalar test)."""
+  known = image.shape[:2]
+  if known.is_fully_defined() and (known[0] < h or known[1] < w):
+    error = DataError(f'pre-processing op {op}({h}, {w}) gets '
+                      f'{known[0]}x{known[1]} images, smaller than the crop: '
+                      f'{_RESIZE_FIRST.format(h=h)}')
+    # Raised while tf.data or tf.function traces the ops: AutoGraph would
+    # wrap it in a StagingError that prints its stack first.
+    error.ag_pass_through = True
+    raise error
+  shape = tf.shape(image)
+  check = tf.debugging.Assert(
+      (shape[0] >= h) & (shape[1] >= w),
+      [f'{_TOO_SMALL} {op}({h}, {w})', shape], summarize=3)
+  with tf.control_dependencies([check]):
+    return tf.identity(image)
+
+
+_RESIZE_FIRST = ('resize first, e.g. resize_small({h}) or resize({h}) before '
+                 'the crop (the finetune and eval presets do)')
+
+
+def explain_error(error: Exception, field: str = 'input.pp_train'
+                  ) -> Optional[DataError]:
+  """A DataError for an op's tagged failure in `error` (read while running
+  the ops of config field `field`), or None."""
+  match = re.search(re.escape(_TOO_SMALL) + r' (\w+)\((\d+), (\d+)\)\]\s*'
+                    r'\[(\d+) (\d+)', str(getattr(error, 'message', error)))
+  if match is None:
+    return None
+  op, h, w, ih, iw = match.groups()
+  return DataError(
+      f'{field}: pre-processing op {op}({h}, {w}) got a {ih}x{iw} image, '
+      f'smaller than the crop: {_RESIZE_FIRST.format(h=h)}')
 
 
 def _set_channels(image: tf.Tensor, channels: Optional[int]) -> tf.Tensor:
@@ -153,6 +220,7 @@ def inception_crop(size: Optional[int] = None, area_min: float = 0.05,
                    aspect_max: float = 4 / 3) -> OpFn:
   """A crop covering a random 5-100% of the area ("Inception" crop)."""
   _check_area(area_min, area_max)
+  size = size and pixels(size, 'pre-processing op inception_crop: size')
 
   def fn(image, seed):
     begin, crop = _sample_crop(tf.shape(image), seed, (area_min, area_max),
@@ -174,6 +242,8 @@ def decode_jpeg_and_inception_crop(
   take the unfused path.
   """
   _check_area(area_min, area_max)
+  size = size and pixels(
+      size, 'pre-processing op decode_jpeg_and_inception_crop: size')
   area, aspect = (area_min, area_max), (aspect_min, aspect_max)
 
   def unfused(image, seed):
@@ -200,14 +270,21 @@ def decode_jpeg_and_inception_crop(
 @register('resize')
 def resize(h: int, w: Optional[int] = None, method: str = 'bilinear',
            antialias: bool = False) -> OpFn:
-  h, w = _hw(h, w)
+  h, w = _hw(h, w, 'resize')
   return on_image(lambda image, seed: _resize(image, h, w, method, antialias))
 
 
 @register('resize_small')
 def resize_small(size: int, method: str = 'bilinear',
                  antialias: bool = False) -> OpFn:
-  """Resizes so that the shorter side is `size`, keeping the aspect ratio."""
+  """Resizes so that the shorter side is `size`, keeping the aspect ratio.
+
+  Bilinear without antialiasing by default (as `resize`); big_vision's
+  `resize_small` defaults to `method='area'`, which averages the pixels a
+  downscale drops: pass `method='area'` for that.
+  """
+  size = pixels(size, 'pre-processing op resize_small: size')
+
   def fn(image, seed):
     hw = tf.cast(tf.shape(image)[:2], tf.float32)
     scale = size / tf.reduce_min(hw)
@@ -219,9 +296,10 @@ def resize_small(size: int, method: str = 'bilinear',
 
 @register('random_crop', random=True)
 def random_crop(h: int, w: Optional[int] = None) -> OpFn:
-  h, w = _hw(h, w)
+  h, w = _hw(h, w, 'random_crop')
 
   def fn(image, seed):
+    image = _check_fits(image, h, w, 'random_crop')
     channels = tf.shape(image)[-1]
     out = tf.image.stateless_random_crop(image, [h, w, channels], seed=seed)
     return tf.ensure_shape(out, [h, w, image.shape[-1]])
@@ -230,14 +308,12 @@ def random_crop(h: int, w: Optional[int] = None) -> OpFn:
 
 @register('central_crop')
 def central_crop(h: int, w: Optional[int] = None) -> OpFn:
-  h, w = _hw(h, w)
+  h, w = _hw(h, w, 'central_crop')
 
   def fn(image, seed):
+    image = _check_fits(image, h, w, 'central_crop')
     shape = tf.shape(image)
     top, left = (shape[0] - h) // 2, (shape[1] - w) // 2
-    tf.debugging.assert_non_negative(
-        tf.minimum(top, left),
-        message=f'central_crop({h}, {w}): image is smaller than the crop')
     out = image[top:top + h, left:left + w]
     return tf.ensure_shape(out, [h, w, image.shape[-1]])
   return on_image(fn)

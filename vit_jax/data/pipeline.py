@@ -32,6 +32,7 @@ import tensorflow as tf
 from absl import logging
 
 from vit_jax.data import mixup as mixup_lib
+from vit_jax.data import ops
 from vit_jax.data import preprocess
 from vit_jax.data import registry
 from vit_jax.data import settings as settings_lib
@@ -87,10 +88,13 @@ def _options() -> tf.data.Options:
 
 
 def _raise_explained(st: settings_lib.Settings, error: tf.errors.OpError,
-                     split: str, process_index: int, process_count: int):
-  """Re-raises a reading error, replaced by the source's clearer one."""
-  better = st.source.explain_error(error, split, process_index,
-                                   process_count)
+                     split: str, process_index: int, process_count: int,
+                     pp_field: str):
+  """Re-raises a reading error, replaced by a clearer one: a pre-processing
+  op's (cheap: it reads the message) or else the source's."""
+  better = (ops.explain_error(error, f'input.{pp_field}')
+            or st.source.explain_error(error, split, process_index,
+                                       process_count))
   try:
     if better is None:
       raise error
@@ -200,7 +204,8 @@ class TrainIterator:
     try:
       batch = next(self._iterator)
     except tf.errors.OpError as e:
-      _raise_explained(self._st, e, self._st.train_split, self._pi, self._pc)
+      _raise_explained(self._st, e, self._st.train_split, self._pi, self._pc,
+                       'pp_train')
     epoch, index = batch.pop(_EPOCH)[-1], batch.pop(_INDEX)[-1]
     self._batches += 1
     self._check_position(int(epoch), int(index) + 1)
@@ -350,7 +355,8 @@ class EvalIterable:
       except StopIteration:
         break
       except tf.errors.OpError as e:
-        _raise_explained(self._st, e, self.split, self._pi, self._pc)
+        _raise_explained(self._st, e, self.split, self._pi, self._pc,
+                         'pp_eval')
       if done == self.num_batches:  # Processes would fall out of step.
         raise AssertionError(f'{self.split}: more than the {done} eval '
                              'batches counted')

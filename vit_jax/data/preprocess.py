@@ -9,11 +9,16 @@
     | `inception` (pre-training) | `decode|inception_crop(S)|flip_lr|value_range(-1,1)` |
     | `finetune` | `decode|resize(R)|random_crop(S)|flip_lr|value_range(-1,1)`, R = S*448/384 (448 at 384) |
     | `resize` | `decode|resize(S)|value_range(-1,1)` |
-    | `eval` | `decode|resize_small(S)|central_crop(S)|value_range(-1,1)` |
+    | `eval` | `decode|resize_small(S)|central_crop(S)|value_range(-1,1)` (bilinear; big_vision's resize_small is `method='area'`) |
 
   * an op string, ops joined by `|`, each `name` or `name(args)` with Python
-    literal arguments: `"decode|inception_crop(224, area_min=0.08)|flip_lr"`;
+    literal arguments or fractions of two numbers (`4/3`):
+    `"decode|inception_crop(224, area_min=0.08, aspect_max=4/3)|flip_lr"`;
   * a list of such ops: `["decode", "resize(384)", "value_range(-1, 1)"]`.
+
+Surrounding spaces are ignored (`' inception'`), and a one-item list naming
+a preset (`['inception']`) is that preset; a preset among other ops is an
+error (write its ops out).
 
 The ops are in `vit_jax/data/ops.py`. `decode` directly followed by
 `inception_crop` runs as the fused `decode_jpeg_and_inception_crop`, which
@@ -43,35 +48,86 @@ PRESETS = {
 }
 
 
+def _preset(spec: Spec) -> Optional[str]:
+  """The preset `spec` names (`' inception '`, `['inception']`), or None."""
+  if isinstance(spec, str):
+    name = spec.strip()
+  elif len(spec) == 1 and isinstance(spec[0], str):
+    name = spec[0].strip()
+  else:
+    return None
+  return name if name in PRESETS else None
+
+
+def _preset_ops(name: str, image_size: int) -> str:
+  return PRESETS[name].format(size=image_size,
+                              resize=round(image_size * 448 / 384))
+
+
 def expand(spec: Spec, image_size: int) -> List[str]:
   """The op strings of `spec` (a preset name, op string or op list)."""
-  if isinstance(spec, str):
-    if spec in PRESETS:
-      resize = round(image_size * 448 / 384)
-      spec = PRESETS[spec].format(size=image_size, resize=resize)
-    items = spec.split('|')
-  else:
-    items = list(spec)
+  preset = _preset(spec)
+  if preset is not None:
+    spec = _preset_ops(preset, image_size)
+  items = spec.split('|') if isinstance(spec, str) else list(spec)
   items = [s.strip() for s in items if s.strip()]
   if not items:
     raise ValueError(f'empty pre-processing spec {spec!r}')
+  for item in items:
+    if item in PRESETS and item not in ops.names():
+      raise ValueError(
+          f'pre-processing spec {spec!r}: {item!r} is a preset, which must be '
+          'the whole spec; to combine it with other ops write its ops out '
+          f'({_preset_ops(item, image_size)!r} at image_size={image_size})')
   return items
 
 
+def _number(node: ast.AST) -> Union[int, float]:
+  """A numeric literal, signed or not (`3`, `-0.5`); else ValueError."""
+  value = ast.literal_eval(node)
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    raise ValueError(f'not a number: {ast.unparse(node)}')
+  return value
+
+
+def _argument(node: ast.AST):
+  """A Python literal, or a fraction of two numeric literals (`4/3`,
+  `1/0.3`, `-1/3`): the arguments that op signatures show. Nothing else is
+  evaluated (no names, calls or other operators)."""
+  if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+    numerator, denominator = _number(node.left), _number(node.right)
+    if denominator == 0:
+      raise ValueError(f'division by zero: {ast.unparse(node)}')
+    return numerator / denominator
+  if (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+      and isinstance(node.operand, ast.BinOp)):  # -(4/3), -4/3 parses above.
+    return -_argument(node.operand)
+  return ast.literal_eval(node)
+
+
 def parse_op(text: str) -> Parsed:
-  """`"resize(224, method='nearest')"` -> ('resize', (224,), {'method': ...})."""
+  """`"resize(224, method='nearest')"` -> ('resize', (224,), {'method': ...}).
+
+  Arguments are Python literals or fractions of two numbers (`4/3`).
+  """
+  problem = ''
   try:
-    node = ast.parse(text, mode='eval').body
+    node = ast.parse(text.strip(), mode='eval').body
     if isinstance(node, ast.Name):
       return node.id, (), {}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-      args = tuple(ast.literal_eval(a) for a in node.args)
-      kwargs = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+      if any(isinstance(a, ast.Starred) for a in node.args) or any(
+          k.arg is None for k in node.keywords):
+        raise ValueError('no *args or **kwargs')
+      args = tuple(_argument(a) for a in node.args)
+      kwargs = {k.arg: _argument(k.value) for k in node.keywords}
       return node.func.id, args, kwargs
-  except (SyntaxError, ValueError):
-    pass
-  raise ValueError(f'cannot parse pre-processing op {text!r}: write name or '
-                   'name(args) with literal arguments, e.g. resize(224)')
+  except (SyntaxError, ValueError, TypeError) as e:
+    problem = f' ({e})'
+  raise ValueError(f'cannot parse pre-processing op {text!r}{problem}: write '
+                   'name or name(args) with literal arguments (numbers, '
+                   'strings, fractions such as 4/3), e.g. resize(224) or '
+                   'inception_crop(224, aspect_max=4/3)')
 
 
 def _fuse(parsed: List[Parsed]) -> List[Parsed]:

@@ -7,9 +7,9 @@
 | `train_split`, `eval_split` | the registry's | named split or tfds split expression |
 | `batch_size` | required for training | global train batch (all processes) |
 | `eval_batch_size` | `batch_size` | global eval batch |
-| `image_size` | the registry's | side of the square model input |
+| `image_size` | the registry's | side of the square model input (whole pixels) |
 | `pp_train`, `pp_eval` | the registry's preset | preset name, op string or op list (`preprocess.py`) |
-| `shuffle_buffer` | 10_000 | examples per shuffle block (each block is permuted) |
+| `shuffle_buffer` | 10_000 (None) | examples per shuffle block (each block is permuted); an integer >= 1, 1: no shuffle within the epoch's file order |
 | `cache` | False | keep the (still encoded) examples in memory after the first pass (epochs then reuse its order: no per-epoch file-order shuffle) |
 | `prefetch` | 2 | batches prepared ahead (0: none) |
 | `mixup` | 0.0 | mixup alpha; > 0 mixes each train batch, labels become [B, classes] |
@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import numbers
 from typing import Optional
 
-from vit_jax.data import kinds, registry, sources
+from vit_jax.data import kinds, ops, registry, sources
 
 DEFAULT_SHUFFLE_BUFFER = 10_000
 DEFAULT_PREFETCH = 2
@@ -79,7 +80,9 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       evals = source.default_eval_split()
     except ValueError as e:  # Only evaluation needs it.
       error = e.with_traceback(None)  # Kept: no frames (no cycle) with it.
-  image_size = int(input_config.get('image_size') or spec.image_size)
+  image_size = input_config.get('image_size')
+  image_size = ops.pixels(spec.image_size if image_size is None
+                          else image_size, 'input.image_size')
   batch = input_config.get('batch_size')
   return Settings(
       spec=spec, source=source,
@@ -90,8 +93,7 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       eval_batch_size=input_config.get('eval_batch_size') or batch,
       pp_train=input_config.get('pp_train') or spec.pp_train,
       pp_eval=input_config.get('pp_eval') or spec.pp_eval,
-      shuffle_buffer=int(input_config.get('shuffle_buffer')
-                         or DEFAULT_SHUFFLE_BUFFER),
+      shuffle_buffer=shuffle_buffer(input_config.get('shuffle_buffer')),
       cache=bool(input_config.get('cache', False)),
       prefetch=int(DEFAULT_PREFETCH if input_config.get('prefetch') is None
                    else input_config.get('prefetch')),  # 0: none ahead.
@@ -101,6 +103,25 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       data_dir=input_config.get('data_dir'),
       skip_bad_images=bool(input_config.get('skip_bad_images', False)),
       eval_split_error=error)
+
+
+def shuffle_buffer(value) -> int:
+  """`input.shuffle_buffer`: None is the default, other values must be >= 1.
+
+  0 is refused rather than guessed: it reads as "no shuffling" to some and
+  as "no limit" to others, and `or DEFAULT` used to make it 10_000.
+  """
+  if value is None:
+    return DEFAULT_SHUFFLE_BUFFER
+  if (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+      or value < 1):
+    raise ValueError(
+        f'input.shuffle_buffer={value!r}: expected an integer >= 1, the '
+        'examples per shuffle block (None: the default, '
+        f'{DEFAULT_SHUFFLE_BUFFER}). Use 1 to keep the read order within '
+        'each epoch (files are still read in a new order each epoch), or '
+        'the shard size or more for a full permutation of every epoch')
+  return int(value)
 
 
 def local_batch_size(global_batch: Optional[int], process_count: int,

@@ -3,7 +3,9 @@
 Each record is a `tf.train.Example` with the encoded image bytes and an
 int64 label list (the first label is the class); the feature names default
 to `image/encoded` and `image/class/label` and can be set with
-`input.image_key` / `input.label_key`.
+`input.image_key` / `input.label_key`. A record with an empty or missing
+label list, or a label outside [0, num_classes), stops the pipeline with an
+error naming its file (`explain_error`).
 
 Files of split SPLIT, sorted: `DATA_DIR/SPLIT`, `DATA_DIR/SPLIT-<digit>...`
 (`train-00000-of-01024`), `DATA_DIR/SPLIT.tfrecord[s]` alone or followed by
@@ -18,8 +20,11 @@ files i, i+n, i+2n, ...; training then needs a file count divisible by n
 (it pads). With fewer files than processes every process reads every file
 and keeps every n-th record of each.
 
-Record counts: a process counts the records of its files once, reading but
-not parsing them, and caches each file's count in
+Record counts: a process counts the records of the files it needs once,
+reading but not parsing them: for training its own files; for evaluation
+every file of the split (each process pads to the largest shard's batch
+count without asking the others; `dataset_info` counts them all too). Each
+file's count is cached in
 `DATA_DIR/.record_counts/` (keyed by file name and size; a file whose size
 changed is recounted; where DATA_DIR is read-only the counts are kept in
 memory only, and computed again by the next run). Training needs them to
@@ -53,6 +58,7 @@ _STAT_THREADS = 32
 IMAGE_KEY, LABEL_KEY = 'image/encoded', 'image/class/label'
 COUNTS_DIR = '.record_counts'
 _LABEL_OUT_OF_RANGE = 'TFRecord label out of range'
+_NO_LABEL = 'TFRecord record without a label'
 # What may follow SPLIT in a file name: `-` and a digit (shard numbers), or
 # `.tfrecord` / `.tfrecords` alone or followed by `-...` or `@...`.
 _SUFFIX = r'(-\d.*|\.tfrecords?([-@].*)?)?'
@@ -263,9 +269,14 @@ class TFRecordSource(Source):
     x = tf.io.parse_single_example(serialized, {
         self.image_key: tf.io.FixedLenFeature([], tf.string),
         self.label_key: tf.io.VarLenFeature(tf.int64)})
-    label = tf.sparse.to_dense(x[self.label_key])[0]
+    labels = x[self.label_key].values
     # Labels are only known by reading: each is checked on its way through
-    # (`explain_error` names the file).
+    # (`explain_error` names the file). An empty or missing label list
+    # (e.g. another label feature name) would fail as a bare slice error.
+    has_label = tf.debugging.Assert(tf.size(labels) > 0,
+                                    [_NO_LABEL, name], summarize=1)
+    with tf.control_dependencies([has_label]):
+      label = tf.identity(labels[0])
     check = tf.debugging.Assert(
         (label >= 0) & (label < self._num_classes),
         [_LABEL_OUT_OF_RANGE, name, label], summarize=3)
@@ -274,8 +285,12 @@ class TFRecordSource(Source):
     return {'image': x[self.image_key], 'label': label}
 
   def explain_error(self, error, split, process_index, process_count):
+    message = str(getattr(error, 'message', error))
+    match = re.search(_NO_LABEL + r'\]\s*\[(.*?)\]', message)
+    if match is not None:
+      return self._no_label_error(match.group(1))
     match = re.search(_LABEL_OUT_OF_RANGE + r'\]\s*\[(.*?)\]\s*\[(-?\d+)\]',
-                      str(getattr(error, 'message', error)))
+                      message)
     if match is None:
       return None
     return LabelRangeError(
@@ -284,3 +299,24 @@ class TFRecordSource(Source):
         f' ({self.largest_label()[1]}): set input.num_classes (and '
         '--config.num_classes, or leave it None) to the class count of the '
         'files, or fix the labels of that file')
+
+  def _no_label_error(self, path: str) -> DataError:
+    """The error for a record of `path` without a label in `label_key`."""
+    try:  # The int64 features of the file's first record, to choose from.
+      first = next(iter(tf.data.TFRecordDataset(path).take(1)))
+      feature = tf.train.Example.FromString(first.numpy()).features.feature
+      ints = sorted(k for k, f in feature.items() if f.int64_list.value)
+    except (tf.errors.OpError, ValueError, StopIteration):
+      ints = None
+    problem = (f'TFRecord file {path} has a record without a label: its '
+               f'int64 list {self.label_key!r} (input.label_key) is empty or '
+               'missing')
+    if ints is not None and self.label_key in ints:
+      fix = ('other records of the file have it: write a label (the first '
+             'value of the list is the class) into every record, or leave '
+             'the unlabelled ones out of the files')
+    else:
+      fix = ('set input.label_key to the feature that holds the labels (the '
+             'first value of the list is the class); the first record of '
+             f'the file has non-empty int64 features {ints}')
+    return DataError(f'dataset {self.spec.name!r}: {problem}: {fix}')
