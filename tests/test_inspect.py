@@ -337,3 +337,208 @@ def test_gap_and_hybrid_models_say_what_they_show(name, options, size,
   d = np.asarray(info['attention_distance']['per_layer_per_head'])
   assert 0 < d.min() and d.max() < size * np.sqrt(2)
   assert np.shape(info['rollout']['maps']) == (2, *grid)
+
+
+def _reference_summary(w, grid, ppt, token_row):
+  """The full-tensor, float64 computation the CLI did before reducing on
+  the device: distance (layers, heads), maps (layers, batch, gh, gw)."""
+  w = np.asarray(w, np.float64)
+  n = grid[0] * grid[1]
+  lead = w.shape[-1] - n
+  p = w[..., lead:, lead:]
+  p = p / p.sum(-1, keepdims=True)
+  distance = np.einsum('lbhqk,qk->lbhq', p, vi.pairwise_distances(
+      grid, ppt)).mean(axis=(1, 3))
+  a = w.mean(axis=2) + np.eye(w.shape[-1])
+  a /= a.sum(-1, keepdims=True)
+  joint, per_layer = a[0], [a[0]]
+  for layer in a[1:]:
+    joint = layer @ joint
+    per_layer.append(joint)
+  per_layer = np.stack(per_layer)
+  rows = (per_layer[:, :, 0, lead:] if token_row and lead else
+          per_layer[:, :, lead:, lead:].mean(axis=2))
+  return distance, rows.reshape(*rows.shape[:2], *grid)
+
+
+@pytest.mark.parametrize('classifier,scan', [('token', False),
+                                             ('gap', False), ('token', True)])
+def test_on_device_summary_equals_the_full_tensor_computation(classifier,
+                                                               scan):
+  """What the CLI reduces per batch on the device (float32, one layer's
+  weights at a time, rollout rows instead of T x T products) equals the
+  float64 computation from the whole (layers, batch, heads, T, T) tensor,
+  and the public full-tensor functions (now float32) agree with it too."""
+  model, params, _ = _model_and_params('ViT-test', 28, classifier=classifier)
+  x = _images(3, 28, seed=1)
+  w = vi.attention_weights(model, params, x)
+  assert w.std() > 0.01  # Far from uniform: the comparison means something.
+  ref_d, ref_maps = _reference_summary(w, (7, 7), 4, classifier == 'token')
+  probe, p = ((model.clone(scan_layers=True), stack_blocks(params)) if scan
+              else (model, params))
+  d, maps = vi.attention_summary(probe, p, x, (7, 7), 4,
+                                 class_token_row=classifier == 'token')
+  assert d.shape == (2, 2) and maps.shape == (2, 3, 7, 7)
+  assert d.dtype == maps.dtype == np.float32
+  np.testing.assert_allclose(d, ref_d, rtol=1e-5)
+  np.testing.assert_allclose(maps, ref_maps, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(vi.mean_attention_distance(w, (7, 7), 4), ref_d,
+                             rtol=1e-5)
+  rollout = vi.attention_rollout(w, per_layer=True)
+  lead = 1 if classifier == 'token' else 0
+  rows = (rollout[:, :, 0, lead:] if lead else
+          rollout[:, :, :, :].mean(axis=2))
+  np.testing.assert_allclose(rows.reshape(maps.shape), ref_maps, rtol=1e-4,
+                             atol=1e-7)
+
+
+def _trained(name='ViT-test', size=28, pp='resize', **options):
+  from vit_jax import trained as trained_lib
+  model = models.create(name, num_classes=5, **options)
+  params = perturb(jax.jit(model.init)(jax.random.key(0), jnp.asarray(
+      _images(1, size)))['params'], scale=0.2)
+  return trained_lib._build(name, options, 5, size, pp, params, 'runs/x',
+                            'npz')
+
+
+def test_figure_titles_name_the_architecture_inspected(monkeypatch,
+                                                       tmp_path):
+  """A run's options (here a gap classifier) change the model: each
+  figure's title names what was inspected, not only the zoo name."""
+  from vit_jax.inspect import figures
+  t = _trained(classifier='gap')
+  assert t.architecture == 'ViT-test (classifier=gap)'
+  titles, save = {}, figures._save
+
+  def saved(fig, path):  # The figure's title, or its single axes'.
+    texts = [ax.get_title() for ax in fig.axes]
+    titles[os.path.basename(path)] = '\n'.join(
+        texts + [fig._suptitle.get_text()] if fig._suptitle else texts)
+    return save(fig, path)
+  monkeypatch.setattr(figures, '_save', saved)
+  info = report.inspect_model(t, _images(2, 28), ['a', 'b'],
+                              str(tmp_path / 'o'), rollout_images=1,
+                              layer_images=1)
+  assert sorted(titles) == sorted(n for n in report.FILES
+                                  if n.endswith('.png'))
+  for name, title in titles.items():
+    assert 'ViT-test (classifier=gap)' in title, (name, title)
+  assert info['architecture'] == 'ViT-test (classifier=gap)'
+
+
+def test_a_reused_out_keeps_no_stale_figure_and_lists_what_was_written(
+    tmp_path, monkeypatch):
+  """A run that skips filters.png (as for a hybrid, here without its ResNet
+  compiles) removes the filters.png an earlier run left in the same --out
+  rather than pass it off as its own; files that are not ours stay.
+  inspect.json lists the files written; a failed run leaves the earlier
+  results untouched."""
+  out = tmp_path / 'o'
+  out.mkdir()
+  for name in ('filters.png', 'rollout.png', 'notes.txt'):
+    (out / name).write_text('an earlier run')
+  t, x = _trained(), _images(2, 28)
+  with pytest.raises(ValueError, match='--batch=0'):
+    report.inspect_model(t, x, ['a', 'b'], str(out), batch=0)
+  assert sorted(os.listdir(out)) == ['filters.png', 'notes.txt',
+                                     'rollout.png']  # Untouched.
+
+  def no_filters(params):
+    raise ValueError('no pixel filters here')
+  monkeypatch.setattr(report.analysis, 'embedding_filter_components',
+                      no_filters)
+  info = report.inspect_model(t, x, ['a', 'b'], str(out), rollout_images=1,
+                              layer_images=1)
+  assert info['skipped'] == {'filters.png': 'no pixel filters here'}
+  written = [n for n in report.FILES if n != 'filters.png']
+  assert info['files'] == written
+  assert sorted(os.listdir(out)) == sorted(written + ['notes.txt'])
+  assert (out / 'notes.txt').read_text() == 'an earlier run'
+  assert (out / 'rollout.png').read_bytes()[:4] == b'\x89PNG'
+  assert json.loads((out / 'inspect.json').read_text())['files'] == written
+
+
+@pytest.mark.parametrize('name,patch', [('R50+ViT-B/16', 1),
+                                        ('R50+ViT-B/32', 2)])
+def test_hybrids_have_no_pixel_filters_whatever_their_patch_size(name, patch):
+  options = dict(resnet_layers=(1, 1, 1), resnet_width=0.5, hidden_size=32,
+                 mlp_dim=64, num_heads=2, num_layers=2, patch_size=patch)
+  model = models.create(name, num_classes=5, **options)
+  shapes = jax.eval_shape(lambda: model.init(
+      jax.random.key(0), jnp.zeros((1, 64, 64, 3))))['params']
+  params = jax.tree.map(lambda s: np.ones(s.shape, np.float32), shapes)
+  assert params['embedding']['kernel'].shape[:2] == (patch, patch)
+  with pytest.raises(ValueError, match='runs on ResNet features'):
+    vi.embedding_filter_components(params)
+
+
+def test_literal_eval_ops_follow_another_image_size():
+  """A run whose input.pp_eval is an op string (and a 1-channel Hugging
+  Face model's ops) can be inspected at another size: the op that makes
+  the side is rewritten; only ops with nothing to rewrite are refused."""
+  from vit_jax import trained as trained_lib
+  follow = trained_lib.follow_size
+  assert follow(['decode(1)', 'resize(28)', 'value_range(-1,1)'], 28, 56) == [
+      'decode(1)', 'resize(56)', 'value_range(-1,1)']
+  assert follow(['decode', 'resize_small(256)', 'central_crop(224)'], 224,
+                384) == ['decode', 'resize_small(439)', 'central_crop(384)']
+  assert follow(["resize(28, 28, method='nearest')"], 28, 40) == [
+      "resize(40, 40, method='nearest')"]
+  assert follow(['decode', 'resize(30)', 'value_range(-1,1)'], 28, 40) is None
+  t = _trained(pp='decode|resize_small(32)|central_crop(28)|value_range(-1,1)')
+  at_40 = trained_lib.resized(t, 40)
+  assert (at_40.image_size, at_40.pp[1:3]) == (
+      40, ['resize_small(46)', 'central_crop(40)'])
+  t = _trained(pp='decode|resize(32)|random_crop(28)|value_range(-1,1)')
+  with pytest.raises(ValueError, match='makes 28x28 images whatever'):
+    trained_lib.resized(t, 40)
+
+
+def test_a_one_channel_hugging_face_model_at_another_image_size(tmp_path):
+  pytest.importorskip('torch')
+  transformers = pytest.importorskip('transformers')
+  from vit_jax import trained as trained_lib
+  cfg = checkpoint.hf_config('ViT-test', num_classes=5, image_size=28,
+                             num_channels=1)
+  transformers.ViTForImageClassification(cfg).save_pretrained(tmp_path / 'hf')
+  t = trained_lib.load(f'hf:{tmp_path / "hf"}', image_size=56)
+  assert (t.image_size, t.channels) == (56, 1)
+  assert t.pp == ['decode(1)', 'resize(56)', 'value_range(-1,1)']
+  pe = t.params['Transformer']['posembed_input']['pos_embedding']
+  assert pe.shape[1] == 1 + 14 * 14
+
+
+@pytest.mark.parametrize('flag', ['batch', 'rollout_images', 'layer_images',
+                                  'images'])
+def test_counts_below_one_are_refused_before_loading(flag, tmp_path):
+  with pytest.raises(ValueError, match=f'--{flag}=0: pass a whole number'):
+    report.run(str(tmp_path / 'no_such_run'), 'digits', str(tmp_path / 'o'),
+               **{flag: 0})
+  assert not (tmp_path / 'o').exists()
+
+
+def test_an_out_under_a_file_and_a_tilde_data_folder(tmp_path, monkeypatch):
+  """--out below a file fails before loading (not a NotADirectoryError
+  after); --data=~/x is expanded as --out is."""
+  (tmp_path / 'f').write_text('a file')
+  with pytest.raises(ValueError, match=r'f is a file, not a folder'):
+    report.run(str(tmp_path / 'no_such_run'), 'digits',
+               str(tmp_path / 'f' / 'o'))
+  monkeypatch.setenv('HOME', str(tmp_path))
+  (tmp_path / 'imgs').mkdir()
+  (tmp_path / 'imgs' / 'notes.txt').write_text('no images here')
+  from vit_jax.inspect import images as images_lib
+  monkeypatch.setattr(images_lib, '_from_dataset', None)  # Never reached.
+  t = _trained()
+  monkeypatch.setattr('vit_jax.trained.load', lambda *a, **k: t)
+  with pytest.raises(FileNotFoundError, match=f'no images .* under '
+                     f'{tmp_path / "imgs"}'):
+    report.run('x.npz', '~/imgs', str(tmp_path / 'o'), model='ViT-test')
+
+
+def test_cli_bad_counts_exit_1_with_the_reason_and_no_traceback(tmp_path):
+  res = _inspect(f'--init={tmp_path}', '--data=digits', '--batch=0',
+                 f'--out={tmp_path / "o"}')
+  assert res.returncode == 1
+  assert 'vit_jax.inspect: --batch=0: pass a whole number' in res.stderr
+  assert 'Traceback' not in res.stderr

@@ -180,8 +180,17 @@ def load(init: str, *, model: Optional[str] = None,
 
 def resized(trained: Trained, image_size: int) -> Trained:
   """`trained` at another input side: the eval ops' resize target and the
-  position embeddings (interpolated as fine-tuning does)."""
+  position embeddings (interpolated as fine-tuning does).
+
+  A preset spec follows the size by itself; a literal one (a run's
+  `input.pp_eval` op string, a 1-channel Hugging Face model's ops) has its
+  `resize(N)` / `central_crop(N)` that make the N-pixel output rewritten
+  to the new side (`follow_size`); one with none is refused."""
+  from vit_jax.data import preprocess
   spec = trained.pp_spec if trained.pp_spec is not None else trained.pp
+  if (preprocess.expand(spec, image_size)
+      == preprocess.expand(spec, trained.image_size)):  # Does not follow.
+    spec = follow_size(trained.pp, trained.image_size, image_size) or spec
   out = _build(trained.name, trained.options, trained.num_classes,
                image_size, spec, trained.params, trained.source,
                trained.kind, dtype=trained.dtype)
@@ -189,11 +198,57 @@ def resized(trained: Trained, image_size: int) -> Trained:
     raise TrainedModelError(
         f'image size {image_size}: the eval pre-processing of {trained.source} '
         f'({"|".join(trained.pp)}) makes {out.image_size}x{out.image_size} '
-        f'images whatever the size asked for; use {out.image_size}, or a '
-        'run whose input.pp_eval follows input.image_size (a preset name)')
+        f'images whatever the size asked for, and has no '
+        f'resize({trained.image_size}) or central_crop({trained.image_size}) '
+        f'to change; use {out.image_size}, or a run whose input.pp_eval '
+        'follows input.image_size (a preset name)')
   return dataclasses.replace(trained, image_size=out.image_size,
                              channels=out.channels, pp=out.pp,
                              params=out.params)
+
+
+_SIDE_OPS = ('resize', 'central_crop')  # (h[, w]): the output's side.
+
+
+def follow_size(ops: List[str], old: int, new: int) -> Optional[List[str]]:
+  """`ops` (literal eval ops making `old`-pixel squares) making `new`-pixel
+  ones: each `resize(old)` / `central_crop(old)` (also `(old, old)`) gets
+  `new`; a `resize(M)` or `resize_small(M)` before a rewritten
+  `central_crop` is scaled with it (M * new / old), so the crop keeps its
+  share of the image. None when there is no such op to rewrite."""
+  from vit_jax.data import preprocess
+  parsed = [preprocess.parse_op(op) for op in ops]
+
+  def side(args, kwargs):
+    h = args[0] if args else kwargs.get('h', kwargs.get('size'))
+    w = args[1] if len(args) > 1 else kwargs.get('w', h)
+    return h if h == w and isinstance(h, int) else None
+
+  def with_side(i, fn):
+    name, args, kwargs = parsed[i]
+    args = tuple(fn(a) if j < 2 and isinstance(a, int) else a
+                 for j, a in enumerate(args))
+    kwargs = {k: fn(v) if k in ('h', 'w', 'size') else v
+              for k, v in kwargs.items()}
+    return _op_string(name, args, kwargs)
+
+  hits = [i for i, (name, args, kwargs) in enumerate(parsed)
+          if name in _SIDE_OPS and side(args, kwargs) == old]
+  if not hits:
+    return None
+  out = list(ops)
+  for i in hits:
+    out[i] = with_side(i, lambda _: new)
+  crops = [i for i in hits if parsed[i][0] == 'central_crop']
+  for i in range(crops[-1] if crops else 0):
+    if i not in hits and parsed[i][0] in ('resize', 'resize_small'):
+      out[i] = with_side(i, lambda m: max(new, round(m * new / old)))
+  return out
+
+
+def _op_string(name: str, args, kwargs) -> str:
+  items = [repr(a) for a in args] + [f'{k}={v!r}' for k, v in kwargs.items()]
+  return f'{name}({", ".join(items)})' if items else name
 
 
 def reinitialised(trained: Trained, seed: int = 0) -> Trained:

@@ -8,11 +8,12 @@ rollout.png, rollout_layers.png and inspect.json (docs/inspect.md). The
 numbers come from `analysis`; the figures from `figures`.
 """
 
-from vit_jax.inspect.analysis import (attention_rollout, attention_weights,
+from vit_jax.inspect.analysis import (attention_rollout, attention_summary,
+                                      attention_weights,
                                       embedding_filter_components,
                                       mean_attention_distance,
                                       pairwise_distances, position_similarity)
 
-__all__ = ['attention_rollout', 'attention_weights',
+__all__ = ['attention_rollout', 'attention_summary', 'attention_weights',
            'embedding_filter_components', 'mean_attention_distance',
            'pairwise_distances', 'position_similarity']

@@ -37,9 +37,11 @@ def _parser() -> argparse.ArgumentParser:
                  'for the attention distances (the paper: 128)')
   p.add_argument('--image_size', type=int, help="input side; default: the "
                  "checkpoint's (others interpolate the position embeddings)")
-  p.add_argument('--out', required=True, help='output folder')
+  p.add_argument('--out', required=True, help="output folder; this run's "
+                 'files replace those of an earlier run there (other files '
+                 'are kept)')
   p.add_argument('--batch', type=int, default=32, help='images per forward '
-                 'pass')
+                 'pass (memory grows with it)')
   p.add_argument('--rollout_images', type=int, default=8,
                  help='images in rollout.png')
   p.add_argument('--layer_images', type=int, default=4,

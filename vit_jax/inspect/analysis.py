@@ -3,6 +3,8 @@
 All functions take host or device arrays and return numpy float32 arrays:
 
   * `attention_weights`: every block's softmax attention, one forward pass;
+  * `attention_summary`: a batch's distances and rollout maps, reduced on
+    the device (what the CLI uses: no full attention tensor on the host);
   * `attention_rollout`: Abnar & Zuidema's rollout (Fig 6, Fig 14);
   * `mean_attention_distance`: attention-weighted query-key distance in
     input pixels, per layer and head (Fig 7 right, Fig 11);
@@ -17,7 +19,9 @@ from __future__ import annotations
 import functools
 from typing import Optional, Sequence, Tuple
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
@@ -35,33 +39,100 @@ def attention_weights(model, params, images) -> np.ndarray:
   The same deterministic forward pass as `model.apply(..., train=False)`,
   with each block's weights computed explicitly and sown into the
   `intermediates` collection; the train and eval steps never do this.
+  The whole tensor comes to the host: `attention_summary` reduces it on
+  the device instead (what the CLI uses).
   """
+  probe = _probe(model)
+  _, state = _forward(probe, _variables(params), images)
+  return np.stack([np.asarray(w, np.float32) for w in _sown(probe, state)])
+
+
+def _probe(model):
   if not hasattr(model, 'capture_attention'):
     raise ValueError(f'{type(model).__name__} has no self-attention to '
                      'inspect (a ResNet); pass a ViT or hybrid (R50+ViT)')
-  probe = model.clone(capture_attention=True, attention_impl='explicit')
-  _, state = _forward(probe, _variables(params), images)
-  blocks = state['intermediates']['Transformer']
-  if model.scan_layers:
+  return model.clone(capture_attention=True, attention_impl='explicit')
+
+
+def _sown(probe, state, collection: str = 'intermediates',
+          path: Sequence[str] = ATTENTION):
+  """Each block's value sown at `path` in `collection` (by default the
+  attention weights, (batch, heads, T, T)), first layer first."""
+  blocks = state[collection]['Transformer']
+  if probe.scan_layers:
     node = blocks['encoderblock']
-    for key in ATTENTION:
+    for key in path:
       node = node[key]
-    stacked = node[0]  # (layers, batch, heads, tokens, tokens)
-  else:
-    per_layer = []
-    for i in range(model.num_layers):
-      node = blocks[f'encoderblock_{i}']
-      for key in ATTENTION:
-        node = node[key]
-      per_layer.append(node[0])
-    stacked = np.stack([np.asarray(w) for w in per_layer])
-  return np.asarray(stacked, np.float32)
+    return [jax.tree.map(lambda a, i=i: a[i], node[0])
+            for i in range(probe.num_layers)]
+  per_layer = []
+  for i in range(probe.num_layers):
+    node = blocks[f'encoderblock_{i}']
+    for key in path:
+      node = node[key]
+    per_layer.append(node[0])
+  return per_layer
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(model, variables, images):
   return model.apply(variables, images, train=False,
                      mutable=['intermediates'])
+
+
+# The reductions below are jnp functions of float32 weights, shared by the
+# host-array API (`attention_rollout`, `mean_attention_distance`) and the
+# on-device `attention_summary`: one definition of each number. Matmuls at
+# HIGHEST precision (no TF32 / bf16 passes on accelerators).
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _residual_normalised(w):
+  """(..., heads, T, T) -> (..., T, T): heads averaged, the identity (the
+  residual path) added, rows renormalised to sum 1."""
+  a = w.mean(axis=-3) + jnp.eye(w.shape[-1], dtype=w.dtype)
+  return a / a.sum(axis=-1, keepdims=True)
+
+
+def _per_query_distance(w, distances, lead: int):
+  """(..., T, T) weights -> (...,): the attention-weighted key distance of
+  each patch query (patch keys only, each row renormalised over them),
+  averaged over the queries. Written as fused multiply-and-sum over the
+  whole rows (leading tokens weighted 0), not a slice and a matmul, so
+  that no copy of `w` is made."""
+  tokens = w.shape[-1]
+  d = jnp.pad(distances.astype(w.dtype), ((lead, 0), (lead, 0)))
+  patch_key = (jnp.arange(tokens) >= lead).astype(w.dtype)
+  num = (w * d).sum(axis=-1)[..., lead:]
+  den = (w * patch_key).sum(axis=-1)[..., lead:]
+  return (num / jnp.maximum(den, 1e-30)).mean(axis=-1)
+
+
+def _check_weights(shape) -> None:
+  if len(shape) != 5 or shape[-1] != shape[-2]:
+    raise ValueError('weights must be (layers, batch, heads, tokens, tokens), '
+                     f'got shape {tuple(shape)}')
+
+
+def _lead(tokens: int, grid_shape) -> int:
+  """The leading (non-patch) tokens, e.g. 1 for a class token."""
+  gh, gw = (int(g) for g in grid_shape)
+  lead = tokens - gh * gw
+  if lead < 0:
+    raise ValueError(f'a {gh}x{gw} patch grid has {gh * gw} tokens but the '
+                     f'attention has only {tokens}: pass the grid of the '
+                     'images the weights were computed on')
+  return lead
+
+
+@functools.partial(jax.jit, static_argnames='per_layer')
+def _rollout(w, per_layer: bool):
+  a = _residual_normalised(w)  # (layers, batch, T, T)
+  joint, out = a[0], [a[0]]
+  for layer in a[1:]:
+    joint = jnp.matmul(layer, joint, precision=_HIGHEST)
+    out.append(joint)
+  return jnp.stack(out) if per_layer else joint
 
 
 def attention_rollout(weights, *, per_layer: bool = False) -> np.ndarray:
@@ -73,21 +144,11 @@ def attention_rollout(weights, *, per_layer: bool = False) -> np.ndarray:
 
   Returns (batch, T, T); with `per_layer`, (layers, batch, T, T): the rollout
   up to and including each layer (Fig 14). Row i says how much each input
-  token flows into output token i.
+  token flows into output token i. Computed in float32.
   """
-  w = np.asarray(weights, np.float64)
-  if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
-    raise ValueError('weights must be (layers, batch, heads, tokens, tokens), '
-                     f'got shape {w.shape}')
-  a = w.mean(axis=2) + np.eye(w.shape[-1])
-  a /= a.sum(axis=-1, keepdims=True)
-  out, joint = [], a[0]
-  out.append(joint)
-  for layer in a[1:]:
-    joint = layer @ joint
-    out.append(joint)
-  result = np.stack(out) if per_layer else joint
-  return result.astype(np.float32)
+  _check_weights(np.shape(weights))
+  return np.asarray(_rollout(jnp.asarray(weights, jnp.float32), per_layer),
+                    np.float32)
 
 
 def _patch_centres(grid_shape: Tuple[int, int],
@@ -104,6 +165,11 @@ def pairwise_distances(grid_shape: Tuple[int, int],
   return np.sqrt(((c[:, None, :] - c[None, :, :]) ** 2).sum(-1))
 
 
+@functools.partial(jax.jit, static_argnames='lead')
+def _mean_distance(w, distances, lead: int):
+  return _per_query_distance(w, distances, lead).mean(axis=1)
+
+
 def mean_attention_distance(weights, grid_shape: Sequence[int],
                             pixels_per_token: float) -> np.ndarray:
   """Attention distance in input pixels, (layers, heads).
@@ -113,24 +179,101 @@ def mean_attention_distance(weights, grid_shape: Sequence[int],
   (leading tokens such as the class token are dropped and each query's
   weights renormalised over the patch keys). Averaged over queries and
   images. The paper's "attention distance", analogous to receptive field
-  size in CNNs.
+  size in CNNs. Computed in float32.
   """
-  w = np.asarray(weights, np.float64)
+  shape = np.shape(weights)
+  _check_weights(shape)
+  lead = _lead(shape[-1], grid_shape)
+  d = pairwise_distances(tuple(int(g) for g in grid_shape), pixels_per_token)
+  return np.asarray(_mean_distance(jnp.asarray(weights, jnp.float32),
+                                   jnp.asarray(d, jnp.float32), lead),
+                    np.float32)
+
+
+def attention_summary(model, params, images, grid_shape: Sequence[int],
+                      pixels_per_token: float, *, class_token_row: bool
+                      ) -> Tuple[np.ndarray, np.ndarray]:
+  """What the figures need from a batch's attention, reduced on the device
+  in float32, so no (layers, batch, heads, T, T) tensor reaches the host:
+
+    * distance (layers, heads): `mean_attention_distance` over `images`;
+    * maps (layers, batch, grid_h, grid_w): each image's rollout up to each
+      layer (`attention_rollout(..., per_layer=True)`), read at the class
+      token's row (`class_token_row`) or as the mean of the patch tokens'
+      rows, over the patch tokens.
+
+  The maps are rows of the rollout: a row vector is multiplied through the
+  layers (vector x matrix), never the T x T products, so they cost little
+  next to the forward pass and come for every image of the batch.
+  """
+  probe = _probe(model)
   gh, gw = (int(g) for g in grid_shape)
-  n = gh * gw
-  if w.ndim != 5 or w.shape[-1] != w.shape[-2]:
-    raise ValueError('weights must be (layers, batch, heads, tokens, tokens), '
-                     f'got shape {w.shape}')
-  lead = w.shape[-1] - n
-  if lead < 0:
-    raise ValueError(f'a {gh}x{gw} patch grid has {n} tokens but the '
-                     f'attention has only {w.shape[-1]}: pass the grid of '
-                     'the images the weights were computed on')
-  w = w[..., lead:, lead:]
-  w = w / np.maximum(w.sum(-1, keepdims=True), 1e-30)
-  d = pairwise_distances((gh, gw), pixels_per_token)
-  per_query = np.einsum('lbhqk,qk->lbhq', w, d)
-  return per_query.mean(axis=(1, 3)).astype(np.float32)
+  d = jnp.asarray(pairwise_distances((gh, gw), pixels_per_token), jnp.float32)
+  distance, maps = _summary(probe, _variables(params), images, d,
+                            (gh, gw), class_token_row)
+  maps = np.asarray(maps, np.float32)
+  return (np.asarray(distance, np.float32),
+          maps.reshape(*maps.shape[:2], gh, gw))
+
+
+REDUCED = ('MultiHeadDotProductAttention_0', 'attention_summary')
+
+
+def _reduce_each_block(distances, lead: int, grid_shape):
+  """A flax method interceptor: right after each attention module has sown
+  its weights, reduce them to what `attention_summary` needs (per image:
+  the distance per head and the head-averaged rollout matrix) and sow that
+  beside them (in `intermediates`, the collection nn.scan carries). The
+  block's output waits for the reduction (an optimisation barrier), so
+  each layer's (batch, heads, T, T) weights die before the next layer's
+  exist: the peak holds one layer's, not all of them."""
+  def per_image(w):  # (heads, T, T), one image at a time: no temporaries
+    w = w.astype(jnp.float32)  # of the whole batch's size.
+    return _per_query_distance(w, distances, lead), _residual_normalised(w)
+
+  def interceptor(next_fun, args, kwargs, context):
+    out = next_fun(*args, **kwargs)
+    module = context.module
+    if (context.method_name != '__call__'
+        or not module.has_variable('intermediates', ATTENTION[-1])):
+      return out
+    weights = module.get_variable('intermediates', ATTENTION[-1])[-1]
+    if weights.shape[-1] != distances.shape[0] + lead:
+      raise ValueError(
+          f'the attention has {weights.shape[-1]} tokens, a {grid_shape[0]}x'
+          f'{grid_shape[1]} patch grid{" and a class token" * lead} make '
+          f'{distances.shape[0] + lead}: pass the grid of the images')
+    reduced = jax.lax.map(per_image, weights)
+    out, reduced = jax.lax.optimization_barrier((out, reduced))
+    module.sow('intermediates', REDUCED[-1], reduced)
+    return out
+  return interceptor
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _summary(probe, variables, images, distances, grid_shape,
+             class_token_row):
+  lead = 1 if 'cls' in variables['params'] else 0  # A class token.
+  tokens = lead + distances.shape[0]
+  with nn.intercept_methods(_reduce_each_block(distances, lead, grid_shape)):
+    _, state = probe.apply(variables, images, train=False,
+                           mutable=['intermediates'])
+  per_layer = _sown(probe, state, 'intermediates', REDUCED)
+  distance = jnp.stack([d.mean(axis=0) for d, _ in per_layer])
+  # The map up to layer l is u A_l ... A_1 (u: the class token's
+  # indicator, or the mean over the patch rows). Chain l starts at layer l;
+  # walking down the layers, every started chain takes one step (chains
+  # not started yet are zero and stay zero).
+  if class_token_row and lead:
+    u = jnp.zeros((tokens,), jnp.float32).at[0].set(1)
+  else:
+    u = jnp.zeros((tokens,), jnp.float32).at[lead:].set(1 / (tokens - lead))
+  chains = jnp.zeros((images.shape[0], len(per_layer), tokens), jnp.float32)
+  for l in reversed(range(len(per_layer))):
+    a = per_layer[l][1]  # (batch, T, T)
+    chains = jnp.einsum('bct,bts->bcs', chains.at[:, l].set(u), a,
+                        precision=_HIGHEST)
+  return distance, chains[..., lead:].transpose(1, 0, 2)
 
 
 def grid_of(params, tokens: Optional[int] = None) -> Tuple[Tuple[int, int],
@@ -188,9 +331,10 @@ def embedding_filter_components(params, k: int = 28) -> np.ndarray:
   p = _variables(params)['params']
   kernel = _get(p, ('embedding', 'kernel')).astype(np.float64)
   ph, pw, c, d = kernel.shape
-  if ph == 1 and pw == 1 and 'conv_root' in p:
-    raise ValueError('a hybrid model\'s "patch embedding" is a 1x1 '
-                     'projection of ResNet features: it has no pixel filters')
+  if 'conv_root' in p:  # Whatever its patch size.
+    raise ValueError(f'a hybrid model\'s "patch embedding" ({ph}x{pw}x{c}) '
+                     'runs on ResNet features, not on the image: it has no '
+                     'pixel filters')
   x = kernel.reshape(ph * pw * c, d).T  # (D filters, P*P*C)
   x = x - x.mean(axis=0, keepdims=True)
   _, _, vt = np.linalg.svd(x, full_matrices=False)

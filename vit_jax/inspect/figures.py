@@ -70,8 +70,7 @@ def position_similarity(sim: np.ndarray, path: str, title: str) -> str:
       mosaic[r:r + gh, c:c + gw] = sim[i, j]
   size = min(10.0, 2.0 + 0.5 * max(gh, gw))
   fig, ax = plt.subplots(figsize=(size + 1.2, size))
-  cmap = plt.get_cmap('viridis').copy()
-  cmap.set_bad('white')
+  cmap = plt.get_cmap('viridis').with_extremes(bad='white')
   im = ax.imshow(mosaic, cmap=cmap, vmin=-1, vmax=1, interpolation='nearest')
   step = gh + pad
   ax.set_yticks([i * step + (gh - 1) / 2 for i in range(gh)])

@@ -2,15 +2,18 @@
 
 `inspect_model(trained, images, out)` computes every analysis that applies
 to the model and writes its figure; what does not apply (pixel filters of a
-hybrid's 1x1 projection) is skipped with a one-line reason, recorded in
-inspect.json. Attention is computed in batches, so `--images=128` at 224 px
-(the paper's protocol) does not hold all weights in memory at once.
+hybrid, whose patch embedding runs on ResNet features) is skipped with a
+one-line reason, recorded in inspect.json. Attention is computed in batches
+and reduced on the device (`analysis.attention_summary`), so `--images=128`
+at 384 px never holds a (layers, batch, heads, T, T) tensor on the host.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from typing import Any, Dict, Sequence
 
 import numpy as np
@@ -47,15 +50,47 @@ def similarity_summary(sim: np.ndarray) -> Dict[str, float]:
 
 
 def _title(trained, what: str) -> str:
+  """`what`, then the model inspected (its options too: a smoke run's
+  shrunk ViT is not the zoo's) and where it came from."""
   where = '/'.join(trained.source.rstrip('/').split('/')[-3:])
-  return f'{what}\n{trained.name} ({where})'
+  return f'{what}\n{trained.architecture} ({where})'
 
 
 def inspect_model(trained, images: np.ndarray, names: Sequence[str],
                   out: str, *, batch: int = 32, rollout_images: int = 8,
                   layer_images: int = 4) -> Dict[str, Any]:
-  """Writes the figures and inspect.json into `out`; returns the JSON."""
+  """Writes the figures and inspect.json into `out`; returns the JSON.
+
+  The files are written into a temporary folder inside `out` and moved
+  into place at the end, after this run's known names (`FILES`) are
+  cleared from `out`: a failed run leaves the previous results as they
+  were, a finished one leaves no figure of an earlier run beside its own
+  (e.g. filters.png of a model whose filters this run skips). The names
+  written are `result['files']`."""
+  for flag, value in (('batch', batch), ('rollout_images', rollout_images),
+                      ('layer_images', layer_images)):
+    _check_count(flag, value)
   os.makedirs(out, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix='.inspect-', dir=out)
+  try:
+    result = _inspect_into(staging, trained, images, names, batch=batch,
+                           rollout_images=rollout_images,
+                           layer_images=layer_images)
+    for name in FILES:
+      path = os.path.join(out, name)
+      if os.path.isfile(path) or os.path.islink(path):
+        os.remove(path)
+    for name in result['files']:
+      os.replace(os.path.join(staging, name), os.path.join(out, name))
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  logging.info('wrote %s into %s', ', '.join(result['files']), out)
+  return result
+
+
+def _inspect_into(out: str, trained, images: np.ndarray,
+                  names: Sequence[str], *, batch: int, rollout_images: int,
+                  layer_images: int) -> Dict[str, Any]:
   model, params = trained.model('float32'), trained.params
   size = images.shape[1]
   ppt = trained.stride
@@ -67,21 +102,27 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
       position_embeddings_interpolated=(trained.native_image_size not in
                                         (None, size)),
       grid=list(grid), pixels_per_token=ppt, images=len(images),
-      image_names=list(names), skipped={})
+      image_names=list(names), skipped={}, files=[])
+  written = result['files']
   classifier = getattr(model, 'classifier', 'token')
 
   # Fig 7 (left): embedding filters.
   try:
     comps = analysis.embedding_filter_components(params)
-    figures.filters(comps, os.path.join(out, 'filters.png'), _title(
-        trained, f'Top-{len(comps)} principal components of the '
-        'patch-embedding filters'))
     kernel = np.asarray(params['embedding']['kernel'], np.float64)
     x = kernel.reshape(-1, kernel.shape[-1]).T
     sv = np.linalg.svd(x - x.mean(0), compute_uv=False) ** 2
     result['filters'] = dict(
         components=len(comps), shape=list(comps.shape[1:]),
         explained_variance=[float(v) for v in sv[:len(comps)] / sv.sum()])
+    if comps.shape[-1] not in (1, 3):
+      raise ValueError(f'{comps.shape[-1]}-channel filters cannot be drawn '
+                       'as RGB or grey patches (their numbers are in '
+                       'inspect.json)')
+    figures.filters(comps, os.path.join(out, 'filters.png'), _title(
+        trained, f'Top-{len(comps)} principal components of the '
+        'patch-embedding filters'))
+    written.append('filters.png')
   except ValueError as e:
     _skip(result, 'filters.png', str(e))
 
@@ -90,23 +131,28 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
   figures.position_similarity(
       sim, os.path.join(out, 'position_similarity.png'),
       _title(trained, 'Position embedding similarity (cosine)'))
+  written.append('position_similarity.png')
   result['position_similarity'] = similarity_summary(sim)
 
-  # Attention, batch by batch: distances over all images, rollout for some.
-  layers = model.num_layers
-  total = np.zeros((layers, model.num_heads))
+  # Attention, batch by batch, reduced on the device: distances over all
+  # images, rollout maps kept for the images drawn.
+  token_row = classifier == 'token'  # 'gap' models have no class token.
+  total = np.zeros((model.num_layers, model.num_heads))
+  drawn = max(rollout_images, layer_images)
   roll = []
   for start in range(0, len(images), batch):
     x = images[start:start + batch]
-    w = analysis.attention_weights(model, params, x)
-    total += analysis.mean_attention_distance(w, grid, ppt) * len(x)
-    if start < max(rollout_images, layer_images):
-      roll.append(analysis.attention_rollout(w, per_layer=True))
+    distance, maps = analysis.attention_summary(
+        model, params, x, grid, ppt, class_token_row=token_row)
+    total += distance * len(x)
+    if start < drawn:
+      roll.append(maps[:, :drawn - start])
   distance = total / len(images)
   figures.attention_distance(
       distance, os.path.join(out, 'attention_distance.png'),
       _title(trained, f'Mean attention distance ({len(images)} images)'),
       image_size=size)
+  written.append('attention_distance.png')
   result['attention_distance'] = dict(
       per_layer_per_head=distance.round(3).tolist(),
       mean_per_layer=distance.mean(1).round(3).tolist(),
@@ -114,10 +160,8 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
       max_per_layer=distance.max(1).round(3).tolist(),
       uniform_attention=float(analysis.pairwise_distances(grid, ppt).mean()))
 
-  per_layer = np.concatenate(roll, axis=1)  # (layers, n, T, T)
-  lead = per_layer.shape[-1] - grid[0] * grid[1]
-  maps = _rollout_maps(per_layer, lead, grid, classifier)
-  how = ('class-token row' if classifier == 'token' and lead else
+  maps = np.concatenate(roll, axis=1)  # (layers, n, grid_h, grid_w)
+  how = ('class-token row' if token_row else
          'mean over all tokens\' rows (no class token)')
   n = min(rollout_images, len(images))
   figures.rollout(images[:n], maps[-1, :n],
@@ -127,28 +171,17 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
   figures.rollout_layers(
       images[:k], maps[:, :k], os.path.join(out, 'rollout_layers.png'),
       _title(trained, f'Attention rollout after each layer: {how}'),
-      [f'Layer {l + 1}' for l in range(layers)])
+      [f'Layer {l + 1}' for l in range(model.num_layers)])
+  written.extend(['rollout.png', 'rollout_layers.png'])
   result['rollout'] = dict(
       method=how, images=list(names[:n]),
       maps=maps[-1, :n].round(5).tolist(),
       per_layer_images=list(names[:k]))
 
+  written.append('inspect.json')
   with open(os.path.join(out, 'inspect.json'), 'w') as f:
     json.dump(result, f, indent=1)
-  logging.info('wrote %s', ', '.join(
-      name for name in FILES if os.path.exists(os.path.join(out, name))))
   return result
-
-
-def _rollout_maps(per_layer: np.ndarray, lead: int, grid, classifier: str
-                  ) -> np.ndarray:
-  """(layers, n, grid_h, grid_w) maps: the class token's row over the patch
-  tokens, or (no class token) the mean of all rows."""
-  if classifier == 'token' and lead:
-    rows = per_layer[:, :, 0, lead:]
-  else:
-    rows = per_layer[:, :, lead:, lead:].mean(axis=2)
-  return rows.reshape(*rows.shape[:2], *grid)
 
 
 def _skip(result: Dict[str, Any], name: str, reason: str) -> None:
@@ -170,7 +203,15 @@ def run(init: str, data: str, out: str, *, model: str = None,
   a dataset named by `data` is (as `input.data_dir`)."""
   from vit_jax import outputs, trained as trained_lib
   from vit_jax.inspect import images as images_lib
-  out = outputs.directory(out, '--out', remote=False)  # Before any work.
+  # Every flag checked before any work (loading a checkpoint takes seconds
+  # to minutes; the counts would only fail after all the computing).
+  for flag, value in (('images', images), ('batch', batch),
+                      ('rollout_images', rollout_images),
+                      ('layer_images', layer_images)):
+    _check_count(flag, value)
+  out = _output_folder(outputs.directory(out, '--out', remote=False))
+  data = os.path.expanduser(data)  # --data=~/photos reaches us unexpanded.
+  data_dir = os.path.expanduser(data_dir) if data_dir else data_dir
   trained = trained_lib.load(init, model=model, image_size=image_size,
                              require_head=False, ema=False if raw else None)
   if random_init:
@@ -181,10 +222,31 @@ def run(init: str, data: str, out: str, *, model: str = None,
                          rollout_images=rollout_images,
                          layer_images=layer_images)
   d = result['attention_distance']['mean_per_layer']
-  print(f'{trained.name} from {trained.source}: {len(x)} images at '
-        f'{trained.image_size}px; mean attention distance per layer (px): '
-        f'{", ".join(f"{v:.1f}" for v in d)}; wrote {out}')
+  print(f'{trained.architecture} from {trained.source}: {len(x)} images '
+        f'at {trained.image_size}px; mean attention distance per layer (px): '
+        f'{", ".join(f"{v:.1f}" for v in d)}; wrote '
+        f'{", ".join(result["files"])} into {out}')
   return result
+
+
+def _check_count(flag: str, value: int) -> None:
+  if not isinstance(value, (int, np.integer)) or value < 1:
+    raise ValueError(f'--{flag}={value}: pass a whole number of at least 1')
+
+
+def _output_folder(out: str) -> str:
+  """`out`, or a clear error now if it can never be created: a file where
+  one of its parent folders should be, or a read-only parent."""
+  parent = os.path.abspath(out)
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent):
+    raise ValueError(f'--out={out}: {parent} is a file, not a folder; pass '
+                     'a folder path under a folder')
+  if not os.access(parent, os.W_OK | os.X_OK):
+    raise ValueError(f'--out={out}: {parent} is not writable; pass a folder '
+                     'you can write to')
+  return out
 
 
 def check_inputs(trained, images: np.ndarray) -> None:
