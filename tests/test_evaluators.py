@@ -138,6 +138,23 @@ def test_fewshot_on_digits_with_random_features(digits_model):
   assert out['fewshot/digits/10shot'] > 0.2
 
 
+def test_fewshot_of_a_non_square_model():
+  """A 16x24 model: the few-shot images are resized to 16x24 too (a square
+  resize gave the position embeddings another token count)."""
+  model = models.create('ViT-test', num_classes=10)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 24, 3)))['params']
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('digits',), shots=(1,), seeds=1, pool_per_class=2,
+      batch_size=100))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
+  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=(16, 24))
+  with jax.set_mesh(mesh):
+    out = ev.run(jax.device_put(params, sh))
+  assert 0 <= out['fewshot/digits/1shot'] <= 1
+
+
 def test_fewshot_split_expressions_and_too_few_examples(digits_model, caplog):
   """`NAME:TRAIN:TEST` takes split expressions with colons; a class with
   fewer examples than the largest shot count (found when the split is read,
@@ -507,7 +524,7 @@ def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
   config, model, params, mesh, sh = _digits_run(
       digits_model, conf=dict(type='test_mean_confidence', batches=2,
                               every=5))
-  built = evaluators.build(config, model, mesh, sh, 16)
+  built = evaluators.build(config, model, mesh, sh, (16, 16, 3))
   assert [type(e).__name__ for e in built] == ['Classification',
                                                'MeanConfidence']
   assert built[1].due(5, 100) and not built[1].due(6, 100)
@@ -526,7 +543,7 @@ def test_a_classification_eval_with_more_classes_than_the_head_is_refused():
   config, _, _, mesh, sh = _digits_run(
       (model, params), other=dict(type='classification', data='digits'))
   with pytest.raises(LabelRangeError, match=r'\(digits\).*num_classes=3'):
-    evaluators.build(config, model, mesh, sh, 16)
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
 
 
 def test_evaluator_types_say_what_is_known(digits_model):
@@ -534,10 +551,10 @@ def test_evaluator_types_say_what_is_known(digits_model):
                                            x=dict(type='fewshoot'))
   with pytest.raises(ValueError, match="Did you mean fewshot.*Known types: "
                      'classification, fewshot'):
-    evaluators.build(config, model, mesh, sh, 16)
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
   config.evals.x = dict(kind='fewshot')
   with pytest.raises(ValueError, match='now called type'):
-    evaluators.build(config, model, mesh, sh, 16)
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
 
 
 def test_an_mpp_evaluation_with_other_settings_is_not_the_runs(tmp_path):

@@ -214,13 +214,15 @@ def test_fine_tune_from_earlier_run_at_new_resolution(reference_run, tmp_path):
 
 def test_fine_tune_at_a_non_square_size(reference_run, tmp_path):
   """16x16 -> 16x24 images: the 4x4 grid's position embeddings are resized
-  to 4x6 (25 rows with the class token, which is no 5x5 grid)."""
+  to 4x6 (25 rows with the class token, which is no 5x5 grid); few-shot
+  evaluates at 16x24 too."""
   ref_dir, _ = reference_run
   config = tmp_path / 'non_square.py'
   config.write_text(
       'from configs import smoke\n'
       'def get_config(arg=None):\n'
-      '  c = smoke.get_config("data=digits,steps=2,batch=32")\n'
+      '  c = smoke.get_config("data=digits,steps=2,batch=32,"\n'
+      '                       "fewshot=digits")\n'
       '  c.input.image_size = None  # The op strings give the size.\n'
       '  c.input.pp_train = c.input.pp_eval = (\n'
       '      "decode|resize(16,24)|value_range(-1,1)")\n'
@@ -243,6 +245,9 @@ def test_fine_tune_at_a_non_square_size(reference_run, tmp_path):
   np.testing.assert_allclose(pe(tuned)[0, 1:].reshape(4, 6, 32), want,
                              atol=1e-4)
   np.testing.assert_allclose(pe(tuned)[0, 0], pe(ref)[0, 0], atol=1e-4)
+  # Few-shot evaluated the 16x24 model on 16x24 images.
+  summary = json.loads((tmp_path / 'ft' / 'summary.json').read_text())
+  assert 0 <= summary['fewshot/digits/1shot'] <= 1
 
 
 def test_missing_init_is_a_clear_error(tmp_path):

@@ -29,12 +29,15 @@ from vit_jax.ema_modes import EMA_MODES, RAW_PREFIX
 
 
 def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
-          image_size: int) -> List[Evaluator]:
+          image_shape) -> List[Evaluator]:
   """The run's evaluators: top-1 on input.eval_split (for
   `objective='mpp'`: the masked-patch-prediction loss and accuracy there,
-  labels unread), then config.evals."""
+  labels unread), then config.evals. `image_shape`: the model's input
+  (height, width, ...)."""
+  h, w = image_shape[:2]
   context = Context(config=config, model=model, mesh=mesh,
-                    params_sharding=params_sharding, image_size=image_size)
+                    params_sharding=params_sharding,
+                    image_size=h if h == w else (h, w))
   first = (MaskedPatchEval if config.get('objective', 'supervised') == 'mpp'
            else Classification)
   out: List[Evaluator] = [first('eval', ml_collections.ConfigDict(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import difflib
-from typing import Any, Callable, Dict, Type
+from typing import Any, Callable, Dict, Tuple, Type, Union
 
 import jax
 import ml_collections
@@ -39,13 +39,14 @@ class Context:
     model: the flax model.
     mesh: the device mesh.
     params_sharding: the shardings of the parameter tree `run` receives.
-    image_size: the model's input side.
+    image_size: the model's input side, or (height, width) for
+      non-square inputs.
   """
   config: ml_collections.ConfigDict
   model: Any
   mesh: Any
   params_sharding: Any
-  image_size: int
+  image_size: Union[int, Tuple[int, int]]
 
 
 class Evaluator(abc.ABC):

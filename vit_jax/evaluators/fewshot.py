@@ -90,7 +90,7 @@ class FewShot(base.Evaluator):
   `datasets` (registry names, or `name:train_split:test_split`), `shots`,
   `seeds`, `l2_reg` (None or absent: `L2_REG`),
   `pool_per_class`, `pp` (pre-processing; `{size}` is replaced with the
-  model's input size), `batch_size` (default `input.eval_batch_size`),
+  model's input size, `H, W` for a non-square one), `batch_size` (default `input.eval_batch_size`),
   `every`, `data_dir` (None: `input.data_dir`, the run's).
   Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`.
   """
@@ -116,10 +116,17 @@ class FewShot(base.Evaluator):
     batch = int(cfg.get('batch_size', input_config.eval_batch_size))
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
+    # A non-square model input: `{size}` is 'H, W' (resize(H, W)); the
+    # input's image_size, a square side, stays unset.
+    size = (image_size if isinstance(image_size, int)
+            else tuple(image_size) if image_size[0] != image_size[1]
+            else image_size[0])
     self._input = ml_collections.ConfigDict(dict(
         data='',
         data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
-        image_size=image_size, pp_eval=pp.format(size=image_size),
+        image_size=size if isinstance(size, int) else None,
+        pp_eval=pp.format(size=size if isinstance(size, int)
+                          else f'{size[0]}, {size[1]}'),
         eval_batch_size=batch, batch_size=batch))
     self._classes: Dict[str, int] = {}
     for data, train_split, test_split in self._datasets:  # Fail early.

@@ -117,7 +117,7 @@ def _evaluate(config: ml_collections.ConfigDict,
   params, averages, params_sh = _load(config, source, model, image_shape,
                                       mesh, ema=mode != 'raw')
   logging.info('evaluating %s at %s', source, image_shape)
-  evals = evaluators.build(config, model, mesh, params_sh, image_shape[0])
+  evals = evaluators.build(config, model, mesh, params_sh, image_shape)
   with jax.set_mesh(mesh):
     metrics = evaluators.run_with_ema(evals, params, averages, mode)
   last = source.rstrip('/').rsplit('/', 1)[-1]

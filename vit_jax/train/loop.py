@@ -214,7 +214,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
                                         config, label_ndim)
   evals = evaluators.build(config, model, mesh, state_sh.params,
-                           image_shape[0])
+                           image_shape)
   fwd = (accounting.module_forward_flops(model, image_shape) if mpp else
          accounting.forward_flops(config.model.name, image_shape[:2],
                                   num_classes, **_overrides(config)))
