@@ -27,6 +27,23 @@ def _fewshot(cfg, inp, model, mesh, sh, image_size):
       mesh=mesh, params_sharding=sh, image_size=image_size))
 
 
+def _fewshot_on(model, params, image_size, *, input_data_dir=None,
+                **section):
+  """(evaluator, run) of a few-shot `section` (its batch_size is also the
+  input's eval batch size) on one device; `run()` evaluates `params`."""
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=section['batch_size'],
+                                       data_dir=input_data_dir))
+  ev = _fewshot(ml_collections.ConfigDict(section), inp, model, mesh, sh,
+                image_size)
+
+  def run():
+    with jax.set_mesh(mesh):
+      return ev.run(jax.device_put(params, sh))
+  return ev, run
+
+
 def _big_vision_ridge(x, y, xt, k, l2):
   """big_vision's fewshot_lsr written out: features standardised with the
   training set's mean and std (+1e-5), a constant bias feature of 100,
@@ -122,16 +139,10 @@ def digits_model():
 
 
 def test_fewshot_on_digits_with_random_features(digits_model):
-  model, params = digits_model
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  cfg = ml_collections.ConfigDict(dict(
-      datasets=('digits',), shots=(1, 5, 10), seeds=2, pool_per_class=20,
-      batch_size=100))
-  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
-  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
-  with jax.set_mesh(mesh):
-    out = ev.run(jax.device_put(params, sh))
+  _, run = _fewshot_on(*digits_model, 16, datasets=('digits',),
+                       shots=(1, 5, 10), seeds=2, pool_per_class=20,
+                       batch_size=100)
+  out = run()
   assert set(out) == {f'fewshot/digits/{k}shot{s}' for k in (1, 5, 10)
                       for s in ('', '_std')}
   # Even a random ViT-test's features are well above chance (10%).
@@ -143,15 +154,9 @@ def test_fewshot_of_a_non_square_model():
   resize gave the position embeddings another token count)."""
   model = models.create('ViT-test', num_classes=10)
   params = model.init(jax.random.key(0), jnp.zeros((1, 16, 24, 3)))['params']
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  cfg = ml_collections.ConfigDict(dict(
-      datasets=('digits',), shots=(1,), seeds=1, pool_per_class=2,
-      batch_size=100))
-  inp = ml_collections.ConfigDict(dict(eval_batch_size=100, data_dir=None))
-  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=(16, 24))
-  with jax.set_mesh(mesh):
-    out = ev.run(jax.device_put(params, sh))
+  _, run = _fewshot_on(model, params, (16, 24), datasets=('digits',),
+                       shots=(1,), seeds=1, pool_per_class=2, batch_size=100)
+  out = run()
   assert 0 <= out['fewshot/digits/1shot'] <= 1
 
 
@@ -159,16 +164,12 @@ def test_fewshot_split_expressions_and_too_few_examples(digits_model, caplog):
   """`NAME:TRAIN:TEST` takes split expressions with colons; a class with
   fewer examples than the largest shot count (found when the split is read,
   at evaluation) costs only those shot counts, logged, not the run."""
-  model, params = digits_model
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  cfg = ml_collections.ConfigDict(dict(
-      datasets=('digits:train[:50]:test[:60]',), shots=(1, 2, 20), seeds=1,
-      pool_per_class=20, batch_size=60))
-  inp = ml_collections.ConfigDict(dict(eval_batch_size=60, data_dir=None))
-  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
-  with jax.set_mesh(mesh), caplog.at_level('ERROR'):
-    out = ev.run(jax.device_put(params, sh))
+  _, run = _fewshot_on(*digits_model, 16,
+                       datasets=('digits:train[:50]:test[:60]',),
+                       shots=(1, 2, 20), seeds=1, pool_per_class=20,
+                       batch_size=60)
+  with caplog.at_level('ERROR'):
+    out = run()
   assert sorted(k for k in out if not k.endswith('_std')) == [
       'fewshot/digits/1shot', 'fewshot/digits/2shot']
   assert "no 20-shot result; lower evals.fewshot.shots" in caplog.text
@@ -186,16 +187,10 @@ def test_fewshot_on_a_folder_dataset(digits_model, tmp_path):
                                                       exist_ok=True)
         Image.fromarray((d.images[i] * 255 / 16).astype(np.uint8)).save(
             tmp_path / split / f'c{d.target[i]}' / f'{i}.png')
-  model, params = digits_model
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  cfg = ml_collections.ConfigDict(dict(
-      datasets=('folder:train:test',), shots=(1, 5), seeds=1,
-      pool_per_class=5, batch_size=20, data_dir=str(tmp_path)))
-  inp = ml_collections.ConfigDict(dict(eval_batch_size=20, data_dir=None))
-  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
-  with jax.set_mesh(mesh):
-    out = ev.run(jax.device_put(params, sh))
+  _, run = _fewshot_on(*digits_model, 16, datasets=('folder:train:test',),
+                       shots=(1, 5), seeds=1, pool_per_class=5,
+                       batch_size=20, data_dir=str(tmp_path))
+  out = run()
   assert sorted(out) == ['fewshot/folder/1shot', 'fewshot/folder/1shot_std',
                          'fewshot/folder/5shot', 'fewshot/folder/5shot_std']
   assert 0 <= out['fewshot/folder/5shot'] <= 1
@@ -207,14 +202,8 @@ def test_fewshot_pool_is_read_in_split_order_on_any_process_count(
   hold the split's examples in order on 1 or n processes: with contiguous
   per-process parts it was drawn from the start of each part, and the same
   checkpoint scored differently on 1 and 4 hosts."""
-  model, params = digits_model
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  cfg = ml_collections.ConfigDict(dict(
-      datasets=('digits',), shots=(1,), seeds=1, pool_per_class=5,
-      batch_size=40))
-  inp = ml_collections.ConfigDict(dict(eval_batch_size=40, data_dir=None))
-  ev = _fewshot(cfg, inp, model, mesh, sh, image_size=16)
+  ev, _ = _fewshot_on(*digits_model, 16, datasets=('digits',), shots=(1,),
+                      seeds=1, pool_per_class=5, batch_size=40)
   one = [b['label'] for b in ev._batches('digits', 'train', ordered=True)]
   for n in (2, 4):
     parts = []
@@ -231,22 +220,17 @@ def test_fewshot_pool_is_read_in_split_order_on_any_process_count(
 def test_fewshot_missing_dataset_names_its_data_dir(digits_model, tmp_path):
   """A few-shot dataset that is not where it is looked for names the
   config field that says where (`evals.<name>.data_dir`)."""
-  model, params = digits_model
-  mesh = shd.make_mesh()
-  sh = shd.param_shardings(params, mesh)
-  cfg = ml_collections.ConfigDict(dict(
-      datasets=('folder:train:test',), shots=(1,), seeds=1,
-      pool_per_class=5, batch_size=20))
-  inp = ml_collections.ConfigDict(dict(eval_batch_size=20,
-                                       data_dir=str(tmp_path / 'nowhere')))
+  section = dict(datasets=('folder:train:test',), shots=(1,), seeds=1,
+                 pool_per_class=5, batch_size=20)
+  nowhere = str(tmp_path / 'nowhere')
   with pytest.raises(DatasetNotPreparedError,
                      match=r"evals\.fewshot.*input\.data_dir.*nowhere.*"
                            r"--config\.evals\.fewshot\.data_dir"):
-    _fewshot(cfg, inp, model, mesh, sh, image_size=16)
-  cfg.data_dir = str(tmp_path / 'elsewhere')
+    _fewshot_on(*digits_model, 16, input_data_dir=nowhere, **section)
   with pytest.raises(DatasetNotPreparedError,
                      match=r"evals\.fewshot\.data_dir=.*elsewhere"):
-    _fewshot(cfg, inp, model, mesh, sh, image_size=16)
+    _fewshot_on(*digits_model, 16, input_data_dir=nowhere,
+                data_dir=str(tmp_path / 'elsewhere'), **section)
 
 
 class _Pixels(nn.Module):
