@@ -226,6 +226,27 @@ def test_formats_refuse_models_they_cannot_express(trained, tmp_path):
   assert 'class token' in hf_format.not_expressible(gap)
 
 
+def test_a_mixer_exports_to_onnx_and_stablehlo(tmp_path):
+  """MLP-Mixer (no attention, no standardised convolutions): ONNX and
+  StableHLO verify against JAX; Hugging Face has no class for it."""
+  _needs('onnx')
+  import jax.numpy as jnp
+  from vit_jax import models
+  options = dict(hidden_dim=32, num_blocks=2, tokens_mlp_dim=16,
+                 channels_mlp_dim=64)
+  model = models.create('Mixer-S/16', num_classes=10, **options)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))['params']
+  params = jax.tree.map(lambda p: p + 0.1 * jax.random.normal(
+      jax.random.key(1), p.shape), params)  # A non-zero head.
+  mixer = trained_lib._build('Mixer-S/16', options, 10, 32,
+                             'decode|resize(32)|value_range(-1,1)', params,
+                             'test', 'npz')
+  for fmt in ('onnx', 'stablehlo'):
+    manifest = export.export_model(mixer, fmt, str(tmp_path / fmt))
+    assert manifest['verification']['max_abs_diff'] <= TOL, fmt
+  assert 'Mixer model' in hf_format.not_expressible(mixer)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['BiT-R50x1', 'R50+ViT-B/16'])
 def test_resnet_families_export_to_savedmodel_and_stablehlo(name, tmp_path):

@@ -542,3 +542,62 @@ def test_root_block_only_hybrid():
   assert params['embedding']['kernel'].shape == (8, 8, 64, 192)
   assert params['Transformer']['posembed_input'][
       'pos_embedding'].shape == (1, 5, 192)
+
+
+def test_mixer_matches_the_papers_parameter_counts():
+  """MLP-Mixer (Tolstikhin et al. 2021, Table 1): S/32 19M, S/16 18M, B/32
+  60M, B/16 59M, L/32 206M, L/16 207M; the public checkpoints' names."""
+  from vit_jax import accounting
+  counts = {name: accounting.param_count(name) / 1e6 for name in (
+      'Mixer-S/32', 'Mixer-S/16', 'Mixer-B/32', 'Mixer-B/16', 'Mixer-L/32',
+      'Mixer-L/16')}
+  assert [round(c) for c in counts.values()] == [19, 19, 60, 60, 207, 208]
+  model = models.create('Mixer-B/16', num_classes=10)
+  params = jax.eval_shape(lambda: _init(model, (1, 224, 224, 3)))
+  block = params['MixerBlock_11']
+  assert params['stem']['kernel'].shape == (16, 16, 3, 768)
+  assert block['token_mixing']['Dense_0']['kernel'].shape == (196, 384)
+  assert block['channel_mixing']['Dense_1']['kernel'].shape == (3072, 768)
+  assert set(block) == {'LayerNorm_0', 'token_mixing', 'LayerNorm_1',
+                        'channel_mixing'}
+  assert {'pre_head_layer_norm', 'head'} <= set(params)
+
+
+def test_mixer_matches_timm():
+  """Our Mixer computes timm's `MlpMixer` (an independent implementation,
+  with the reference's tanh GELU) from the same weights."""
+  torch = pytest.importorskip('torch')
+  mlp_mixer = pytest.importorskip('timm.models.mlp_mixer')
+  import functools
+  model = models.create('Mixer-S/16', num_classes=10, hidden_dim=32,
+                        num_blocks=2, tokens_mlp_dim=16, channels_mlp_dim=128)
+  params = _init(model, (1, 64, 64, 3))
+  rng = np.random.RandomState(0)
+  params = jax.tree.map(lambda p: p + 0.1 * rng.normal(size=p.shape), params)
+  ref = mlp_mixer.MlpMixer(
+      num_classes=10, img_size=64, patch_size=16, num_blocks=2, embed_dim=32,
+      mlp_ratio=(0.5, 4.0),
+      act_layer=functools.partial(torch.nn.GELU, approximate='tanh')).eval()
+  t = lambda a: torch.from_numpy(np.asarray(a, np.float32))
+  state = {'stem.proj.weight': t(params['stem']['kernel']).permute(3, 2, 0, 1),
+           'stem.proj.bias': t(params['stem']['bias']),
+           'norm.weight': t(params['pre_head_layer_norm']['scale']),
+           'norm.bias': t(params['pre_head_layer_norm']['bias']),
+           'head.weight': t(params['head']['kernel']).T,
+           'head.bias': t(params['head']['bias'])}
+  for i in range(2):
+    b = params[f'MixerBlock_{i}']
+    for norm, ln in (('norm1', 'LayerNorm_0'), ('norm2', 'LayerNorm_1')):
+      state[f'blocks.{i}.{norm}.weight'] = t(b[ln]['scale'])
+      state[f'blocks.{i}.{norm}.bias'] = t(b[ln]['bias'])
+    for mlp, ours in (('mlp_tokens', 'token_mixing'),
+                      ('mlp_channels', 'channel_mixing')):
+      for fc, dense in (('fc1', 'Dense_0'), ('fc2', 'Dense_1')):
+        state[f'blocks.{i}.{mlp}.{fc}.weight'] = t(b[ours][dense]['kernel']).T
+        state[f'blocks.{i}.{mlp}.{fc}.bias'] = t(b[ours][dense]['bias'])
+  ref.load_state_dict(state)
+  x = rng.uniform(-1, 1, (2, 64, 64, 3)).astype(np.float32)
+  with torch.no_grad():
+    want = ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+  got = np.asarray(model.apply({'params': params}, x))
+  np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

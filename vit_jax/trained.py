@@ -454,7 +454,7 @@ def _zoo_name(cfg) -> str:
   for name in models.names():
     kw = models.options(name)
     if (models.spec(name)['cls'] is models.VisionTransformer
-        and not kw.get('resnet_layers')
+        and kw.get('resnet_layers') is None
         and kw.get('hidden_size') == cfg.hidden_size
         and kw.get('num_layers') == cfg.num_hidden_layers
         and kw.get('num_heads') == cfg.num_attention_heads

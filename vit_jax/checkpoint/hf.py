@@ -69,7 +69,8 @@ def installed_naming() -> str:
 def _vit_spec(name: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
   kw = models.spec(name)
   kw.update(overrides)
-  if kw['cls'] is not models.VisionTransformer or kw.get('resnet_layers') \
+  if kw['cls'] is not models.VisionTransformer or kw.get(
+      'resnet_layers') is not None \
       or kw.get('representation_size') or kw.get('classifier',
                                                     'token') != 'token':
     raise ValueError(

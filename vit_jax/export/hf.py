@@ -27,11 +27,14 @@ from vit_jax.export.registry import Format, register
 def not_expressible(trained) -> str:
   """Why `trained` has no ViTForImageClassification form ('' if it has)."""
   kw = models.options(trained.name, **trained.options)
-  if models.spec(trained.name)['cls'] is not models.VisionTransformer:
+  if models.spec(trained.name)['cls'] is models.BiT:
     return (f'{trained.name} is a {trained.family} ResNet: transformers\' '
             'ViTForImageClassification has no convolutional trunk (and its '
             'BiT port uses other layer names and padding)')
-  if kw.get('resnet_layers'):
+  if models.spec(trained.name)['cls'] is not models.VisionTransformer:
+    return (f'{trained.name} is a {trained.family} model: transformers has '
+            'no ViTForImageClassification (or other) counterpart of it')
+  if kw.get('resnet_layers') is not None:
     return (f'{trained.name} is a hybrid: its ResNet stem (GroupNorm, '
             'weight standardisation) has no ViTForImageClassification '
             'counterpart')

@@ -32,8 +32,8 @@ OPSET = 21  # Runs on onnxruntime >= 1.20.
 def not_convertible(trained) -> str:
   """Why jax2onnx cannot convert `trained` correctly ('' if it can)."""
   kw = models.options(trained.name, **trained.options)
-  if (models.spec(trained.name)['cls'] is not models.VisionTransformer
-      or kw.get('resnet_layers')):
+  if (models.spec(trained.name)['cls'] is models.BiT
+      or kw.get('resnet_layers') is not None):
     return (f'{trained.architecture} has weight-standardised ResNet '
             'convolutions, and jax2onnx 0.13 converts flax Conv layers from '
             'their raw kernel, dropping the standardisation (its logits were '
@@ -51,7 +51,9 @@ def export(trained, out: str, options):
   # jax2onnx converts primitive by primitive and has none for the
   # `lax.platform_dependent` switch through which "xla" attention picks its
   # CPU form; "explicit" attention is the same computation in plain ops.
-  fn = trained.apply_fn(options.dtype, attention_impl='explicit')
+  attention = ({'attention_impl': 'explicit'} if 'attention_impl' in
+               models.spec(trained.name)['cls'].__dataclass_fields__ else {})
+  fn = trained.apply_fn(options.dtype, **attention)
   params = trained.params
   batch = 'B' if options.batch is None else options.batch
   # jax2onnx imports all its plugins (some fail on this JAX, e.g. dm_pix's,

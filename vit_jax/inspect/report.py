@@ -254,7 +254,8 @@ def check_inputs(trained, images: np.ndarray) -> None:
   whose size does not cut into the model's patches."""
   if not hasattr(trained.model(), 'capture_attention'):
     raise ValueError(f'{trained.name} has no self-attention to inspect (a '
-                     'ResNet); pass a ViT or hybrid (R50+ViT)')
+                     f'{trained.family} model); pass a ViT or hybrid '
+                     '(R50+ViT)')
   size, ppt = images.shape[1], trained.stride
   if size % ppt:
     raise ValueError(f'--image_size={size} does not cut into the model\'s '

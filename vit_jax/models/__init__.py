@@ -16,8 +16,8 @@ from __future__ import annotations
 import flax.linen as nn
 import jax.numpy as jnp
 
-# Registration order is the zoo's order: ViT, hybrids, BiT.
-from vit_jax.models import vit, hybrid, bit  # noqa: F401 (registration)
+# Registration order is the zoo's order: ViT, hybrids, BiT, Mixer.
+from vit_jax.models import vit, hybrid, bit, mixer  # noqa: F401 (registration)
 from vit_jax.models import attention
 from vit_jax.models.bit import BiT
 from vit_jax.models.inputs import patch_grid
