@@ -131,6 +131,24 @@ def test_real_accuracy_uses_label_sets_and_skips_empty(rng):
   assert out['real_count'] == 3 and out['real_correct'] == 2
 
 
+def test_eval_loss_is_the_runs_loss(rng):
+  """A sigmoid-trained run (i21k, JFT) reports the sigmoid loss in eval
+  too, comparable with its train loss; padding rows count for nothing."""
+  model = _Fixed()
+  images = rng.randn(3, 4, 4, 1).astype(np.float32)
+  labels = np.array([2, 0, 1])
+  batch = jax.tree.map(jnp.asarray, {
+      'image': images, 'label': labels, 'mask': np.array([1, 1, 0], bool)})
+  logits = images[:2, 0, :4, 0].astype(np.float64)
+  onehot = np.eye(4)[labels[:2]]
+  sigmoid = (np.logaddexp(0, logits) - onehot * logits).sum()
+  softmax = (np.log(np.exp(logits).sum(-1)) - (onehot * logits).sum(-1)).sum()
+  for loss, want in (('sigmoid', sigmoid), ('softmax', softmax)):
+    out = classification.batch_sums({'unused': jnp.zeros(1)}, batch,
+                                    model=model, loss=loss)
+    assert float(out['loss']) == pytest.approx(want, rel=1e-5), loss
+
+
 @pytest.fixture(scope='module')
 def digits_model():
   model = models.create('ViT-test', num_classes=10)

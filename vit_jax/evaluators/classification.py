@@ -16,23 +16,27 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
+from vit_jax import losses
 from vit_jax.data import pipeline, registry
 from vit_jax.evaluators import base
 from vit_jax import sharding as shd
 
 
 def batch_sums(params: Any, batch: Dict[str, jax.Array], *,
-               model: nn.Module) -> Dict[str, jax.Array]:
-  """Sums over the real (mask=True) rows of one padded eval batch."""
+               model: nn.Module, loss: str = 'softmax'
+               ) -> Dict[str, jax.Array]:
+  """Sums over the real (mask=True) rows of one padded eval batch; `loss`
+  is the run's (`config.loss`), so that eval and train losses compare."""
   with nn.logical_axis_rules(shd.ACTIVATION_RULES):
     logits = model.apply({'params': params}, batch['image'], train=False)
   mask = batch['mask'].astype(jnp.float32)
   labels = batch['label']
   pred = jnp.argmax(logits, -1)
   correct = (pred == labels).astype(jnp.float32)
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+  nll = losses.per_example(
+      logits.astype(jnp.float32),
+      jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32), loss)
   out = {'correct': (correct * mask).sum(), 'loss': (nll * mask).sum(),
          'count': mask.sum()}
   if 'real_label' in batch:
@@ -57,7 +61,8 @@ class Classification(base.Evaluator):
   `real_only`, `every`. Every run has one named `eval` (prefix `eval_`) on
   `input.eval_split`, every `eval_every` steps.
 
-  Metrics: `{prefix}accuracy`, `{prefix}loss`, `{prefix}examples`, and with
+  Metrics: `{prefix}accuracy`, `{prefix}loss` (the run's `config.loss`:
+  softmax, or sigmoid summed over classes), `{prefix}examples`, and with
   ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`; with
   `real_only` just `real_accuracy` and `real_examples`.
   The dataset and split are checked when the evaluator is built, so a bad
@@ -86,7 +91,8 @@ class Classification(base.Evaluator):
         raise type(e)(f'evals.{name} ({inp.data}): {e}') from None
     self._batches = base.eval_batches(inp, self._split)
     self._sums = jax.jit(
-        functools.partial(batch_sums, model=context.model),
+        functools.partial(batch_sums, model=context.model,
+                          loss=context.config.get('loss', 'softmax')),
         in_shardings=(context.params_sharding, None),
         out_shardings=shd.replicated(context.mesh))
 

@@ -17,12 +17,11 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from vit_jax import selfsup
+from vit_jax import losses, selfsup
 from vit_jax.models import platform_switch
 from vit_jax import sharding as shd
 from vit_jax.train import optim, param_groups
 
-LOSSES = ('softmax', 'sigmoid')
 
 
 @flax.struct.dataclass
@@ -43,8 +42,7 @@ def loss_fn(logits: jax.Array, labels: jax.Array, kind: str = 'softmax',
   K may be below the head's classes (mixup's labels have the dataset's
   class count, a head `config.num_classes` wide may have more): the extra
   classes are targets of zero, as class ids one-hot to the head's width."""
-  if kind not in LOSSES:
-    raise ValueError(f'loss={kind!r}: expected one of {LOSSES}')
+  losses.check(kind)
   if labels.ndim == 1:
     targets = jax.nn.one_hot(labels, logits.shape[-1])
   else:
@@ -56,11 +54,7 @@ def loss_fn(logits: jax.Array, labels: jax.Array, kind: str = 'softmax',
     targets = jnp.pad(labels.astype(jnp.float32), ((0, 0), (0, extra)))
   if label_smoothing:
     targets = optax.smooth_labels(targets, label_smoothing)
-  if kind == 'softmax':
-    per_example = optax.softmax_cross_entropy(logits, targets)
-  else:
-    per_example = optax.sigmoid_binary_cross_entropy(logits, targets).sum(-1)
-  return per_example.mean()
+  return losses.per_example(logits, targets, kind).mean()
 
 
 def create_state(model: nn.Module, tx: optax.GradientTransformation,
