@@ -81,13 +81,15 @@ def base() -> ml_collections.ConfigDict:
       pp_eval=none(str), shuffle_buffer=none(int), cache=none(bool),
       prefetch=none(int), mixup=none(float), cutmix=none(float),
       skip_bad_images=none(bool),
-      # TFRecords (data=tfrecord): their class count and feature names.
+      # TFRecords (data=tfrecord): their class count and feature names;
+      # multi_label: every label of a record, multi-hot (None: the
+      # registry's, True for jft).
       num_classes=none(int), image_key=none(str), label_key=none(str),
-      prepare=False))
+      multi_label=none(bool), prepare=False))
   # One of the two sets the run length.
   c.total_steps = ml_collections.FieldReference(None, field_type=int)
   c.total_epochs = ml_collections.FieldReference(None, field_type=float)
-  c.loss = 'softmax'  # or 'sigmoid' (i21k pre-training).
+  c.loss = 'softmax'  # or 'sigmoid' (i21k and JFT pre-training).
   # 'supervised' (the labels, `loss`) or 'mpp': masked patch prediction,
   # self-supervised, labels never read (vit_jax/selfsup, docs/selfsup.md).
   c.objective = 'supervised'

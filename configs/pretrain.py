@@ -66,12 +66,15 @@ def get_config(arg=None):
     c.model.representation_size = models.spec(args.model)['hidden_size']
     if dropout:
       c.model.dropout_rate = dropout
-  if args.data == 'i21k':
-    # The reference i21k recipe (public issue threads): head bias -10,
-    # sigmoid cross-entropy, linear decay to 1e-5.
+  if args.data in ('i21k', 'jft'):
+    # The reference pre-training loss on both multi-label datasets (public
+    # issue threads: vision_transformer #34, big_transfer #26): sigmoid
+    # cross-entropy over every label of the image (JFT's TFRecords give
+    # multi-hot labels, `multi_label` in the registry), head bias -10.
     c.model.head_bias_init = -10.0
     c.loss = 'sigmoid'
-    c.optim.linear_end = 1e-5
+  if args.data == 'i21k':
+    c.optim.linear_end = 1e-5  # The reference i21k recipe's linear decay end.
   if args.opt == 'sgd':
     c.optim.name = 'sgd'
     c.optim.lr = 0.03 * BATCH / 256

@@ -340,3 +340,48 @@ def test_another_label_feature_name_says_set_label_key(tmp_path):
   config.label_key = 'label'
   batch = next(pipeline.train_iterator(config, seed=0))
   assert sorted(batch['label']) == [0, 1, 2]
+
+
+def _write_multi(path, label_lists, size=(12, 12)):
+  with tf.io.TFRecordWriter(path) as writer:
+    for labels in label_lists:
+      image = np.full((*size, 3), 10 * labels[0], np.uint8)
+      writer.write(tf.train.Example(features=tf.train.Features(feature={
+          'image/encoded': tf.train.Feature(bytes_list=tf.train.BytesList(
+              value=[tf.io.encode_png(image).numpy()])),
+          'image/class/label': tf.train.Feature(
+              int64_list=tf.train.Int64List(value=list(labels))),
+      })).SerializeToString())
+
+
+def test_multi_label_records_give_multi_hot_labels(tmp_path):
+  """`input.multi_label` (the registry's for jft): every label of a record
+  is the image's, a multi-hot float label (the reference's JFT/i21k
+  pre-training with sigmoid cross-entropy); without it the first label is
+  the class. A label out of range anywhere in the list names the file."""
+  lists = [(i % 5, (i + 2) % 5) if i % 3 else (i % 5,) for i in range(12)]
+  _write_multi(str(tmp_path / 'train-00000-of-00001'), lists)
+  _write_multi(str(tmp_path / 'validation-00000-of-00001'), lists[:5])
+  config = _shards_config(str(tmp_path), num_classes=5, batch_size=12,
+                          pp_train='decode|resize(8)|value_range(-1,1)',
+                          pp_eval='decode|resize(8)|value_range(-1,1)',
+                          num_train_examples=12, shuffle_buffer=1)
+  config.multi_label = True
+  info = pipeline.dataset_info(config)
+  assert info.multi_label and info.num_classes == 5
+  batch = next(iter(pipeline.train_iterator(config, seed=0)))
+  assert batch['label'].shape == (12, 5) and batch['label'].dtype == np.float32
+  want = {tuple(sorted(set(l))) for l in lists}
+  got = {tuple(np.flatnonzero(row)) for row in batch['label']}
+  assert got == want
+  (evals,) = list(pipeline.eval_iterator(config))
+  assert evals['label'].shape == (12, 5)  # 5 images, padded to the batch.
+  single = config.copy_and_resolve_references()
+  single.multi_label = False
+  assert not pipeline.dataset_info(single).multi_label
+  first = next(iter(pipeline.train_iterator(single, seed=0)))['label']
+  assert first.shape == (12,) and set(first) <= {l[0] for l in lists}
+  _write_multi(str(tmp_path / 'train-00000-of-00001'), [(1, 7)] * 12)
+  with pytest.raises(DataError, match=r'train-00000-of-00001 has label 7'):
+    next(iter(pipeline.train_iterator(config, seed=0)))
+  assert not pipeline.dataset_info(single).multi_label

@@ -586,3 +586,25 @@ def test_an_mpp_evaluation_with_other_settings_is_not_the_runs(tmp_path):
   bigger = supervised.copy_and_resolve_references()
   bigger.input.eval_batch_size = 64
   assert eval_run._not_the_runs_evaluation(bigger, workdir, 10, 16) is None
+
+
+def test_multi_hot_labels_score_precision_at_1():
+  """Multi-label data (JFT-style TFRecords): a prediction is right when it
+  is one of the image's labels; the loss takes every label as a target."""
+  model = _Fixed()
+  preds = np.array([0, 1, 2])
+  images = np.zeros((3, 4, 4, 1), np.float32)
+  images[np.arange(3), 0, preds, 0] = 1.0
+  labels = np.zeros((3, 3), np.float32)  # The head is 4 wide: padded.
+  labels[0, [0, 2]] = 1  # Prediction 0 among {0, 2}: right.
+  labels[1, 2] = 1  # Prediction 1 not in {2}: wrong.
+  labels[2, [1, 2]] = 1  # Right.
+  batch = jax.tree.map(jnp.asarray, {'image': images, 'label': labels,
+                                     'mask': np.ones(3, bool)})
+  out = classification.batch_sums({'unused': jnp.zeros(1)}, batch,
+                                  model=model, loss='sigmoid')
+  assert float(out['correct']) == 2 and float(out['count']) == 3
+  logits = images[:, 0, :4, 0].astype(np.float64)
+  targets = np.pad(labels, ((0, 0), (0, 1)))
+  want = (np.logaddexp(0, logits) - targets * logits).sum()
+  assert float(out['loss']) == pytest.approx(want, rel=1e-5)

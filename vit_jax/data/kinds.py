@@ -26,7 +26,7 @@ def open_source(spec: DatasetSpec, input_config) -> sources.Source:
   builder loaded) once per process, however many iterators read it.
   """
   fields = ('data_dir', 'skip_bad_images', 'num_classes', 'image_key',
-            'label_key')
+            'label_key', 'multi_label')
   key = (spec.name, id(spec)) + tuple(input_config.get(f) for f in fields)
   if key not in _OPENED:
     _OPENED[key] = sources.get_kind(spec.source, spec.name).open(spec,

@@ -430,6 +430,8 @@ class DatasetInfo:
   eval_image_shape: Tuple[int, int, int]
   train_split: Optional[str]
   eval_split: str
+  # Labels are multi-hot float [classes] (multi-label TFRecords), not ids.
+  multi_label: bool = False
 
 
 def _output_shape(st: settings_lib.Settings, split: str, pp_spec):
@@ -484,7 +486,8 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
       name=st.spec.name, num_classes=source.num_classes,
       num_train_examples=num_train, num_eval_examples=num_eval,
       image_shape=train_shape, eval_image_shape=eval_shape,
-      train_split=st.train_split, eval_split=eval_split)
+      train_split=st.train_split, eval_split=eval_split,
+      multi_label=bool(getattr(source, 'multi_label', False)))
 
 
 def class_names(input_config) -> Optional[List[str]]:

@@ -48,6 +48,9 @@ class DatasetSpec:
     image_key, label_key: features holding the image and the class.
     task: a VTAB label function (`vit_jax/data/vtab_tasks.py`) computing the label.
     real_label_key: feature with the ImageNet ReaL multi-label set.
+    multi_label: every label of a record is the image's (TFRecords: a
+      multi-hot float label of all of them, as the reference pre-training on
+      JFT with sigmoid cross-entropy); else the first label is the class.
     prepare: how to get the data, for docs and error messages.
     group: a tag for listings ('vtab-natural', ...).
   """
@@ -66,6 +69,7 @@ class DatasetSpec:
   image_key: str = 'image'
   label_key: str = 'label'
   task: Optional[str] = None
+  multi_label: bool = False
   real_label_key: Optional[str] = None
   prepare: str = ''
   group: str = ''
@@ -156,8 +160,10 @@ _ENTRIES: List[DatasetSpec] = [
         eval_split='validation', base_splits=None,
         num_train_examples=303_000_000, pp_train='inception', image_size=224,
         image_key='image/encoded', label_key='image/class/label',
+        multi_label=True,
         prepare='TFRecord files DATA_DIR/train-* and DATA_DIR/validation-* of '
-        'tf.train.Examples with image/encoded and image/class/label'),
+        'tf.train.Examples with image/encoded and image/class/label (every '
+        'label of the image)'),
     DatasetSpec(
         name='cifar10', source='tfds', tfds_name='cifar10', num_classes=10,
         splits=_dev_splits(2), num_train_examples=50_000,

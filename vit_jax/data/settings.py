@@ -18,6 +18,7 @@
 | `num_classes` | the registry's | generic TFRecords only |
 | `num_train_examples` | the registry's | `dataset_info` train size where the source does not know it (TFRecords) |
 | `image_key`, `label_key` | the registry's | TFRecord feature names |
+| `multi_label` | the registry's (jft: True) | TFRecords: every label of a record, as a multi-hot float [classes] label (else the first is the class) |
 """
 
 from __future__ import annotations

@@ -190,6 +190,8 @@ class TFRecordSource(Source):
         spec.image_key if own else IMAGE_KEY)
     self.label_key = input_config.get('label_key') or (
         spec.label_key if own else LABEL_KEY)
+    multi = input_config.get('multi_label')
+    self.multi_label = bool(spec.multi_label if multi is None else multi)
 
   @property
   def num_classes(self) -> int:
@@ -275,14 +277,24 @@ class TFRecordSource(Source):
     # (e.g. another label feature name) would fail as a bare slice error.
     has_label = tf.debugging.Assert(tf.size(labels) > 0,
                                     [_NO_LABEL, name], summarize=1)
+    if not self.multi_label:
+      labels = labels[:1]  # The first label is the class.
     with tf.control_dependencies([has_label]):
-      label = tf.identity(labels[0])
+      labels = tf.identity(labels)
+    inside = (labels >= 0) & (labels < self._num_classes)
+    outside = tf.boolean_mask(labels, ~inside)
     check = tf.debugging.Assert(
-        (label >= 0) & (label < self._num_classes),
-        [_LABEL_OUT_OF_RANGE, name, label], summarize=3)
+        tf.reduce_all(inside),
+        [_LABEL_OUT_OF_RANGE, name, tf.concat([outside, [-1]], 0)[0]],
+        summarize=3)
     with tf.control_dependencies([check]):
-      label = tf.identity(label)
-    return {'image': x[self.image_key], 'label': label}
+      labels = tf.identity(labels)
+    if not self.multi_label:
+      return {'image': x[self.image_key], 'label': labels[0]}
+    # Multi-hot: every label of the image (duplicates count once).
+    multi_hot = tf.reduce_max(
+        tf.one_hot(labels, self._num_classes, dtype=tf.float32), axis=0)
+    return {'image': x[self.image_key], 'label': multi_hot}
 
   def explain_error(self, error, split, process_index, process_count):
     message = str(getattr(error, 'message', error))

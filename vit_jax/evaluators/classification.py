@@ -33,10 +33,15 @@ def batch_sums(params: Any, batch: Dict[str, jax.Array], *,
   mask = batch['mask'].astype(jnp.float32)
   labels = batch['label']
   pred = jnp.argmax(logits, -1)
-  correct = (pred == labels).astype(jnp.float32)
-  nll = losses.per_example(
-      logits.astype(jnp.float32),
-      jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32), loss)
+  if labels.ndim == 2:  # Multi-hot: precision@1, the top class is a label.
+    targets = jnp.pad(labels.astype(jnp.float32),
+                      ((0, 0), (0, logits.shape[-1] - labels.shape[-1])))
+    correct = jnp.take_along_axis(targets, pred[:, None], -1)[:, 0] > 0
+  else:
+    targets = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+    correct = pred == labels
+  correct = correct.astype(jnp.float32)
+  nll = losses.per_example(logits.astype(jnp.float32), targets, loss)
   out = {'correct': (correct * mask).sum(), 'loss': (nll * mask).sum(),
          'count': mask.sum()}
   if 'real_label' in batch:
@@ -61,7 +66,8 @@ class Classification(base.Evaluator):
   `real_only`, `every`. Every run has one named `eval` (prefix `eval_`) on
   `input.eval_split`, every `eval_every` steps.
 
-  Metrics: `{prefix}accuracy`, `{prefix}loss` (the run's `config.loss`:
+  Metrics: `{prefix}accuracy` (precision@1 for multi-label data: the top
+  class is one of the image's labels), `{prefix}loss` (the run's `config.loss`:
   softmax, or sigmoid summed over classes), `{prefix}examples`, and with
   ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`; with
   `real_only` just `real_accuracy` and `real_examples`.

@@ -149,6 +149,10 @@ class FewShot(base.Evaluator):
         raise ValueError(f'evals.{name}: few-shot dataset {data!r} does not '
                          'fix its class count; few-shot needs labelled '
                          'classes')
+      if info.multi_label:
+        raise ValueError(f'evals.{name}: few-shot dataset {data!r} is '
+                         'multi-label; few-shot draws k images of one class '
+                         'each: pick a single-label dataset')
       self._classes[data] = info.num_classes
     rep = shd.replicated(mesh)
     def represent(params, batch):

@@ -209,8 +209,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
       state = _init_params(init, state, state_sh,
                            models.patch_grid(model, image_shape))
       logging.info('initialised from %s', saved['init_from'])
-  label_ndim = 2 if (config.input.get('mixup')
-                    or config.input.get('cutmix')) else 1
+  label_ndim = 2 if (config.input.get('mixup') or config.input.get('cutmix')
+                    or info.multi_label) else 1
   train_fn = step_lib.compile_train_step(model, tx, lr_fn, state_sh, mesh,
                                         config, label_ndim)
   evals = evaluators.build(config, model, mesh, state_sh.params,
