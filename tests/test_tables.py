@@ -400,3 +400,28 @@ def test_a_transfer_run_without_init_fills_no_cell():
       'init is a mpp run')
   smoke = finetune.get_config('data=cifar10,lr=0.01,smoke=true')
   assert 'overridden' not in loop._report(smoke)
+
+
+def test_a_transfer_run_takes_its_pretraining_from_the_init_run(tmp_path):
+  """finetune.py's args default ViT-L/16 on JFT to 14 epochs; fine-tuning
+  a 7-epoch run's workdir is credited to the 7-epoch row, the init run's
+  own report; an overridden init run makes the transfer overridden."""
+  from vit_jax.configs import finetune
+  from vit_jax.train import loop, run_files
+  config = finetune.get_config(
+      'model=ViT-L/16,data=cifar10,lr=0.01,pretrain=jft')
+  assert config.report.pretrain_epochs == 14.0
+  workdir = tmp_path / 'l16_7ep'
+  init = dict(model='ViT-L/16', pretrain='jft', pretrain_epochs=7.0,
+              pretrain_optimizer='adam', task='pretrain')
+  run_files.write_summary(str(workdir), {'report': init})
+  config.init = str(workdir)
+  found = loop._init_report(str(workdir / 'checkpoints' / '40'))
+  assert found == init
+  report = loop._report(config, 'supervised', found)
+  assert report['pretrain_epochs'] == 7.0 and 'overridden' not in report
+  assert loop._report(config, 'supervised', None)['pretrain_epochs'] == 14.0
+  assert loop._init_report('/runs/ViT-L_16.npz') is None
+  bad = {**init, 'overridden': 'model.name=ViT-test'}
+  assert loop._report(config, 'supervised', bad)['overridden'] == (
+      'init run: model.name=ViT-test')

@@ -203,6 +203,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
       # What the init was trained by: an MPP model has its mpp_head.
       saved['init_objective'] = (
           'mpp' if any(k in init for k in selfsup.PARAMS) else 'supervised')
+      saved['init_report'] = _init_report(saved['init_from'])
     state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
                                 state_sh, ema=ema)
     if init is not None:
@@ -286,7 +287,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
             # Evaluations due at this step that a stop put off.
             'evals_owed': list(evals_owed),
             'init_from': run.saved.get('init_from'),
-            'init_objective': run.saved.get('init_objective')}
+            'init_objective': run.saved.get('init_objective'),
+            'init_report': run.saved.get('init_report')}
 
   keys = step_lib.batch_keys(config)  # MPP: images only, labels unread.
   pending = None  # (step, metrics) of the previous step, checked one late.
@@ -396,7 +398,8 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'forward_gflops': run.forward_flops / 1e9,
       'exaflops': examples * 3 * run.forward_flops / 1e18,
       'objective': config.get('objective', 'supervised'),
-      'report': _report(config, run.saved.get('init_objective')),
+      'report': _report(config, run.saved.get('init_objective'),
+                        run.saved.get('init_report')),
       **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
@@ -405,7 +408,27 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
   return summary
 
 
-def _report(config, init_objective: Optional[str] = None) -> Dict[str, Any]:
+# What a transfer run's report says of its pre-training; the init run's own
+# report (when `init` is a workdir of ours) is the authority on it.
+PRETRAIN_FIELDS = ('model', 'pretrain', 'pretrain_epochs',
+                   'pretrain_optimizer')
+
+
+def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
+  """The report of the run whose checkpoint step `init_from` is (its
+  summary.json, else config.json); None for an .npz or a foreign run."""
+  if init_from.endswith('.npz'):
+    return None
+  workdir = os.path.dirname(os.path.dirname(init_from.rstrip('/')))
+  report = run_files.read_summary(workdir).get('report')
+  if report is None:
+    report = (run_files.read_config(workdir).get('config') or {}).get(
+        'report')
+  return report if isinstance(report, dict) and report else None
+
+
+def _report(config, init_objective: Optional[str] = None,
+            init_report: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
   """`config.report` (which paper table cell the run is) as the run was
   really trained. The config args made it; the command line may change the
   run: `overridden` (no cell is this run's) when it trained another zoo
@@ -413,8 +436,21 @@ def _report(config, init_objective: Optional[str] = None) -> Dict[str, Any]:
   whose `init` was not trained by supervision (`init_objective`: an MPP
   run's fine-tune is not the supervised pre-training's); the task names
   the objective when it is not supervised (`mpp_<target>`, also when
-  `--config.mpp.target` changed the config's own)."""
+  `--config.mpp.target` changed the config's own). A transfer run takes its
+  pre-training fields from `init_report`, the init run's own report, where
+  they differ (a 7-epoch ViT-L/16 fine-tuned under the default 14-epoch
+  args); an overridden init makes the transfer overridden too."""
   report = config.report.to_dict() if 'report' in config else {}
+  if report.get('transfer') and init_report and (
+      init_report.get('task') == 'pretrain'):
+    if init_report.get('overridden'):
+      report['overridden'] = f'init run: {init_report["overridden"]}'
+    for key in PRETRAIN_FIELDS:
+      theirs = init_report.get(key)
+      if theirs is not None and report.get(key) != theirs:
+        logging.warning('config.report says %s=%s; the init run\'s report '
+                        'says %s: taken', key, report.get(key), theirs)
+        report[key] = theirs
   trained = (config.get('model') or {}).get('name')
   if (report.get('model') in models.names() and trained
       and report['model'] != trained):
