@@ -285,5 +285,23 @@ def test_resume_compares_tuples_as_the_checkpoint_recorded_them(monkeypatch):
   config.optim.lr = 0.2  # A real change is still logged.
   loop._log_changes(saved, config, 10, 5)
   assert len(warnings) == 1 and 'DELIBERATE CHANGE' in warnings[0][0]
+  # The loss is recorded too: a changed loss or smoothing is logged.
+  saved = json.loads(json.dumps({**saved, **loop._training(config)}))
+  warnings.clear()
+  loop._log_changes(saved, config, 10, 5)
+  assert [w[2] for w in warnings] == ['optim']
+  config.loss, config.label_smoothing = 'sigmoid', 0.1
+  warnings.clear()
+  loop._log_changes(saved, config, 10, 5)
+  assert sorted(w[2] for w in warnings) == ['label_smoothing', 'loss', 'optim']
   assert orbax_state.as_saved({'resnet_layers': (1, 1, 1)}) == json.loads(
       json.dumps({'resnet_layers': [1, 1, 1]}))
+
+
+def test_a_profile_window_after_the_last_step_is_named(tmp_path, caplog):
+  from vit_jax.train import profiling
+  with caplog.at_level('WARNING', logger='absl'):
+    window = profiling.Window('100,5', str(tmp_path), 0, 40)
+  assert "starts after the run's last step (40): no trace" in caplog.text
+  window.before_step(100)
+  assert not window.active and not (tmp_path / 'profile').exists()

@@ -464,11 +464,25 @@ def test_summary_complete_after_kill_before_it(reference, tmp_path):
 
 # 7. Values that cannot work are refused before compiling.
 
+def test_a_workdir_that_cannot_be_written_says_so(tmp_path, monkeypatch):
+  """Read-only storage (or permissions) is one message naming the fix, not
+  an OSError traceback from the lock file."""
+  import errno
+
+  def read_only(self):
+    raise OSError(errno.EROFS, 'Read-only file system', str(self.path))
+  monkeypatch.setattr(lock.WorkdirLock, '_acquire_local', read_only)
+  with pytest.raises(lock.WorkdirNotWritableError,
+                     match='Read-only file system. Use a writable --workdir'):
+    with lock.hold(str(tmp_path / 'run')):
+      pass
+
+
 def test_config_values_that_cannot_work_are_refused(tmp_path):
   from vit_jax.configs import smoke
   config = smoke.get_config('data=digits')
   config_check.check(config)
-  for key, value in [('total_steps', 0), ('input.batch_size', -8),
+  for key, value in [('total_steps', -1), ('input.batch_size', -8),
                      ('optim.lr', 0.0), ('keep_checkpoints', 0),
                      ('label_smoothing', 1.5), ('mesh.fsdp', 0)]:
     bad = config.copy_and_resolve_references()
@@ -479,6 +493,19 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
     node[last] = value
     with pytest.raises(ValueError, match=f'--config.{key}={value}'):
       config_check.check(bad)
+  # Names the code would only refuse deep in setup or in the step's trace.
+  for key, value in [('optim.name', 'adamw'), ('optim.decay', 'cos'),
+                     ('loss', 'softmaxx'), ('model.dtype', 'bfloat1')]:
+    bad = config.copy_and_resolve_references()
+    section, _, field = key.rpartition('.')
+    (bad[section] if section else bad)[field] = value
+    with pytest.raises(ValueError, match=f"--config.{key}='{value}' cannot "
+                       'work; expected'):
+      config_check.check(bad)
+  # 0 switches clipping off, and lets total_epochs set the length.
+  off = config.copy_and_resolve_references()
+  off.optim.grad_clip_norm, off.total_steps, off.total_epochs = 0.0, 0, 1.0
+  config_check.check(off)
   long_warmup = config.copy_and_resolve_references()
   long_warmup.total_steps, long_warmup.optim.warmup_steps = 10, 10
   with pytest.raises(ValueError, match='warmup_steps=10 is not below the 10 '

@@ -55,7 +55,8 @@ def main(argv):
     config_check.check(config)
     with lock.hold(workdir):
       summary = _run(mode, config, workdir)
-  except (config_check.ConfigError, lock.WorkdirBusyError) as e:
+  except (config_check.ConfigError, lock.WorkdirBusyError,
+          lock.WorkdirNotWritableError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
   if jax.process_index() == 0:
     keys = [k for k in summary if ('accuracy' in k or 'loss' in k or
@@ -74,6 +75,7 @@ def _run(mode: str, config, workdir: str):
   from vit_jax.data.errors import DataError
   from vit_jax.train import eval_run, loop, orbax_state, param_groups
   from vit_jax.train import preemption
+  from vit_jax.sharding import MeshError
   pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
   run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
   try:
@@ -86,7 +88,8 @@ def _run(mode: str, config, workdir: str):
   # path): no traceback. Anything else keeps its traceback.
   except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,
           loop.NonFiniteLossError, DataError, CheckpointError,
-          CheckpointNotFoundError, param_groups.ParamGroupError) as e:
+          CheckpointNotFoundError, param_groups.ParamGroupError,
+          MeshError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
 
 

@@ -65,6 +65,11 @@ ACTIVATION_RULES = (
 Names = Tuple[Optional[str], ...]
 
 
+class MeshError(ValueError):
+  """A mesh or batch size the devices cannot take (the message says why
+  and what to set)."""
+
+
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
               devices: Optional[Sequence[Any]] = None) -> Mesh:
   """A (data, fsdp, model) mesh over all devices; one axis may be -1 (fill)."""
@@ -93,21 +98,21 @@ def mesh_shape(data: int, fsdp: int, model: int,
   """(data, fsdp, model) sizes over `num_devices`, the -1 axis filled."""
   shape = [data, fsdp, model]
   if shape.count(-1) > 1:
-    raise ValueError(f'mesh {dict(zip(AXES, shape))}: at most one axis may '
+    raise MeshError(f'mesh {dict(zip(AXES, shape))}: at most one axis may '
                      'be -1')
   if any(s == 0 or s < -1 for s in shape):
-    raise ValueError(f'mesh {dict(zip(AXES, shape))}: sizes must be >= 1 or '
+    raise MeshError(f'mesh {dict(zip(AXES, shape))}: sizes must be >= 1 or '
                      '-1 (fill)')
   known = math.prod(s for s in shape if s != -1)
   if -1 in shape:
     if num_devices % known:
-      raise ValueError(
+      raise MeshError(
           f'mesh {dict(zip(AXES, shape))}: {num_devices} devices do not '
           f'divide by {known}; choose axis sizes whose product divides '
           f'{num_devices}')
     shape[shape.index(-1)] = num_devices // known
   if math.prod(shape) != num_devices:
-    raise ValueError(
+    raise MeshError(
         f'mesh {dict(zip(AXES, shape))} needs {math.prod(shape)} devices, '
         f'{num_devices} are available; set one axis to -1 to fill')
   return tuple(shape)
@@ -240,7 +245,7 @@ def _check_rows_per_process(mesh: Mesh) -> None:
   shared = [p for p in ({d.process_index for d in row} for row in devices)
             if len(p) > 1]
   if shared:
-    raise ValueError(
+    raise MeshError(
         f'processes {sorted(shared[0])} hold the same batch rows: this mesh '
         f'(data x fsdp x model = {mesh.shape["data"]} x {mesh.shape["fsdp"]} '
         f'x {mesh.shape["model"]}) puts the model axis across hosts, and '
@@ -256,7 +261,7 @@ def check_batch_size(batch_size: int, mesh: Mesh, what: str = 'batch_size',
   _check_rows_per_process(mesh)
   n = batch_divisor(mesh)
   if batch_size % (n * accum_steps):
-    raise ValueError(
+    raise MeshError(
         f'{what}={batch_size} is not divisible by the {n} devices it is split '
         f'over (mesh data x fsdp = {mesh.shape["data"]} x '
         f'{mesh.shape["fsdp"]}){f" times accum_steps={accum_steps}" if accum_steps > 1 else ""}: '

@@ -9,10 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterator, Tuple
 
+import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.train import optim, profiling
-from vit_jax import models, selfsup
+from vit_jax import losses, models, selfsup
 from vit_jax.ema_modes import EMA_MODES
 
 # MPP colour bits per channel the head can take (2**15 RGB classes at 5).
@@ -21,7 +22,8 @@ MPP_MAX_BITS = 5
 # key: (predicate, what a valid value is). Absent or None keys are skipped
 # (the defaults apply); keys are dotted paths into the config.
 _RULES: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
-    ('total_steps', lambda v: v > 0, 'a positive step count, e.g. 1000'),
+    ('total_steps', lambda v: v >= 0, 'a step count, e.g. 1000 (0 or unset: '
+     'total_epochs sets the length)'),
     ('total_epochs', lambda v: v > 0, 'a positive number, e.g. 7'),
     ('num_classes', lambda v: v > 0,
      'the dataset\'s class count (or unset: taken from the dataset)'),
@@ -44,7 +46,8 @@ _RULES: Tuple[Tuple[str, Callable[[Any], bool], str], ...] = (
     ('optim.lr', lambda v: v > 0, 'a positive learning rate, e.g. 1e-3'),
     ('optim.warmup_steps', lambda v: v >= 0, '0 or a step count'),
     ('optim.weight_decay', lambda v: v >= 0, '0 (off) or e.g. 0.1'),
-    ('optim.grad_clip_norm', lambda v: v > 0, 'unset (off) or e.g. 1.0'),
+    ('optim.grad_clip_norm', lambda v: v >= 0, '0 or unset (off), or e.g. '
+     '1.0'),
     ('optim.b1', lambda v: 0 <= v < 1, 'in [0, 1), e.g. 0.9'),
     ('optim.b2', lambda v: 0 <= v < 1, 'in [0, 1), e.g. 0.999'),
     ('optim.eps', lambda v: v > 0, 'e.g. 1e-8'),
@@ -93,6 +96,23 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
         and not _get(config, 'optim.ema_decay')):
     yield ('--config.eval_ema=both but optim.ema_decay is unset: there are no '
            'averages to evaluate; set e.g. --config.optim.ema_decay=0.9999')
+  for key, choices in (('optim.name', optim.NAMES),
+                       ('optim.decay', optim.DECAYS),
+                       ('loss', losses.LOSSES)):
+    value = _get(config, key)
+    if value is not None and value not in choices:
+      yield (f'--config.{key}={value!r} cannot work; expected one of '
+             f'{", ".join(choices)}')
+  for key in ('model.dtype', 'model.param_dtype'):
+    value = _get(config, key)
+    try:
+      floating = value is None or jnp.issubdtype(jnp.dtype(value),
+                                                 jnp.floating)
+    except TypeError:
+      floating = False
+    if not floating:
+      yield (f'--config.{key}={value!r} cannot work; expected a float dtype '
+             'name: float32, bfloat16 or float16')
   name = _get(config, 'model.name')
   try:
     if name is not None:

@@ -64,6 +64,10 @@ def _parse(raw: str) -> dict:
   return held if isinstance(held, dict) else {}
 
 
+class WorkdirNotWritableError(RuntimeError):
+  """The workdir cannot be written (read-only storage, permissions)."""
+
+
 class WorkdirLock:
   """`with WorkdirLock(workdir):` (or acquire/release) around a run."""
 
@@ -250,6 +254,12 @@ def hold(workdir: str) -> Iterator[WorkdirLock]:
     note = lock.acquire()
     if note:
       logging.warning('%s: %s', lock.path, note)
+  except OSError as e:  # Read-only storage, permissions, no space.
+    error = WorkdirNotWritableError(
+        f'cannot write the lock of {lock.path.parent}: '
+        f'{e.strerror or e}. Use a writable --workdir; to evaluate a run '
+        'kept on read-only storage, pass it as --config.init with '
+        '--config.mode=eval and a new --workdir')
   except Exception as e:  # pylint: disable=broad-except
     error = e
   if jax.process_count() > 1:

@@ -40,7 +40,13 @@ class NonFiniteLossError(FloatingPointError):
 
 
 def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
+  """The run length: `total_steps`, else (unset or 0) `total_epochs`."""
   if config.get('total_steps'):
+    if config.get('total_epochs'):
+      logging.warning('total_steps=%d wins over total_epochs=%s: training %d '
+                      'steps (pass --config.total_steps=0 to train by '
+                      'epochs)', config.total_steps, config.total_epochs,
+                      config.total_steps)
     return int(config.total_steps)
   if config.get('total_epochs'):
     if not num_train:
@@ -147,7 +153,7 @@ class Run:
     """What a checkpoint records about its configuration."""
     return {'model': orbax_state.as_saved(self.config.model.to_dict()),
             'optim': self.config.optim.to_dict(), 'total_steps': self.steps,
-            **_objective(self.config)}
+            **_objective(self.config), **_training(self.config)}
 
 
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
@@ -241,13 +247,23 @@ def _overrides(config) -> Dict[str, Any]:
           if k not in ('name', 'dtype', 'param_dtype') and v is not None}
 
 
+def _training(config) -> Dict[str, Any]:
+  """How the loss is computed (legitimate to change on resume, but never
+  silently): the loss, label smoothing, gradient accumulation."""
+  return {'loss': config.get('loss', 'softmax'),
+          'label_smoothing': config.get('label_smoothing', 0.0) or 0.0,
+          'accum_steps': config.get('accum_steps', 1) or 1}
+
+
 def _log_changes(saved: Dict[str, Any], config, steps: int,
                  start: int) -> None:
-  """Logs, loudly, an optimiser or schedule that differs from the one the
-  checkpoint was trained with (legitimate: e.g. a lower LR after a
-  divergence, or a longer run)."""
+  """Logs, loudly, an optimiser, schedule or loss that differs from the one
+  the checkpoint was trained with (legitimate: e.g. a lower LR after a
+  divergence, or a longer run). Checkpoints of earlier versions did not
+  record the loss: nothing to compare there."""
   now = orbax_state.as_saved(
-      {'optim': config.optim.to_dict(), 'total_steps': steps})
+      {'optim': config.optim.to_dict(), 'total_steps': steps,
+       **_training(config)})
   for key, value in now.items():
     if key in saved and saved[key] != value:
       before = saved[key]
@@ -294,7 +310,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
   pending = None  # (step, metrics) of the previous step, checked one late.
   step = run.start
   stops = preemption.StopRequests(ckpt.manager.reached_preemption)
-  profile = profiling.Window(config.get('profile'), run.workdir, run.start)
+  profile = profiling.Window(config.get('profile'), run.workdir, run.start,
+                             run.steps)
   try:
     with stops, jax.set_mesh(run.mesh):
       owed = [e for e in run.evals
@@ -502,14 +519,17 @@ def _check_finite(step: int, metrics: Dict[str, Any],
             f'{ckpt.manager.directory}; every saved state is finite'
             if last is not None else 'No checkpoint was saved yet')
     what = ', '.join(f'{k}={values[k]}' for k in bad)
+    again = ('re-run the same command with e.g. --config.optim.lr=<lower>: '
+             'it resumes from that checkpoint and logs the changed '
+             'optimiser. If it diverges again right after it, that state was '
+             'already poor: move checkpoints/<step> into damaged_checkpoints/ '
+             'to resume from an earlier one. (Adding grad_clip_norm changes '
+             'the optimiser state, so it needs a new --workdir with '
+             '--config.init=<this workdir>.)' if last is not None else
+             're-run the same command with e.g. --config.optim.lr=<lower>: '
+             'it starts afresh.')
     raise NonFiniteLossError(
         f'{what} at step {step} (loss is {values.get("loss")}); stopping. '
         f'{kept}. Lower optim.lr, raise optim.warmup_steps or set '
-        'optim.grad_clip_norm, then re-run the same command with e.g. '
-        '--config.optim.lr=<lower>: it resumes from that checkpoint and logs '
-        'the changed optimiser. If it diverges again right after it, that '
-        'state was already poor: move checkpoints/<step> into '
-        'damaged_checkpoints/ to resume from an earlier one. (Adding '
-        'grad_clip_norm changes the optimiser state, so it needs a new '
-        '--workdir with --config.init=<this workdir>.)')
+        f'optim.grad_clip_norm, then {again}')
   return values

@@ -13,7 +13,7 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
                   before momentum (BiT's upstream recipe, Appendix D.1's
                   study)
   momentum        SGD momentum (0.9)
-  grad_clip_norm  global-norm clipping (None: off)
+  grad_clip_norm  global-norm clipping (None or 0: off)
   mu_dtype        dtype of Adam's first moment / SGD's trace ('bfloat16' saves
                   memory; None: the parameters' dtype)
   frozen, lr_mults, layer_decay, schedules

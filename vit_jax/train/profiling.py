@@ -40,7 +40,8 @@ class Window:
   """Starts the trace before step start+1 and stops it (waiting for the
   traced steps to finish on the device) after step start+steps."""
 
-  def __init__(self, spec: Any, workdir: str, first_step: int = 0):
+  def __init__(self, spec: Any, workdir: str, first_step: int = 0,
+               last_step: Optional[int] = None):
     window = parse(spec)
     self.directory = os.path.join(workdir, 'profile')
     self._start, self._stop = (None, None) if window is None else (
@@ -49,6 +50,12 @@ class Window:
     if window is not None and first_step > self._start:
       logging.warning('profile window %s starts before step %d, where this '
                       'run resumes: no trace', spec, first_step)
+      self._start = None
+    elif (window is not None and last_step is not None
+          and self._start >= last_step):
+      logging.warning('profile window %s starts after the run\'s last step '
+                      '(%d): no trace; pick a start below it', spec,
+                      last_step)
       self._start = None
 
   @property
