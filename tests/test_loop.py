@@ -268,6 +268,23 @@ def test_workdir_of_a_different_model_is_a_clear_error(reference_run,
   assert open(os.path.join(ref_dir, 'config.json')).read() == record
 
 
+def test_a_finished_run_is_not_re_evaluated_with_other_settings(
+    reference_run, tmp_path):
+  """Started again, a finished run evaluates again into its summary.json:
+  with another eval pre-processing it is refused, and its results and
+  config.json stay; with its own settings it runs."""
+  ref_dir = trained_workdir.copy(reference_run[0], tmp_path)
+  record = open(os.path.join(ref_dir, 'config.json')).read()
+  summary = open(os.path.join(ref_dir, 'summary.json')).read()
+  out = _main(ref_dir, '--config.input.pp_eval='
+              'decode|resize(20)|central_crop(16)|value_range(-1,1)')
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert 'finished at step 40; config.input.pp_eval is' in out.stderr
+  assert '--config.mode=eval' in out.stderr
+  assert open(os.path.join(ref_dir, 'config.json')).read() == record
+  assert open(os.path.join(ref_dir, 'summary.json')).read() == summary
+
+
 def test_resume_compares_tuples_as_the_checkpoint_recorded_them(monkeypatch):
   """The run state is JSON: a tuple comes back a list. Neither the model
   check nor the optimiser's change log may take that for a change."""
@@ -305,3 +322,21 @@ def test_a_profile_window_after_the_last_step_is_named(tmp_path, caplog):
   assert "starts after the run's last step (40): no trace" in caplog.text
   window.before_step(100)
   assert not window.active and not (tmp_path / 'profile').exists()
+
+
+def test_tensorboard_failures_are_logged_not_raised(caplog):
+  """A full disk under TensorBoard's event file no longer ends the run:
+  the first failure is a warning; metrics.jsonl keeps the rows."""
+  from vit_jax.train import reporting
+
+  class Failing:
+    def write_scalars(self, step, scalars):
+      raise OSError(28, 'No space left on device')
+    close = write_scalars
+  writer = reporting.TolerantWriter(Failing(), 'TensorBoard events')
+  with caplog.at_level('WARNING', logger='absl'):
+    writer.write_scalars(1, {'loss': 1.0})
+    writer.write_scalars(2, {'loss': 1.0})
+    writer.close()
+  assert caplog.text.count('TensorBoard events could not be written') == 1
+  assert 'No space left on device' in caplog.text

@@ -166,7 +166,17 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
             f'({run.get("steps")})')
   if run.get('image_size', image_size) != image_size:
     return f'image size {image_size}, the run\'s is {run["image_size"]}'
+  return differs_from_run(config, workdir)
+
+
+def differs_from_run(config, workdir: str):
+  """Why `config` does not evaluate as the run of `workdir` did (its
+  config.json), else None: the `_SAME` settings and each of the run's
+  evaluators (new evaluators may be added). None where the run recorded no
+  config (runs of earlier versions)."""
   trained = run_files.read_config(workdir).get('config') or {}
+  if not trained:
+    return None
   now = config.to_dict()
   same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
   for keys in same:

@@ -28,7 +28,7 @@ from vit_jax import accounting, evaluators, heap, models, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
 from vit_jax.data import pipeline, prepare, preprocess
 from vit_jax import sharding as shd
-from vit_jax.train import config_check, lock, optim, orbax_state
+from vit_jax.train import config_check, eval_run, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
 from vit_jax.train import reporting, run_files
 from vit_jax.train import step as step_lib
@@ -119,14 +119,37 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   config_check.check(config)
   with lock.hold(workdir):
     run = setup(config, workdir)
+    if run.start >= run.steps:
+      _check_finished_run(config, workdir, run.start)
     # After the restore accepted this config: a refused one (another model,
     # a changed input pipeline) leaves the run's record as it was.
     run_files.write_config(workdir, config)
     try:
       outcome = train(run)
-    finally:
-      run.ckpt.close()
+    except BaseException:
+      # The run's own error (a stop, a divergence) is what the user needs;
+      # one from closing the checkpointer as well (a full disk) is logged.
+      try:
+        run.ckpt.close()
+      except Exception as e:  # pylint: disable=broad-except
+        logging.error('closing the checkpointer failed as well: %s: %s',
+                      type(e).__name__, e)
+      raise
+    run.ckpt.close()
     return summarise(run, *outcome)
+
+
+def _check_finished_run(config, workdir: str, step: int) -> None:
+  """A finished run started again evaluates again, into its summary.json:
+  only with its own evaluation settings (`eval_run.SAME`), else its results
+  would be replaced by another evaluation's."""
+  why = eval_run.differs_from_run(config, workdir)
+  if why:
+    raise orbax_state.ConfigChangedError(
+        f'{workdir} finished at step {step}; {why}, so evaluating again here '
+        'would replace its results. To evaluate it with other settings use '
+        '--config.mode=eval (written to eval_summary.json), or a new '
+        '--workdir with --config.init=<this workdir>')
 
 
 @dataclasses.dataclass

@@ -100,6 +100,30 @@ def _row_step(line: str) -> Optional[int]:
     return None  # A torn last line of a killed write: kept as is.
 
 
+class TolerantWriter:
+  """A writer whose failures (TensorBoard's event file on a full disk or a
+  failing store) are logged, the first one as a warning, not raised: the
+  run goes on, and metrics.jsonl, which raises only once its rows cannot be
+  written at all, and the log keep the rows."""
+
+  def __init__(self, inner, what: str):
+    self._inner, self._what, self._failed = inner, what, False
+
+  def __getattr__(self, name):
+    method = getattr(self._inner, name)
+
+    def call(*args, **kwargs):
+      try:
+        return method(*args, **kwargs)
+      except Exception as e:  # pylint: disable=broad-except
+        if not self._failed:
+          logging.warning('%s could not be written (%s: %s); the run goes '
+                          'on, its metrics are in metrics.jsonl and the log',
+                          self._what, type(e).__name__, e)
+        self._failed = True
+    return call
+
+
 def make_writer(workdir: str, resume_step: Optional[int] = None
                 ) -> metric_writers.MetricWriter:
   """TensorBoard + metrics.jsonl on process 0; logging only elsewhere.
@@ -107,14 +131,16 @@ def make_writer(workdir: str, resume_step: Optional[int] = None
   Both write on a thread of their own: `write_scalars` returns at once, and
   a row reaches metrics.jsonl as soon as it is written (TensorBoard's event
   file within TensorFlow's flush interval); `flush` and `close` wait for
-  both.
+  both. TensorBoard's failures are logged (`TolerantWriter`);
+  metrics.jsonl's are retried, and raised by `flush` / `close`.
 
   `resume_step`: the step a training run starts from (see JsonlWriter).
   """
   if jax.process_index() != 0:
     return metric_writers.create_default_writer(None, just_logging=True)
   return metric_writers.MultiWriter([
-      metric_writers.create_default_writer(workdir, asynchronous=True),
+      TolerantWriter(metric_writers.create_default_writer(
+          workdir, asynchronous=True), 'TensorBoard events'),
       metric_writers.AsyncWriter(
           JsonlWriter(os.path.join(workdir, 'metrics.jsonl'), resume_step)),
   ])
