@@ -175,6 +175,8 @@ def test_busy_workdir_is_refused_and_a_signal_saves(tmp_path, sig, code):
     first.kill()
   assert first.returncode == code, err[-3000:]
   name = signal.Signals(sig).name
+  # Said when the signal arrives, then when the save is done.
+  assert f'received {name}: saving a checkpoint after the current step' in err
   assert f'received {name}: saved a checkpoint at step' in err
   saved = _steps(workdir)
   assert len(saved) == 1 and saved[0] >= 10  # checkpoint_every=0: the stop.

@@ -66,6 +66,12 @@ class StopRequests:
     self._reason = f'received {name}'
     self._code = (EXIT_INTERRUPTED if signum == signal.SIGINT
                   else EXIT_PREEMPTED)
+    # Said at once (a step or an evaluation may take long); os.write, as
+    # logging's locks may be held by the code the signal interrupted.
+    again = (' (Ctrl-C again: stop now, without saving)'
+             if signum == signal.SIGINT else '')
+    os.write(2, (f'vit_jax: received {name}: saving a checkpoint after the '
+                 f'current step, then stopping{again}\n').encode())
 
   def __enter__(self) -> 'StopRequests':
     import jax
