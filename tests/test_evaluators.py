@@ -608,3 +608,21 @@ def test_multi_hot_labels_score_precision_at_1():
   targets = np.pad(labels, ((0, 0), (0, 1)))
   want = (np.logaddexp(0, logits) - targets * logits).sum()
   assert float(out['loss']) == pytest.approx(want, rel=1e-5)
+
+
+def test_settings_an_older_record_lacks_are_not_compared(tmp_path):
+  """A run recorded by an earlier version has no `objective` or `mpp` in
+  its config.json: that is no difference (its evaluation may be merged,
+  and a finished run started again is not refused for it)."""
+  from configs import smoke
+  from vit_jax.train import eval_run, run_files
+  config = smoke.get_config('data=digits,steps=10,batch=32')
+  run_files.write_config(str(tmp_path), config, command='test')
+  record = json.load(open(tmp_path / 'config.json'))
+  for key in ('objective', 'mpp'):
+    record['config'].pop(key, None)
+  (tmp_path / 'config.json').write_text(json.dumps(record))
+  assert eval_run.differs_from_run(config, str(tmp_path)) is None
+  other = config.copy_and_resolve_references()
+  other.input.pp_eval = 'decode|resize(20)|central_crop(16)|value_range(-1,1)'
+  assert 'input.pp_eval' in eval_run.differs_from_run(other, str(tmp_path))

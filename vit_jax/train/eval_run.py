@@ -172,18 +172,21 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
 def differs_from_run(config, workdir: str):
   """Why `config` does not evaluate as the run of `workdir` did (its
   config.json), else None: the `_SAME` settings and each of the run's
-  evaluators (new evaluators may be added). None where the run recorded no
-  config (runs of earlier versions)."""
+  evaluators (new evaluators may be added). Settings the run's record
+  lacks (runs of earlier versions) are not compared."""
   trained = run_files.read_config(workdir).get('config') or {}
   if not trained:
     return None
   now = config.to_dict()
   same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
+  missing = object()  # A key the run's record lacks (an older version's).
   for keys in same:
     then, value = trained, now
     for key in keys:
-      then = then.get(key) if isinstance(then, dict) else None
+      then = then.get(key, missing) if isinstance(then, dict) else missing
       value = value.get(key) if isinstance(value, dict) else None
+    if then is missing:
+      continue
     if orbax_state.as_saved(then) != orbax_state.as_saved(value):
       return (f'config.{".".join(keys)} is {value!r}, the run\'s was '
               f'{then!r}')
