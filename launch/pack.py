@@ -3,7 +3,8 @@
 `launch.tpu setup` copies one archive to every worker instead of the whole
 folder: in a git checkout, what git would commit (tracked files and
 untracked ones that .gitignore does not exclude; `.git`, virtual
-environments and workdirs listed in .gitignore stay behind); in a folder
+environments and workdirs listed in .gitignore stay behind; submodules and
+nested repositories by the same rule, inside them); in a folder
 that is not a git checkout, every file but `.git` and `__pycache__`.
 Symbolic links are kept as links. A tar.gz archive, written with Python's
 `tarfile` so that it is the same on Linux and macOS.
@@ -30,10 +31,19 @@ def files(repo: str) -> List[str]:
     listed = subprocess.run(
         ['git', '-C', repo, 'ls-files', '-z', '--cached', '--others',
          '--exclude-standard'], check=True, capture_output=True).stdout
-    names = {n for n in listed.decode().split('\0') if n}
-    # Tracked but deleted in the working tree: not there to copy.
-    return sorted(n for n in names
-                  if os.path.lexists(os.path.join(repo, n)))
+    names = {n.rstrip('/') for n in listed.decode().split('\0') if n}
+    out = []
+    for name in names:
+      path = os.path.join(repo, name)
+      if not os.path.lexists(path):
+        continue  # Tracked but deleted in the working tree.
+      if os.path.isdir(path) and not os.path.islink(path):
+        # A submodule or a nested repository: git lists it as one path;
+        # its own files are read the same way.
+        out += [os.path.join(name, f) for f in files(path)]
+      else:
+        out.append(name)
+    return sorted(out)
   out = []
   for top, dirs, names in os.walk(repo):
     dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)

@@ -748,6 +748,18 @@ def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):
     (repo / ignored).write_text('big')
   assert pack.files(str(repo)) == ['.gitignore', 'configs/a.py', 'new.py',
                                    'pkg/configs', 'setup.py']
+  # A nested repository (or a submodule): git lists one path; its files
+  # go by the same rule inside it, not an empty folder.
+  nested = repo / 'third_party' / 'lib'
+  nested.mkdir(parents=True)
+  (nested / 'lib.py').write_text('x')
+  (nested / '.gitignore').write_text('build/\n')
+  (nested / 'build').mkdir()
+  (nested / 'build' / 'big.o').write_text('x')
+  subprocess.run(['git', '-C', str(nested), 'init', '-q'], check=True)
+  assert [f for f in pack.files(str(repo)) if f.startswith('third_party')] == [
+      'third_party/lib/.gitignore', 'third_party/lib/lib.py']
+  shutil.rmtree(repo / 'third_party')
   home = tmp_path / 'home'
   (home / 'vit_jax' / 'stale').mkdir(parents=True)  # A previous setup's.
   code = subprocess.run(

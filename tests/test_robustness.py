@@ -629,3 +629,18 @@ def test_a_step_one_process_finds_damaged_is_skipped_by_all_at_the_next_start(
   ckpt.wait()
   assert ckpt.restore(abstract, shardings)[0] == 2  # Not skipped.
   ckpt.close()
+
+
+def test_a_stop_signal_with_stderr_gone_still_saves(monkeypatch):
+  """The acknowledgement goes to stderr from the signal handler: a stderr
+  that is gone (`... | tee log`, the tee killed by the same Ctrl-C) must
+  not raise into the training loop, which then could not save."""
+  from vit_jax.train import preemption
+
+  def broken(fd, data):
+    raise BrokenPipeError(32, 'Broken pipe')
+  monkeypatch.setattr(preemption.os, 'write', broken)
+  with preemption.StopRequests(lambda step: False) as stops:
+    os.kill(os.getpid(), signal.SIGTERM)
+    stop = stops.requested(3)
+  assert stop is not None and stop.exit_code == 75

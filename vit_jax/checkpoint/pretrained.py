@@ -116,7 +116,11 @@ def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
 
   Args:
     posemb: the checkpoint's position embeddings; the class-token row (if
-      any) first, then a square grid (all public checkpoints are square).
+      any) first, then a square grid (all public checkpoints are square). A
+      checkpoint's grid is not recorded with it: a non-square one is taken
+      to be the target's grid when the counts match (7x9 into 9x7 would
+      load transposed), and a count that is a square (4x16) is read as a
+      square grid.
     new_shape: the target's shape (1, rows, D).
     grid: the target's (rows, cols) patch grid; None: a square one.
     tokens: (checkpoint, target) class-token rows, 0 or 1 each; None: read

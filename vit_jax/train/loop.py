@@ -43,10 +43,12 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
   """The run length: `total_steps`, else (unset or 0) `total_epochs`."""
   if config.get('total_steps'):
     if config.get('total_epochs'):
-      logging.warning('total_steps=%d wins over total_epochs=%s: training %d '
-                      'steps (pass --config.total_steps=0 to train by '
-                      'epochs)', config.total_steps, config.total_epochs,
-                      config.total_steps)
+      # Both set is common (a smoke run shortens an epoch row): said, not
+      # warned.
+      logging.info('total_steps=%d wins over total_epochs=%s: training %d '
+                   'steps (pass --config.total_steps=0 to train by epochs)',
+                   config.total_steps, config.total_epochs,
+                   config.total_steps)
     return int(config.total_steps)
   if config.get('total_epochs'):
     if not num_train:

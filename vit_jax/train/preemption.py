@@ -70,8 +70,11 @@ class StopRequests:
     # logging's locks may be held by the code the signal interrupted.
     again = (' (Ctrl-C again: stop now, without saving)'
              if signum == signal.SIGINT else '')
-    os.write(2, (f'vit_jax: received {name}: saving a checkpoint after the '
-                 f'current step, then stopping{again}\n').encode())
+    try:  # A stderr that is gone (`| tee` killed by the same Ctrl-C).
+      os.write(2, (f'vit_jax: received {name}: saving a checkpoint after '
+                   f'the current step, then stopping{again}\n').encode())
+    except OSError:
+      pass
 
   def __enter__(self) -> 'StopRequests':
     import jax
