@@ -287,6 +287,12 @@ def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
                                 '--tasks=dtd'],
                          cwd=ROOT, capture_output=True, text=True, env=env)
   assert other.returncode != 0 and 'other settings (lr' in other.stderr
+  typo = subprocess.run(cmd + ['--config_args=smoke=true,bogus=1',
+                               '--tasks=dtd'],
+                        cwd=ROOT, capture_output=True, text=True, env=env)
+  assert typo.returncode == 1 and 'Traceback' not in typo.stderr
+  assert "--config_args=smoke=true,bogus=1: unknown config arg 'bogus'" in (
+      typo.stderr)
 
 
 def test_common_parse_arg_types():

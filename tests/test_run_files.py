@@ -54,6 +54,33 @@ def test_vtab_treats_an_unreadable_summary_as_unfinished(tmp_path):
   assert vtab._finished(str(tmp_path), config) is False  # pylint: disable=protected-access
 
 
+def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
+    tmp_path):
+  """The trainer writes the init run's own pre-training fields into the
+  report (30 epochs, where the config args said 90): the same command run
+  again skips that task instead of calling it other settings; another
+  init, or another lr, is still refused."""
+  from absl import app
+  from vit_jax import vtab
+  report = dict(model='ViT-B/16', pretrain='i21k', pretrain_epochs=90.0,
+                pretrain_optimizer='adam', task='vtab/dtd', lr=0.01)
+  config = ml_collections.ConfigDict(dict(
+      report=report, init='/w/pre', total_steps=10,
+      input=dict(image_size=32)))
+  run_files.write_summary(str(tmp_path), {
+      'steps': 10, 'eval_accuracy': 0.5, 'init': '/w/pre', 'image_size': 32,
+      'report': {**report, 'pretrain_epochs': 30.0}})
+  assert vtab._finished(str(tmp_path), config) is True  # pylint: disable=protected-access
+  for field, value in (('init', '/w/other'), ('report.lr', 0.03)):
+    other = config.copy_and_resolve_references()
+    if field == 'init':
+      other.init = value
+    else:
+      other.report.lr = value
+    with pytest.raises(app.UsageError, match='other settings'):
+      vtab._finished(str(tmp_path), other)  # pylint: disable=protected-access
+
+
 def test_reading_a_workdir_loads_no_tensorflow(tmp_path):
   run_files.write_summary(str(tmp_path), {'steps': 1})
   code = ('import sys; from vit_jax.train import run_files; '

@@ -53,7 +53,11 @@ def _finished(workdir: str, config) -> bool:
           'image_size': config.input.image_size}
   theirs = {**summary.get('report', {}), 'init': summary.get('init'),
             'image_size': summary.get('image_size')}
-  changed = sorted(k for k in ours if theirs.get(k) != ours[k])
+  # The trainer takes the pre-training fields from the init run's own
+  # report: with the same init, theirs are the truer ones.
+  same_init = theirs['init'] == ours['init']
+  changed = sorted(k for k in ours if theirs.get(k) != ours[k] and not (
+      same_init and k in run_files.PRETRAIN_FIELDS))
   if changed:
     raise app.UsageError(
         f'{workdir} holds a VTAB run with other settings ({", ".join(changed)}'
@@ -78,8 +82,11 @@ def main(argv):
   args = ','.join(filter(None, [_ARGS.value]))
   todo = []  # Every task checked first: a refusal comes before any training.
   for task in names:
-    config = vtab_config.get_config(','.join(filter(None, [args,
-                                                            f'task={task}'])))
+    spec = ','.join(filter(None, [args, f'task={task}']))
+    try:
+      config = vtab_config.get_config(spec)
+    except ValueError as e:
+      raise app.UsageError(f'--config_args={_ARGS.value}: {e}') from None
     workdir = os.path.join(root, task)
     if _finished(workdir, config):
       logging.info('%s: finished earlier, skipped', task)

@@ -450,12 +450,6 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
   return summary
 
 
-# What a transfer run's report says of its pre-training; the init run's own
-# report (when `init` is a workdir of ours) is the authority on it.
-PRETRAIN_FIELDS = ('model', 'pretrain', 'pretrain_epochs',
-                   'pretrain_optimizer')
-
-
 def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
   """The report of the run whose checkpoint step `init_from` is (its
   summary.json, else config.json); None for an .npz or a foreign run."""
@@ -487,7 +481,7 @@ def _report(config, init_objective: Optional[str] = None,
       init_report.get('task') == 'pretrain'):
     if init_report.get('overridden'):
       report['overridden'] = f'init run: {init_report["overridden"]}'
-    for key in PRETRAIN_FIELDS:
+    for key in run_files.PRETRAIN_FIELDS:
       theirs = init_report.get(key)
       if theirs is not None and report.get(key) != theirs:
         logging.warning('config.report says %s=%s; the init run\'s report '

@@ -25,6 +25,12 @@ CONFIG = 'config.json'
 EVAL_SUMMARY = 'eval_summary.json'
 
 
+# What a transfer run's report says of its pre-training; the init run's own
+# report (when `init` is a workdir of ours) is the authority on it: the
+# trainer writes those into summary.json (`loop._report`).
+PRETRAIN_FIELDS = ('model', 'pretrain', 'pretrain_epochs',
+                   'pretrain_optimizer')
+
 def write_text(path: str, text: str) -> None:
   """Writes via a temporary file and a rename (local or gs:// paths)."""
   tmp = epath.Path(path + '.tmp')
