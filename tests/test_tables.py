@@ -425,3 +425,15 @@ def test_a_transfer_run_takes_its_pretraining_from_the_init_run(tmp_path):
   bad = {**init, 'overridden': 'model.name=ViT-test'}
   assert loop._report(config, 'supervised', bad)['overridden'] == (
       'init run: model.name=ViT-test')
+
+
+def test_a_vtab_cell_of_several_runs_says_so_and_names_their_lrs(tmp_path):
+  """Two runs of one task at different learning rates are averaged into
+  its cell (the matcher keys by setting and task): the cell names the
+  count, the spread and the learning rates instead of a silent mean."""
+  for name, acc, lr in (('a', 0.40, 0.01), ('b', 0.36, 0.03)):
+    _write(tmp_path, f'{name}/dtd', _run('ViT-L/16', 'vtab/dtd', acc,
+                                         pretrain='i21k', epochs=90, lr=lr))
+  md = tables.render(tables.load_runs([str(tmp_path)]), flops='analytic')
+  cell = _col(md, 'VTAB-1k', 'ViT-L/16 (i21k, 90 ep)', 'dtd')
+  assert cell.startswith('38.00 (mean of 2 ± 2.83') and 'lr 0.01, 0.03' in cell

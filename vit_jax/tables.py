@@ -604,7 +604,8 @@ def table_vtab(ctx: _Ctx) -> list[str]:
   rows = []
   for group, name in VTAB_GROUPS:
     tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
-    rows += [[t[len('vtab/'):], name] + [_pct(cols[s].get(t)) for s in settings]
+    rows += [[t[len('vtab/'):], name] + [
+        _vtab_task_cell(ctx.match, s, t, cols[s].get(t)) for s in settings]
              for t in tasks]
   for group, name in VTAB_GROUPS:
     tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
@@ -617,6 +618,21 @@ def table_vtab(ctx: _Ctx) -> list[str]:
   return ['## VTAB-1k (top-1 %)', '', _VTAB_NOTE, '',
           *_md_table(['task', 'group'] + labels, rows,
                      'll' + 'r' * len(settings))]
+
+
+def _vtab_task_cell(match: Matcher, setting: Setting, task: str,
+                    value: float | None) -> str:
+  """A task's accuracy; where several runs make it, their count and
+  spread, and their learning rates when they differ (runs of another LR
+  are averaged in: the note says so)."""
+  pick = match.pick(setting, task)
+  if value is None or pick.n < 2:
+    return _pct(value)
+  notes = [n for n in pick.note().split('; ') if n and n != 'smoke']
+  lrs = sorted({r.report.get('lr') for r in pick.runs}, key=str)
+  if len(lrs) > 1:
+    notes.append('lr ' + ', '.join(str(lr) for lr in lrs))
+  return f'{_pct(value)} ({"; ".join(notes)})' if notes else _pct(value)
 
 
 def _mean_of(accs: Mapping[str, float], tasks: Sequence[str]) -> str:
