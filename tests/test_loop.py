@@ -340,3 +340,23 @@ def test_tensorboard_failures_are_logged_not_raised(caplog):
     writer.close()
   assert caplog.text.count('TensorBoard events could not be written') == 1
   assert 'No space left on device' in caplog.text
+
+
+def test_a_checkpoint_is_saved_before_the_evaluation_it_owes(tmp_path):
+  """A checkpoint due with an evaluation is saved first, recording it as
+  owed: a run killed while evaluating resumes from that step (and
+  evaluates first) rather than from the checkpoint before."""
+  workdir = tmp_path / 'run'
+  out = subprocess.run(
+      [sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+       '--config=configs/smoke.py:data=digits,steps=4,batch=32',
+       '--config.checkpoint_every=2', '--config.eval_every=2',
+       '--config.keep_checkpoints=3', '--config.async_checkpoints=false'],
+      cwd=ROOT, capture_output=True, text=True,
+      env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-3000:]
+  data = workdir / 'checkpoints' / '2' / 'data'
+  saved = json.loads((data / 'metadata').read_text())  # Orbax's JsonSave.
+  assert saved['evals_owed'] == ['eval']
+  rows = [json.loads(l) for l in open(workdir / 'metrics.jsonl')]
+  assert [r['step'] for r in rows if 'eval_accuracy' in r] == [2, 4]

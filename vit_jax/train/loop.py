@@ -366,23 +366,25 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
           with progress.timed('step', wait_jax_async_dispatch=False):
             last_metrics = _check_finite(*pending, ckpt)  # Waits for it.
           writer.write_scalars(step, {**last_metrics, **progress.scalars})
-        # A stop (SIGTERM, a preemption notice) saves first: a spot VM's
-        # grace period is no time for an evaluation.
+        # A checkpoint due at this step is saved before its evaluations,
+        # which it records as owed: a run killed while evaluating resumes
+        # from here and evaluates first (a repeated row replaces the first
+        # one), instead of from the previous checkpoint. A stop (SIGTERM, a
+        # preemption notice) then stops: a spot VM's grace period is no
+        # time for an evaluation.
         stop = stops.requested(step)
-        due = [] if stop else [e for e in run.evals if e.due(step, run.steps)]
-        if due:
-          with progress.timed('eval', wait_jax_async_dispatch=False):
-            writer.write_scalars(step, _evaluate(config, due, state))
+        due = [e for e in run.evals if e.due(step, run.steps)]
         if ckpt.due(step) or stop:
           last_metrics = _check_finite(*pending, ckpt)  # Never save NaNs.
-          owed = [e.name for e in run.evals
-                  if e.due(step, run.steps)] if stop else []
           with progress.timed('checkpoint', wait_jax_async_dispatch=False):
-            ckpt.maybe_save(step, state, run_state(last_metrics, owed),
-                            force=True)
+            ckpt.maybe_save(step, state, run_state(
+                last_metrics, [e.name for e in due]), force=True)
         if stop:
           ckpt.wait()
           raise stop  # `finally` writes the metrics (and never hides this).
+        if due:
+          with progress.timed('eval', wait_jax_async_dispatch=False):
+            writer.write_scalars(step, _evaluate(config, due, state))
       if pending:
         last_metrics = _check_finite(*pending, ckpt)
       ckpt.maybe_save(step, state, run_state(last_metrics), force=True)
