@@ -605,7 +605,7 @@ def table_vtab(ctx: _Ctx) -> list[str]:
   for group, name in VTAB_GROUPS:
     tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
     rows += [[t[len('vtab/'):], name] + [
-        _vtab_task_cell(ctx.match, s, t, cols[s].get(t)) for s in settings]
+        _vtab_task_cell(ctx.match.pick(s, t)) for s in settings]
              for t in tasks]
   for group, name in VTAB_GROUPS:
     tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
@@ -620,12 +620,11 @@ def table_vtab(ctx: _Ctx) -> list[str]:
                      'll' + 'r' * len(settings))]
 
 
-def _vtab_task_cell(match: Matcher, setting: Setting, task: str,
-                    value: float | None) -> str:
+def _vtab_task_cell(pick: Pick) -> str:
   """A task's accuracy; where several runs make it, their count and
   spread, and their learning rates when they differ (runs of another LR
   are averaged in: the note says so)."""
-  pick = match.pick(setting, task)
+  value = pick.mean(lambda r: r.accuracy)
   if value is None or pick.n < 2:
     return _pct(value)
   notes = [n for n in pick.note().split('; ') if n and n != 'smoke']

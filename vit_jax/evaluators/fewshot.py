@@ -116,17 +116,16 @@ class FewShot(base.Evaluator):
     batch = int(cfg.get('batch_size', input_config.eval_batch_size))
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
-    # A non-square model input: `{size}` is 'H, W' (resize(H, W)); the
-    # input's image_size, a square side, stays unset.
-    size = (image_size if isinstance(image_size, int)
-            else tuple(image_size) if image_size[0] != image_size[1]
-            else image_size[0])
+    # A non-square model input (`Context.image_size` is then (H, W)):
+    # `{size}` is 'H, W' (resize(H, W)); the input's image_size, a square
+    # side, stays unset.
+    square = isinstance(image_size, int)
     self._input = ml_collections.ConfigDict(dict(
         data='',
         data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
-        image_size=size if isinstance(size, int) else None,
-        pp_eval=pp.format(size=size if isinstance(size, int)
-                          else f'{size[0]}, {size[1]}'),
+        image_size=image_size if square else None,
+        pp_eval=pp.format(size=image_size if square
+                          else '{}, {}'.format(*image_size)),
         eval_batch_size=batch, batch_size=batch))
     self._classes: Dict[str, int] = {}
     for data, train_split, test_split in self._datasets:  # Fail early.

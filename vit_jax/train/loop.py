@@ -15,6 +15,7 @@ checkpoint that restores completely (see `orbax_state.py`).
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -26,7 +27,7 @@ from absl import logging
 
 from vit_jax import accounting, evaluators, heap, models, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.data import pipeline, prepare, preprocess
+from vit_jax.data import ops, pipeline, prepare, preprocess
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, eval_run, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
@@ -72,11 +73,14 @@ def _check_mpp_value_range(input_config) -> None:
     spec = input_config.get(field)
     if not spec:
       continue
-    ranges = [(float(args[0]) if args else float(kw.get('vmin', -1.0)),
-               float(args[1]) if len(args) > 1 else float(kw.get('vmax', 1.0)))
-              for name, args, kw in map(preprocess.parse_op, preprocess.expand(
-                  spec, input_config.get('image_size') or 0))
-              if name == 'value_range']
+    ranges = []
+    for name, args, kw in map(preprocess.parse_op, preprocess.expand(
+        spec, input_config.get('image_size') or 0)):
+      if name == 'value_range':  # Its own defaults fill what is not given.
+        bound = inspect.signature(ops.value_range).bind(*args, **kw)
+        bound.apply_defaults()
+        ranges.append((float(bound.arguments['vmin']),
+                       float(bound.arguments['vmax'])))
     if not ranges or ranges[-1] != (-1.0, 1.0):
       raise ValueError(
           f'objective=mpp predicts colours of pixels in [-1, 1], but '
