@@ -631,6 +631,32 @@ def test_a_step_one_process_finds_damaged_is_skipped_by_all_at_the_next_start(
   ckpt.close()
 
 
+def test_sigterm_outside_the_steps_stops_at_once_with_75(monkeypatch):
+  """Setup (data, restore, compiling) takes minutes, longer than a
+  preemption notice: a SIGTERM then ends the run at once with 75, which
+  launchers re-run, not with -15, which they take as a failure. While the
+  steps run `StopRequests` decides (save first); several processes leave
+  SIGTERM to JAX's preemption service."""
+  import jax
+  from vit_jax.train import preemption
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(preemption.StoppedBeforeTraining) as stopped:
+    with preemption.stop_at_once_outside_steps():
+      with preemption.StopRequests(lambda step: False) as stops:
+        os.kill(os.getpid(), signal.SIGTERM)  # During the steps: a save.
+        assert stops.requested(3).exit_code == 75
+      os.kill(os.getpid(), signal.SIGTERM)  # After them: at once.
+      time.sleep(5)
+      pytest.fail('SIGTERM outside the steps did not stop')
+  assert stopped.value.exit_code == 75
+  assert isinstance(stopped.value, preemption.RunInterrupted)  # vtab's catch.
+  assert 'nothing trained since the last checkpoint' in str(stopped.value)
+  assert signal.getsignal(signal.SIGTERM) is before
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  with preemption.stop_at_once_outside_steps():
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 def test_a_stop_signal_with_stderr_gone_still_saves(monkeypatch):
   """The acknowledgement goes to stderr from the signal handler: a stderr
   that is gone (`... | tee log`, the tee killed by the same Ctrl-C) must

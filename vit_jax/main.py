@@ -10,8 +10,10 @@ initialised automatically there) or pass --coordinator/--num_processes/
 --workdir resumes from its latest checkpoint.
 
 Exit codes: 0 done; 75 stopped by SIGTERM or a preemption notice after
-saving a checkpoint (re-run to resume: `launch.tpu` does); 130 the same for
-Ctrl-C; 1 an error (the message says what to do).
+saving a checkpoint, or by SIGTERM while no step ran (setup, final
+evaluations: nothing to save) (re-run to resume: `launch.tpu` does); 130
+the same for Ctrl-C during the steps; 1 an error (the message says what to
+do).
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def _run(mode: str, config, workdir: str):
   pipeline.hide_accelerators_from_tf()  # TF is loaded now, before any op.
   run = loop.train_and_evaluate if mode == 'train' else eval_run.evaluate_run
   try:
-    return run(config, workdir)
+    with preemption.stop_at_once_outside_steps():
+      return run(config, workdir)
   except preemption.RunInterrupted as e:
     _exit(str(e), e.exit_code)
   except orbax_state.CheckpointUnavailableError as e:  # Try again later.

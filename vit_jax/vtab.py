@@ -97,7 +97,8 @@ def main(argv):
     logging.info('%s: training in %s', task, workdir)
     from vit_jax.train import loop, preemption  # Only here: no TF to skip.
     try:
-      loop.train_and_evaluate(config, workdir)
+      with preemption.stop_at_once_outside_steps():
+        loop.train_and_evaluate(config, workdir)
     except preemption.RunInterrupted as e:  # Saved: re-run to resume.
       print(f'vit_jax.vtab: {task}: {e}', file=sys.stderr)
       sys.exit(e.exit_code)

@@ -18,6 +18,7 @@ other processes aborted).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -38,6 +39,43 @@ class RunInterrupted(Exception):
         'same command (same --workdir) to resume from it.')
     self.step = step
     self.exit_code = exit_code
+
+
+class StoppedBeforeTraining(RunInterrupted):
+  """SIGTERM came before the steps started (reading data, restoring,
+  compiling) or after they ended: nothing trained since the last checkpoint
+  is lost."""
+
+  def __init__(self, name: str):  # pylint: disable=super-init-not-called
+    Exception.__init__(
+        self, f'received {name} outside the training steps: stopped at '
+        'once, nothing trained since the last checkpoint is lost. Re-run '
+        'the same command (same --workdir) to resume.')
+    self.step = None
+    self.exit_code = EXIT_PREEMPTED
+
+
+@contextlib.contextmanager
+def stop_at_once_outside_steps():
+  """Single-process runs: SIGTERM outside the training steps (setup can
+  take minutes, longer than a preemption notice) ends the run at once with
+  EXIT_PREEMPTED, which launchers re-run, instead of killing it with -15,
+  which they take as a failure. `StopRequests` takes over while steps run.
+  Multi-process runs leave SIGTERM to JAX's preemption service."""
+  import jax
+  if (jax.process_count() > 1 or
+      threading.current_thread() is not threading.main_thread()):
+    yield
+    return
+
+  def stop(signum, frame):  # pylint: disable=unused-argument
+    raise StoppedBeforeTraining(signal.Signals(signum).name)
+
+  previous = signal.signal(signal.SIGTERM, stop)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
 
 
 class StopRequests:
