@@ -10,8 +10,8 @@ initialised automatically there) or pass --coordinator/--num_processes/
 --workdir resumes from its latest checkpoint.
 
 Exit codes: 0 done; 75 stopped by SIGTERM or a preemption notice after
-saving a checkpoint, or by SIGTERM while no step ran (setup, final
-evaluations: nothing to save) (re-run to resume: `launch.tpu` does); 130
+saving a checkpoint, or by SIGTERM before the first step (setup:
+nothing to save) (re-run to resume: `launch.tpu` does); 130
 the same for Ctrl-C during the steps; 1 an error (the message says what to
 do).
 """

@@ -57,10 +57,11 @@ class StoppedBeforeTraining(RunInterrupted):
 
 @contextlib.contextmanager
 def stop_at_once_outside_steps():
-  """Single-process runs: SIGTERM outside the training steps (setup can
-  take minutes, longer than a preemption notice) ends the run at once with
-  EXIT_PREEMPTED, which launchers re-run, instead of killing it with -15,
-  which they take as a failure. `StopRequests` takes over while steps run.
+  """Single-process runs: SIGTERM outside the training loop (setup can
+  take minutes, longer than a preemption notice; writing the summary after
+  it) ends the run at once with EXIT_PREEMPTED, which launchers re-run,
+  instead of killing it with -15, which they take as a failure.
+  `StopRequests` takes over for the loop (its steps and evaluations).
   Multi-process runs leave SIGTERM to JAX's preemption service."""
   import jax
   if (jax.process_count() > 1 or
