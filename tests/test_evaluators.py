@@ -626,3 +626,18 @@ def test_settings_an_older_record_lacks_are_not_compared(tmp_path):
   other = config.copy_and_resolve_references()
   other.input.pp_eval = 'decode|resize(20)|central_crop(16)|value_range(-1,1)'
   assert 'input.pp_eval' in eval_run.differs_from_run(other, str(tmp_path))
+  # Nor an option an evaluator gained since (its record lacks the key);
+  # a value the record has still counts.
+  config = smoke.get_config('data=digits,steps=10,batch=32,fewshot=digits')
+  run_files.write_config(str(tmp_path), config, command='test')
+  record = json.load(open(tmp_path / 'config.json'))
+  name = sorted(config.evals)[0]
+  for key in list(record['config']['evals'][name])[:1]:
+    del record['config']['evals'][name][key]
+    (tmp_path / 'config.json').write_text(json.dumps(record))
+    assert eval_run.differs_from_run(config, str(tmp_path)) is None
+  key = sorted(record['config']['evals'][name])[-1]
+  record['config']['evals'][name][key] = 'something else'
+  (tmp_path / 'config.json').write_text(json.dumps(record))
+  assert (f'config.evals.{name}.{key} is' in
+          eval_run.differs_from_run(config, str(tmp_path)))

@@ -173,10 +173,46 @@ def differs_from_run(config, workdir: str):
   """Why `config` does not evaluate as the run of `workdir` did (its
   config.json), else None: the `_SAME` settings and each of the run's
   evaluators (new evaluators may be added). Settings the run's record
-  lacks (runs of earlier versions) are not compared."""
+  lacks, at any depth (runs of earlier versions, recorded before a field
+  such as `objective` or an evaluator option existed), are not compared."""
   trained = run_files.read_config(workdir).get('config') or {}
   if not trained:
     return None
+  now = config.to_dict()
+  same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
+  for keys in same:
+    then, value = trained, now
+    for key in keys:
+      then = then.get(key, _MISSING) if isinstance(then, dict) else _MISSING
+      value = value.get(key) if isinstance(value, dict) else None
+    why = _difference('.'.join(keys), then, value)
+    if why:
+      return why
+  before, after = trained.get('evals') or {}, now.get('evals') or {}
+  for name in sorted(set(before) & set(after)):
+    why = _difference(f'evals.{name}', before[name], after[name])
+    if why:
+      return why
+  return None
+
+
+_MISSING = object()  # A key the run's record lacks (an older version's).
+
+
+def _difference(path: str, then, now):
+  """Where `now` differs from the recorded `then` (keys `then` lacks are
+  skipped), as a message, else None."""
+  if then is _MISSING:
+    return None
+  if isinstance(then, dict) and isinstance(now, dict):
+    for key in sorted(then):
+      why = _difference(f'{path}.{key}', then[key], now.get(key))
+      if why:
+        return why
+    return None
+  if orbax_state.as_saved(then) != orbax_state.as_saved(now):
+    return f'config.{path} is {now!r}, the run\'s was {then!r}'
+  return None
   now = config.to_dict()
   same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
   missing = object()  # A key the run's record lacks (an older version's).
