@@ -20,11 +20,12 @@ from vit_jax import sharding as shd
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _fewshot(cfg, inp, model, mesh, sh, image_size):
+def _fewshot(cfg, inp, model, mesh, sh, image_size, channels=3):
   """A few-shot evaluator built as `evaluators.build` builds it."""
   return fewshot.FewShot('fewshot', cfg, evaluators.Context(
       config=ml_collections.ConfigDict(dict(input=inp)), model=model,
-      mesh=mesh, params_sharding=sh, image_size=image_size))
+      mesh=mesh, params_sharding=sh, image_size=image_size,
+      channels=channels))
 
 
 def _fewshot_on(model, params, image_size, *, input_data_dir=None,
@@ -176,6 +177,26 @@ def test_fewshot_of_a_non_square_model():
                        shots=(1,), seeds=1, pool_per_class=2, batch_size=100)
   out = run()
   assert 0 <= out['fewshot/digits/1shot'] <= 1
+  # A pre-processing that cannot follow the model's shape (a preset makes
+  # square images) is refused when the run starts, not at its first
+  # evaluation; so are images with other channels than the model's.
+  with pytest.raises(ValueError, match=r'makes \d+x\d+x3 images of few-shot '
+                     r"dataset 'digits'; the model takes 16x24x3: write "
+                     r'evals.fewshot.pp with \{size\}'):
+    _fewshot_on(model, params, (16, 24), datasets=('digits',), shots=(1,),
+                pool_per_class=2, batch_size=100, pp='resize')
+  mesh = shd.make_mesh()
+  grey = models.create('ViT-test', num_classes=10)
+  grey_params = grey.init(jax.random.key(0), jnp.zeros((1, 16, 16, 1)))
+  with pytest.raises(ValueError, match=r'makes 16x16x3 images .* the model '
+                     r'takes 16x16x1: set the channels in evals.fewshot.pp: '
+                     r'decode\(1\)'):
+    fewshot.FewShot('fewshot', ml_collections.ConfigDict(dict(
+        datasets=('digits',), shots=(1,), pool_per_class=2)),
+        evaluators.Context(config=ml_collections.ConfigDict(dict(
+            input=dict(eval_batch_size=100, data_dir=None))), model=grey,
+            mesh=mesh, params_sharding=shd.param_shardings(
+                grey_params['params'], mesh), image_size=16, channels=1))
 
 
 def test_fewshot_split_expressions_and_too_few_examples(digits_model, caplog):
@@ -273,7 +294,8 @@ def test_fewshot_equals_direct_regression_on_pixels():
       batch_size=64, pp='decode(1)|resize({size})|value_range(-1,1)'))
   inp = ml_collections.ConfigDict(dict(eval_batch_size=64, data_dir=None))
   with jax.set_mesh(mesh):
-    out = _fewshot(cfg, inp, model, mesh, sh, image_size=8).run(
+    out = _fewshot(cfg, inp, model, mesh, sh, image_size=8,
+                   channels=1).run(
         jax.device_put(params, sh))
   data = memory_source.load('digits')
   x, y = data['train']

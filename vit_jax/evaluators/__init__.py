@@ -37,7 +37,9 @@ def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
   h, w = image_shape[:2]
   context = Context(config=config, model=model, mesh=mesh,
                     params_sharding=params_sharding,
-                    image_size=h if h == w else (h, w))
+                    image_size=h if h == w else (h, w),
+                    channels=int(image_shape[2]) if len(image_shape) > 2
+                    else 3)
   first = (MaskedPatchEval if config.get('objective', 'supervised') == 'mpp'
            else Classification)
   out: List[Evaluator] = [first('eval', ml_collections.ConfigDict(

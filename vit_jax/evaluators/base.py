@@ -41,12 +41,14 @@ class Context:
     params_sharding: the shardings of the parameter tree `run` receives.
     image_size: the model's input side, or (height, width) for
       non-square inputs.
+    channels: the model's input channels (1 for grey-scale data).
   """
   config: ml_collections.ConfigDict
   model: Any
   mesh: Any
   params_sharding: Any
   image_size: Union[int, Tuple[int, int]]
+  channels: int = 3
 
 
 class Evaluator(abc.ABC):

@@ -47,6 +47,8 @@ def representation(params: Any, images: jax.Array, *,
 # big_vision's constant bias feature: large, so its weight is barely
 # regularised.
 BIAS_FEATURE = 100.0
+# Few-shot's pre-processing unless `evals.<name>.pp` says otherwise.
+DEFAULT_PP = 'decode|resize({size})|value_range(-1,1)'
 L2_REG = 2.0**10  # big_vision's default.
 
 
@@ -115,7 +117,7 @@ class FewShot(base.Evaluator):
     self._pipelines: Dict[Tuple[str, str], pipeline.EvalIterable] = {}
     batch = int(cfg.get('batch_size', input_config.eval_batch_size))
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
-    pp = cfg.get('pp', 'decode|resize({size})|value_range(-1,1)')
+    pp = cfg.get('pp', DEFAULT_PP)
     # A non-square model input (`Context.image_size` is then (H, W)):
     # `{size}` is 'H, W' (resize(H, W)); the input's image_size, a square
     # side, stays unset.
@@ -152,6 +154,18 @@ class FewShot(base.Evaluator):
         raise ValueError(f'evals.{name}: few-shot dataset {data!r} is '
                          'multi-label; few-shot draws k images of one class '
                          'each: pick a single-label dataset')
+      shape = tuple(info.eval_image_shape)
+      want = ((image_size, image_size) if square else tuple(image_size)) + (
+          context.channels,)
+      if shape != want:
+        raise ValueError(
+            f'evals.{name}: pre-processing {self._input.pp_eval!r} makes '
+            f'{"x".join(map(str, shape))} images of few-shot dataset '
+            f'{data!r}; the model takes {"x".join(map(str, want))}: '
+            + ('write evals.%s.pp with {size} where the size goes (its '
+               'default: %s)' % (name, DEFAULT_PP) if shape[:2] != want[:2]
+               else 'set the channels in evals.%s.pp: decode(%d) '
+               'first (or to_rgb for 3)' % (name, context.channels)))
       self._classes[data] = info.num_classes
     rep = shd.replicated(mesh)
     def represent(params, batch):
