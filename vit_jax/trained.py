@@ -283,7 +283,7 @@ def _from_workdir(path: str, model: Optional[str],
   workdir = source.rstrip('/').rsplit('/', 2)[0]  # .../checkpoints/<step>
   recorded = run_files.read_config(workdir)
   config = recorded.get('config') or {}
-  run = run_files.read_summary(workdir)
+  run = run_files.read_summary(workdir, own=False)
   try:
     saved = orbax_state.load_run_state(source)
   except orbax_state.DamagedCheckpointError as e:

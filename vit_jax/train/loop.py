@@ -461,8 +461,11 @@ def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
   summary.json, else config.json); None for an .npz or a foreign run."""
   if init_from.endswith('.npz'):
     return None
-  workdir = os.path.dirname(os.path.dirname(init_from.rstrip('/')))
-  report = run_files.read_summary(workdir).get('report')
+  checkpoints = os.path.dirname(init_from.rstrip('/'))
+  if os.path.basename(checkpoints) != 'checkpoints':
+    return None  # A step directory copied out of its run's workdir.
+  workdir = os.path.dirname(checkpoints)
+  report = run_files.read_summary(workdir, own=False).get('report')
   if report is None:
     report = (run_files.read_config(workdir).get('config') or {}).get(
         'report')

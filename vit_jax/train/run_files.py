@@ -85,10 +85,12 @@ def read_config(workdir: str) -> Dict[str, Any]:
   return content if isinstance(content, dict) else {}
 
 
-def read_summary(workdir: str) -> Dict[str, Any]:
+def read_summary(workdir: str, *, own: bool = True) -> Dict[str, Any]:
   """`workdir/summary.json` as a dict ({} if absent). An unreadable one
-  (edited by hand, a foreign file) is renamed aside with a warning, never
-  silently dropped."""
+  (edited by hand, a foreign file) is never silently dropped: in the run's
+  own workdir (`own`, where it is about to be written anew) it is renamed
+  aside with a warning; another run's (an init, a model being exported,
+  perhaps on read-only storage) is left as it is, with a warning."""
   path = epath.Path(workdir) / SUMMARY
   if not path.exists():
     return {}
@@ -98,6 +100,9 @@ def read_summary(workdir: str) -> Dict[str, Any]:
       raise ValueError('not a JSON object')
     return content
   except (ValueError, UnicodeDecodeError) as e:
+    if not own:
+      logging.warning('%s is unreadable (%s); read as empty', path, e)
+      return {}
     aside = f'{path}.unreadable-{int(time.time())}'
     logging.warning('%s is unreadable (%s); renamed to %s and written anew',
                     path, e, aside)
