@@ -222,6 +222,35 @@ def test_load_pretrained_non_square_grids(vit):
     checkpoint.resize_posemb(pe, (1, 225, 8), tokens=(1, 1))
 
 
+def test_resize_posemb_from_a_recorded_grid():
+  """A checkpoint's recorded grid decides how its rows are read: 7x9 into
+  9x7 is resized (not copied, which would transpose it), 4x16 into 8x8
+  resized (not read as 8x8), and a grid that does not fit the rows is an
+  error."""
+  rng = np.random.RandomState(0)
+  pe = rng.normal(size=(1, 1 + 63, 8)).astype(np.float32)
+  new = checkpoint.resize_posemb(pe, (1, 64, 8), (9, 7), tokens=(1, 1),
+                                 source_grid=(7, 9))
+  ref = tf.compat.v1.image.resize_bilinear(
+      pe[:, 1:].reshape(1, 7, 9, 8), (9, 7), align_corners=True).numpy()[0]
+  np.testing.assert_allclose(new[0, 1:].reshape(9, 7, 8), ref, atol=1e-5)
+  np.testing.assert_array_equal(new[:, 0], pe[:, 0])
+  # Without the record the counts decide (the documented old guess).
+  np.testing.assert_array_equal(
+      checkpoint.resize_posemb(pe, (1, 64, 8), (9, 7), tokens=(1, 1)), pe)
+  pe = rng.normal(size=(1, 64, 8)).astype(np.float32)
+  new = checkpoint.resize_posemb(pe, (1, 64, 8), (8, 8), tokens=(0, 0),
+                                 source_grid=(4, 16))
+  ref = tf.compat.v1.image.resize_bilinear(
+      pe.reshape(1, 4, 16, 8), (8, 8), align_corners=True).numpy()[0]
+  np.testing.assert_allclose(new[0].reshape(8, 8, 8), ref, atol=1e-5)
+  np.testing.assert_array_equal(checkpoint.resize_posemb(
+      pe, (1, 64, 8), (4, 16), tokens=(0, 0), source_grid=(4, 16)), pe)
+  with pytest.raises(CheckpointError, match=r'not its recorded grid \(5, 5\)'):
+    checkpoint.resize_posemb(pe, (1, 64, 8), (8, 8), tokens=(0, 0),
+                             source_grid=(5, 5))
+
+
 def test_load_pretrained_keep_head(vit):
   _, params = vit
   target = models.create('ViT-test', num_classes=5, representation_size=16)

@@ -245,6 +245,19 @@ def test_fine_tune_at_a_non_square_size(reference_run, tmp_path):
   np.testing.assert_allclose(pe(tuned)[0, 1:].reshape(4, 6, 32), want,
                              atol=1e-4)
   np.testing.assert_allclose(pe(tuned)[0, 0], pe(ref)[0, 0], atol=1e-4)
+  # The checkpoint records its grid: loaded at 24x16 (a 6x4 grid, the same
+  # 25 rows) its embeddings are resized, not copied transposed.
+  from vit_jax import checkpoint
+  from vit_jax.train import orbax_state
+  recorded = orbax_state.patch_grid(str(tmp_path / 'ft'))
+  assert recorded == (4, 6)
+  assert orbax_state.patch_grid(ref_dir) == (4, 4)
+  turned = checkpoint.load_pretrained(tuned, tuned, grid=(6, 4),
+                                      source_grid=recorded, keep_head=True)
+  want = scipy.ndimage.zoom(pe(tuned)[0, 1:].reshape(4, 6, 32),
+                            (1.5, 4 / 6, 1), order=1)
+  np.testing.assert_allclose(pe(turned)[0, 1:].reshape(6, 4, 32), want,
+                             atol=1e-6)
   # Few-shot evaluated the 16x24 model on 16x24 images.
   summary = json.loads((tmp_path / 'ft' / 'summary.json').read_text())
   assert 0 <= summary['fewshot/digits/1shot'] <= 1

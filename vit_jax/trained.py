@@ -329,8 +329,10 @@ def _from_workdir(path: str, model: Optional[str],
           workdir, data, pp, size)
   else:
     size, pp = _posemb_size(name, options, params) or 224, NPZ_PP
+  grid = saved.get('patch_grid')
   trained = _build(name, options, num_classes, size, pp, params, source,
-                   'workdir', dtype=dtype)
+                   'workdir', dtype=dtype,
+                   source_grid=tuple(grid) if grid else None)
   trained.data, trained.run, trained.config = data, run, config
   trained.command = recorded.get('command')
   trained.workdir = workdir
@@ -488,9 +490,10 @@ def _check_hf_processor(path: str) -> None:
 
 
 def _build(name, options, num_classes, size, pp, params, source, kind,
-           dtype='float32') -> Trained:
+           dtype='float32', source_grid=None) -> Trained:
   """Checks the params against the model (resizing position embeddings to
-  `size`) and the pre-processing's output shape."""
+  `size` from `source_grid`, the checkpoint's recorded patch grid) and the
+  pre-processing's output shape."""
   from vit_jax.data import preprocess
   ops = preprocess.expand(pp, size)
   size, channels = _pp_output(ops, size)
@@ -502,7 +505,8 @@ def _build(name, options, num_classes, size, pp, params, source, kind,
   host = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), abstract)
   try:
     loaded = load_pretrained(params, host, keep_head=True,
-                             grid=models.patch_grid(module, (size, size)))
+                             grid=models.patch_grid(module, (size, size)),
+                             source_grid=source_grid)
   except ValueError as e:
     raise TrainedModelError(f'{source} does not fit {name} with {options} '
                             f'at {size}x{size}x{channels}: {e}') from e

@@ -8,7 +8,9 @@ the pre-trained weights, adapted to the new model:
     has no representation layer;
   * position embeddings are resized in 2-D (bilinear, corner-aligned, as
     the reference code) when the patch grid changes, e.g. 224 -> 384
-    turns a 14x14 grid into 24x24, or 224 -> 224x256 into 14x16 (`grid`);
+    turns a 14x14 grid into 24x24, or 224 -> 224x256 into 14x16 (`grid`;
+    the checkpoint's own grid is `source_grid`, which vit_jax checkpoints
+    record, else a square one);
     the class-token row is kept as is, or dropped, with `cls`, for a target
     without a class token (a "gap" classifier);
   * a masked-patch-prediction model's `mask_token` and `mpp_head` are
@@ -40,7 +42,8 @@ SELF_SUPERVISED = ('mask_token', 'mpp_head')
 def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
                     init_params: Mapping[str, Any], *,
                     keep_head: bool = False,
-                    grid: Optional[Tuple[int, int]] = None) -> dict:
+                    grid: Optional[Tuple[int, int]] = None,
+                    source_grid: Optional[Sequence[int]] = None) -> dict:
   """Pre-trained weights (an .npz path or a params tree) for `init_params`.
 
   Args:
@@ -52,6 +55,9 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
     grid: (rows, cols) of the target's patch grid
       (`vit_jax.models.patch_grid`); required when it is not square. Whether
       either side has a class-token row is read from its `cls` parameter.
+    source_grid: (rows, cols) of the checkpoint's patch grid, as a vit_jax
+      checkpoint records it (`orbax_state.patch_grid`); None: not recorded
+      (.npz files, older checkpoints), see `resize_posemb`.
 
   Returns:
     A nested dict of numpy arrays shaped like `init_params`, in its dtypes.
@@ -91,7 +97,7 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
       out[key] = np.asarray(init)
     elif key == POSEMB and key in loaded:
       out[key] = resize_posemb(np.asarray(loaded[key]), np.shape(init), grid,
-                               tokens=tokens)
+                               tokens=tokens, source_grid=source_grid)
     elif key in loaded:
       out[key] = np.asarray(loaded[key])
   # `pre_logits` is dropped when the target has none (a new head follows);
@@ -110,22 +116,24 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
 
 def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
                   grid: Optional[Tuple[int, int]] = None, *,
-                  tokens: Optional[Tuple[int, int]] = None) -> np.ndarray:
+                  tokens: Optional[Tuple[int, int]] = None,
+                  source_grid: Optional[Sequence[int]] = None) -> np.ndarray:
   """Bilinearly resizes (1, tokens, D) position embeddings to `new_shape`,
   as the reference code does (corner-aligned: `scipy.ndimage.zoom`, order 1).
 
   Args:
     posemb: the checkpoint's position embeddings; the class-token row (if
-      any) first, then a square grid (all public checkpoints are square). A
-      checkpoint's grid is not recorded with it: a non-square one is taken
-      to be the target's grid when the counts match (7x9 into 9x7 would
-      load transposed), and a count that is a square (4x16) is read as a
-      square grid.
+      any) first, then its grid, row by row.
     new_shape: the target's shape (1, rows, D).
     grid: the target's (rows, cols) patch grid; None: a square one.
     tokens: (checkpoint, target) class-token rows, 0 or 1 each; None: read
       from the row counts, where a square grid plus one row is taken as a
       class token (ambiguous: `load_pretrained` passes them).
+    source_grid: the checkpoint's (rows, cols), as vit_jax checkpoints
+      record it. None (public .npz files, which are all square, and
+      checkpoints of earlier versions): a square grid where the row count
+      is a square, else the target's grid when the counts match. Without
+      it, 7x9 into 9x7 would load transposed and 4x16 would read as 8x8.
 
   Returns:
     `new_shape`'s embeddings: the class-token row kept (or dropped for a
@@ -162,25 +170,36 @@ def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],
     raise CheckpointError(
         f'target position embeddings have {n_new} rows, not grid {grid} '
         f'plus {tok_new} class token row(s)')
-  g_old = math.isqrt(n_old - tok_old)
-  if g_old * g_old != n_old - tok_old or g_old == 0:
-    if n_old - tok_old == grid[0] * grid[1]:
+  if source_grid is not None:
+    old_grid = tuple(int(n) for n in source_grid)
+    if old_grid[0] * old_grid[1] != n_old - tok_old:
+      raise CheckpointError(
+          f'checkpoint position embeddings have {n_old} rows: not its '
+          f'recorded grid {old_grid} plus {tok_old} class token row(s)')
+  else:
+    g_old = math.isqrt(n_old - tok_old)
+    if g_old * g_old == n_old - tok_old and g_old > 0:
+      old_grid = (g_old, g_old)
+    elif n_old - tok_old == grid[0] * grid[1]:
       # A non-square checkpoint: its grid is taken to be the target's.
-      return posemb[:, tok_old - tok_new:]
-    raise CheckpointError(
-        f'checkpoint position embeddings have {n_old} rows: {tok_old} class '
-        f'token row(s) and a grid that is not square, which cannot be '
-        f'resized to {grid}')
-  if (g_old, g_old) == tuple(grid):
+      old_grid = tuple(grid)
+    else:
+      raise CheckpointError(
+          f'checkpoint position embeddings have {n_old} rows: {tok_old} '
+          f'class token row(s) and a grid that is not square, which cannot '
+          f'be resized to {grid} (its own grid is not recorded)')
+  if old_grid == tuple(grid):
     return posemb[:, tok_old - tok_new:]
-  tok, pe = posemb[:, :tok_new], posemb[0, tok_old:].reshape(g_old, g_old, d)
+  tok = posemb[:, :tok_new]
+  pe = posemb[0, tok_old:].reshape(*old_grid, d)
   # The reference's interpolation (vision_transformer's load_pretrained,
   # big_vision's resample_posemb): order-1 spline zoom, which maps the old
   # grid's corner rows onto the new grid's corners. Imported here: 0.3 s
   # that processes which never resize need not pay.
   import scipy.ndimage  # pylint: disable=g-import-not-at-top
   pe = scipy.ndimage.zoom(np.asarray(pe, np.float32),
-                          (grid[0] / g_old, grid[1] / g_old, 1), order=1)
+                          (grid[0] / old_grid[0], grid[1] / old_grid[1], 1),
+                          order=1)
   if pe.shape != (*grid, d):  # Rounding of the zoomed size.
     raise CheckpointError(f'position embeddings resized to {pe.shape[:2]}, '
                           f'not {grid}')

@@ -71,15 +71,18 @@ def _load(config, source: str, model, image_shape, mesh, ema: bool):
       axes=shd.logical_axes(model, image_shape),
       rules=config.get('sharding_rules', ()),
       overrides=config.get('sharding_overrides', ()))
-  loaded, averages = ((source, None) if source.endswith('.npz')
+  npz = source.endswith('.npz')
+  loaded, averages = ((source, None) if npz
                       else orbax_state.load_weights(source))
+  source_grid = None if npz else orbax_state.patch_grid(source)
   host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
                       abstract['params'])
 
   def place(tree):
     return jax.device_put(load_pretrained(
         tree, host, keep_head=True,
-        grid=models.patch_grid(model, image_shape)), params_sh)
+        grid=models.patch_grid(model, image_shape),
+        source_grid=source_grid), params_sh)
   return (place(loaded), place(averages) if ema and averages is not None
           else None, params_sh)
 

@@ -90,27 +90,29 @@ def _check_mpp_value_range(input_config) -> None:
           + ': end it with value_range(-1,1)')
 
 
-def _init_weights(config) -> Tuple[Any, str]:
+def _init_weights(config) -> Tuple[Any, str, Optional[Tuple[int, int]]]:
   """(the host weights of `config.init`, the file or checkpoint step they
-  were read from): an .npz file, or an orbax workdir / checkpoint directory
-  of an earlier run (its newest step now: recorded, as that run may save
-  more). Read before the fresh state is computed, so a bad path fails
-  first."""
+  were read from, their patch grid where recorded): an .npz file, or an
+  orbax workdir / checkpoint directory of an earlier run (its newest step
+  now: recorded, as that run may save more). Read before the fresh state
+  is computed, so a bad path fails first."""
   source = config.init
   if source.endswith('.npz'):
     return load_npz(source), (source if '://' in source
-                              else os.path.abspath(source))
+                              else os.path.abspath(source)), None
   step_dir = orbax_state.resolve(source)
-  return orbax_state.load_params(step_dir), step_dir
+  return (orbax_state.load_params(step_dir), step_dir,
+          orbax_state.patch_grid(step_dir))
 
 
-def _init_params(source, state, state_sh, grid):
+def _init_params(source, state, state_sh, grid, source_grid):
   """Replaces fresh params with `config.init`'s weights (`_init_weights`);
-  `grid`: the model's patch grid at the run's image size."""
+  `grid`: the model's patch grid at the run's image size, `source_grid`
+  the init's (None: not recorded)."""
   # Every host needs the whole template (shapes, the fresh head): on a
   # mesh whose FSDP/model axis spans hosts no process holds it alone.
   host = multihost_utils.process_allgather(state.params, tiled=True)
-  params = load_pretrained(source, host, grid=grid)
+  params = load_pretrained(source, host, grid=grid, source_grid=source_grid)
   def place():  # A buffer of its own each: the state is donated.
     return jax.device_put(params, state_sh.params)
   # The averages, if any, start at the init too.
@@ -167,6 +169,7 @@ class Run:
   num_classes: int
   steps: int
   image_shape: Tuple[int, ...]
+  grid: Optional[Tuple[int, int]]  # The model's patch grid (None: BiT).
   state: Any
   state_sh: Any
   ckpt: orbax_state.Checkpointer
@@ -182,6 +185,9 @@ class Run:
     """What a checkpoint records about its configuration."""
     return {'model': orbax_state.as_saved(self.config.model.to_dict()),
             'optim': self.config.optim.to_dict(), 'total_steps': self.steps,
+            # What loaders resize position embeddings from (a 7x9 grid and
+            # a 9x7 one have the same rows).
+            'patch_grid': list(self.grid) if self.grid else None,
             **_objective(self.config), **_training(self.config)}
 
 
@@ -209,6 +215,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                                      shd.platform(mesh))
   tx, lr_fn = optim.make(config.optim, steps)
   image_shape = tuple(info.image_shape)
+  grid = models.patch_grid(model, image_shape)
   ema = bool(config.optim.get('ema_decay'))
   abstract, state_sh = step_lib.planned_state(
       model, tx, image_shape, mesh, config.get('fsdp_min_size', 2**18),
@@ -234,7 +241,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     start, saved = 0, {}
     init = None
     if config.get('init'):
-      init, saved['init_from'] = _init_weights(config)
+      init, saved['init_from'], init_grid = _init_weights(config)
       # What the init was trained by: an MPP model has its mpp_head.
       saved['init_objective'] = (
           'mpp' if any(k in init for k in selfsup.PARAMS) else 'supervised')
@@ -242,8 +249,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
     state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
                                 state_sh, ema=ema)
     if init is not None:
-      state = _init_params(init, state, state_sh,
-                           models.patch_grid(model, image_shape))
+      state = _init_params(init, state, state_sh, grid, init_grid)
       logging.info('initialised from %s', saved['init_from'])
   label_ndim = 2 if (config.input.get('mixup') or config.input.get('cutmix')
                     or info.multi_label) else 1
@@ -257,9 +263,9 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   heap.release()  # What initialisation or the restore freed.
   return Run(config=config, workdir=workdir, mesh=mesh,
              num_classes=num_classes, steps=steps, image_shape=image_shape,
-             state=state, state_sh=state_sh, ckpt=ckpt, train_it=train_it,
-             train_fn=train_fn, evals=evals, forward_flops=fwd, start=start,
-             saved=saved)
+             grid=grid, state=state, state_sh=state_sh, ckpt=ckpt,
+             train_it=train_it, train_fn=train_fn, evals=evals,
+             forward_flops=fwd, start=start, saved=saved)
 
 
 def _objective(config) -> Dict[str, Any]:

@@ -426,3 +426,11 @@ def load_run_state(path: str) -> dict:
     raise DamagedCheckpointError(
         f'cannot read {meta}; the checkpoint is damaged: pass an '
         'earlier step, checkpoints/<step>, instead', reason=str(e)) from e
+
+
+def patch_grid(path: str) -> Optional[Tuple[int, int]]:
+  """(rows, cols) of the patch grid a checkpoint's model was trained on, as
+  its run recorded it; None for checkpoints of models without a grid (BiT)
+  and those of earlier versions, which did not record it."""
+  grid = load_run_state(path).get('patch_grid')
+  return tuple(int(n) for n in grid) if grid else None
