@@ -293,6 +293,34 @@ def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
   assert typo.returncode == 1 and 'Traceback' not in typo.stderr
   assert "--config_args=smoke=true,bogus=1: unknown config arg 'bogus'" in (
       typo.stderr)
+  bad = subprocess.run(cmd + ['--config_args=smoke=true', '--tasks=dtd',
+                              '--set=input.bogus=1'],
+                       cwd=ROOT, capture_output=True, text=True, env=env)
+  assert bad.returncode == 1 and 'Traceback' not in bad.stderr
+  assert "--set=input.bogus=1: config.input has no field 'bogus'" in (
+      bad.stderr)
+
+
+def test_vtab_set_overrides_every_tasks_config():
+  """`--set=FIELD=VALUE` is the driver's `--config.FIELD=VALUE`: literals
+  typed, paths as strings, wrong names and types refused by name."""
+  from absl import app
+  from vit_jax import vtab as driver  # Defines its flags: only here.
+  config = vtab.get_config('task=dtd')
+  driver.override(config, 'input.data_dir=gs://b/tfds')
+  driver.override(config, 'input.batch_size=256')
+  driver.override(config, 'optim.lr=0.03')
+  assert (config.input.data_dir, config.input.batch_size,
+          config.optim.lr) == ('gs://b/tfds', 256, 0.03)
+  driver.override(config, 'input.data_dir=2024')  # A folder named 2024.
+  assert config.input.data_dir == '2024'
+  with pytest.raises(app.UsageError, match=r"--set=optim.lrr=1: config.optim "
+                     r"has no field 'lrr' \(did you mean lr"):
+    driver.override(config, 'optim.lrr=1')
+  with pytest.raises(app.UsageError, match=r'--set=input.batch_size=big: '):
+    driver.override(config, 'input.batch_size=big')
+  with pytest.raises(app.UsageError, match='expected FIELD=VALUE'):
+    driver.override(config, 'input.batch_size')
 
 
 def test_common_parse_arg_types():

@@ -1,7 +1,8 @@
 """VTAB-1k: fine-tune one model on all 19 tasks and report them together.
 
     python -m vit_jax.vtab --config_args=model=ViT-B/16,init=gs://.../pretrain \
-        --workdir=gs://.../vtab [--tasks=caltech101,dtd]
+        --workdir=gs://.../vtab [--tasks=caltech101,dtd] \
+        [--set=input.data_dir=gs://.../tfds --set=input.batch_size=256]
 
 Runs `configs/vtab.py:<config_args>,task=<task>` for every task, each in
 `<workdir>/<task>` (a finished task is skipped, an interrupted one resumes
@@ -27,6 +28,10 @@ _ARGS = flags.DEFINE_string('config_args', '', 'Arguments of configs/vtab.py '
 _WORKDIR = flags.DEFINE_string('workdir', None, 'One sub-directory per task.')
 _TASKS = flags.DEFINE_list('tasks', ['all'], 'Task names (without vtab/), or '
                            'all.')
+_SET = flags.DEFINE_multi_string(
+    'set', [], 'FIELD=VALUE: sets a field of every task\'s config, as '
+    '--config.FIELD=VALUE does for vit_jax.main (repeatable), e.g. '
+    '--set=input.data_dir=gs://b/tfds --set=input.batch_size=256.')
 flags.mark_flag_as_required('workdir')
 
 
@@ -40,6 +45,37 @@ def tasks(names) -> list:
     raise app.UsageError(f'unknown VTAB task(s) {unknown}; known: '
                          f'{", ".join(every)}')
   return list(names)
+
+
+def override(config, item: str) -> None:
+  """Sets `config`'s field as `--set=FIELD=VALUE` says: VALUE is a Python
+  literal (`256`, `0.01`, `True`, `(1, 5)`), else a string; an unknown
+  field or a value of the wrong type is a UsageError naming it."""
+  import ast
+  from vit_jax.configs import unknown_field
+  path, sep, text = item.partition('=')
+  if not sep or not path:
+    raise app.UsageError(f'--set={item}: expected FIELD=VALUE, e.g. '
+                         '--set=input.data_dir=gs://b/tfds')
+  problem = unknown_field(config, path)
+  if problem:
+    raise app.UsageError(problem.replace(f'--config.{path}', f'--set={item}',
+                                         1))
+  try:
+    value = ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    value = text  # A path, a name: a string.
+  *parents, key = path.split('.')
+  node = config
+  for name in parents:
+    node = node[name]
+  try:
+    node[key] = value
+  except (TypeError, ValueError) as e:
+    try:  # A string field's value that reads as a literal (a folder `2024`).
+      node[key] = text
+    except (TypeError, ValueError):
+      raise app.UsageError(f'--set={item}: {e}') from None
 
 
 def _finished(workdir: str, config) -> bool:
@@ -87,6 +123,8 @@ def main(argv):
       config = vtab_config.get_config(spec)
     except ValueError as e:
       raise app.UsageError(f'--config_args={_ARGS.value}: {e}') from None
+    for item in _SET.value:
+      override(config, item)
     workdir = os.path.join(root, task)
     if _finished(workdir, config):
       logging.info('%s: finished earlier, skipped', task)
