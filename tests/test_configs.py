@@ -104,6 +104,13 @@ def test_vtab_one_setting_for_all_tasks():
                                                                384)
     assert c.input.train_split == 'train800val200'
     assert c.report.task == task
+  # Its sweep evaluates on the 200 held out, also in the smoke stand-in
+  # (which evaluated on test).
+  smoke = vtab.get_config('task=dtd,sweep=true,smoke=true')
+  assert (smoke.input.train_split, smoke.input.eval_split) == (
+      'train[:800]', 'train[800:1000]')
+  for split in (smoke.input.train_split, smoke.input.eval_split):
+    registry.get(smoke.input.data).resolve_split(split)
 
 
 @pytest.mark.parametrize('make,arg,match', [
