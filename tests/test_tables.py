@@ -437,3 +437,25 @@ def test_a_vtab_cell_of_several_runs_says_so_and_names_their_lrs(tmp_path):
   md = tables.render(tables.load_runs([str(tmp_path)]), flops='analytic')
   cell = _col(md, 'VTAB-1k', 'ViT-L/16 (i21k, 90 ep)', 'dtd')
   assert cell.startswith('38.00 (mean of 2 ± 2.83') and 'lr 0.01, 0.03' in cell
+
+
+def test_vtab_sweep_picks_one_learning_rate_on_the_val200_mean(tmp_path):
+  """The protocol's choice: the rate with the best mean val200 accuracy
+  over all 19 tasks; a rate swept on some tasks only is listed, not
+  picked, however good its mean."""
+  for lr, base in ((0.003, 0.50), (0.01, 0.55), (0.03, 0.90)):
+    for i, task in enumerate(VTAB if lr != 0.03 else VTAB[:3]):
+      summary = _run('ViT-B/16', f'vtab/{task}', base + 0.01 * (i % 3),
+                     pretrain='i21k', epochs=90.0, lr=lr, sweep=True)
+      _write(tmp_path, f'sweep_{lr}/{task}', summary)
+  text = tables.render(tables.load_runs([str(tmp_path)]), ['sweep'])
+  vtab = text.split('### VTAB: one learning rate')[1]
+  rows = {line.split('|')[2].strip(): line for line in vtab.splitlines()
+          if line.startswith('| ViT-B/16')}
+  assert sorted(rows) == ['0.003', '0.01', '0.03']
+  assert '19/19' in rows['0.01'] and rows['0.01'].rstrip('| ').endswith(
+      'best')
+  assert '3/19' in rows['0.03'] and 'best' not in rows['0.03']
+  assert 'best' not in rows['0.003']
+  mean = 100 * sum(0.55 + 0.01 * (i % 3) for i in range(19)) / 19
+  assert f'{mean:.2f}' in rows['0.01']

@@ -718,7 +718,45 @@ def table_sweep(ctx: _Ctx) -> list[str]:
                    run.workdir])
   return ['## LR sweeps (dev-split accuracy, %)', '', *_md_table(
       ['setting', 'task', 'lr', 'dev accuracy', '', 'workdir'], rows,
-      'llrrll')]
+      'llrrll')] + _vtab_sweep(ctx)
+
+
+def _vtab_sweep(ctx: _Ctx) -> list[str]:
+  """VTAB's choice: one learning rate for all 19 tasks, the one with the
+  best mean val200 accuracy (the paper's protocol, Appendix B.1.1). A
+  rate is picked only among those swept on every task; the mean of
+  several runs of one task at one rate counts once."""
+  groups: dict[tuple[str, float], dict[str, list[float]]] = {}
+  for run in ctx.match.runs:
+    task = str(run.task)
+    if (run.sweep and run.accuracy is not None and run.setting is not None
+        and _vtab_name(task) in _vtab_tasks()):
+      key = (run.setting.label() + (' (smoke)' if run.report.get('smoke')
+                                    else ''),
+             float(run.report.get('lr') or 0.0))
+      groups.setdefault(key, {}).setdefault(_vtab_name(task), []).append(
+          run.accuracy)
+  if not groups:
+    return []
+  means = {key: sum(sum(v) / len(v) for v in tasks.values()) / len(tasks)
+           for key, tasks in groups.items()}
+  complete = [k for k, tasks in groups.items()
+              if len(tasks) == len(_vtab_tasks())]
+  best = {}
+  for key in complete:
+    if key[0] not in best or means[key] > means[best[key[0]]]:
+      best[key[0]] = key
+  rows = [[label, f'{lr:g}', f'{len(groups[(label, lr)])}/'
+           f'{len(_vtab_tasks())}', _pct(means[(label, lr)]),
+           'best' if best.get(label) == (label, lr) else '']
+          for label, lr in sorted(groups)]
+  return ['', '### VTAB: one learning rate for all tasks (mean val200 '
+          'accuracy, %)', '', *_md_table(
+              ['setting', 'lr', 'tasks', 'mean dev accuracy', ''], rows,
+              'lrrrl'), '', 'The best rate among those swept on all '
+          f'{len(_vtab_tasks())} tasks is the one to train on train800val200 '
+          '(`python -m vit_jax.vtab --config_args=...,lr=<best>`); a rate '
+          'with tasks missing is not picked.']
 
 
 BUILDERS = {'2': table2, '6': table6, 'optim': table_optim,
