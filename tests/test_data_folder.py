@@ -113,16 +113,27 @@ def test_hidden_and_underscore_folders_are_not_classes(tmp_path):
 
 
 def test_a_class_folder_without_images_is_named(tmp_path, caplog):
-  """Its images one folder deeper are not read: the class would have no
-  examples, silently."""
+  """A class with no images at any depth would have no examples: named."""
   _write(tmp_path, corrupt=False)
   os.makedirs(tmp_path / 'empty' / 'deeper')
-  (tmp_path / 'empty' / 'deeper' / 'x.jpg').write_bytes(
-      (tmp_path / 'animals' / 'chelsea_0.jpg').read_bytes())
+  (tmp_path / 'empty' / 'deeper' / 'notes.txt').write_text('no image')
   with caplog.at_level(logging.WARNING):
     info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
   assert info.num_classes == 4
   assert "class 'empty' has no train examples" in caplog.text
+
+
+def test_images_in_folders_inside_a_class_folder_are_its_own(tmp_path):
+  """As torchvision's ImageFolder: `CLASS/2019/*.jpg` belongs to CLASS,
+  beside images directly in it (they were left out, silently); hidden and
+  tool folders inside it are not read."""
+  _write(tmp_path, corrupt=False)
+  photo = (tmp_path / 'animals' / 'chelsea_0.jpg').read_bytes()
+  for folder in ('animals/2019', 'animals/2019/march', 'animals/.cache'):
+    os.makedirs(tmp_path / folder)
+    (tmp_path / folder / 'x.jpg').write_bytes(photo)
+  info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
+  assert (info.num_classes, info.num_train_examples) == (3, 12)
 
 
 def test_split_folders_beside_other_folders_are_refused(tmp_path):

@@ -5,6 +5,9 @@ Two layouts (local paths or gs://):
     DATA_DIR/CLASS/*.jpg                 one split, `train`
     DATA_DIR/SPLIT/CLASS/*.jpg           SPLIT in train, validation, val, test
 
+Images in folders inside a class folder (`CLASS/2019/*.jpg`) belong to that
+class, as torchvision's ImageFolder reads them.
+
 Labels are the indices of the sorted class names of the train split. Each
 split's files are listed in sorted order and then put in one fixed random
 order (the same on every machine), so splits such as `train[:90%]` are
@@ -59,8 +62,15 @@ def _subdirs(path: str) -> List[str]:
 
 
 def _images(path: str) -> List[str]:
-  return sorted(_join(path, f) for f in tf.io.gfile.listdir(path)
-                if f.lower().endswith(EXTENSIONS) and not _ignored(f))
+  """The image files in `path` and, at any depth, in its folders (as
+  torchvision's ImageFolder reads a class folder), hidden and tool ones
+  left out."""
+  out = []
+  for folder, dirs, files in tf.io.gfile.walk(path):
+    dirs[:] = [d for d in dirs if not _ignored(d.rstrip('/'))]
+    out += [_join(folder, f) for f in files
+            if f.lower().endswith(EXTENSIONS) and not _ignored(f)]
+  return sorted(out)
 
 
 def split_dirs(root: str) -> Dict[str, str]:
@@ -146,10 +156,10 @@ class FolderSource(Source):
               f'{path}/{cls}: class {cls!r} is not a class of the train '
               f'split ({len(self.classes)} classes)')
         files = _images(_join(path, cls))
-        if not files:  # Files in deeper folders are not read either.
-          logging.warning('%s/%s has no %s files directly in it: class %r '
-                          'has no %s examples', path, cls,
-                          '/'.join(EXTENSIONS), cls, split)
+        if not files:
+          logging.warning('%s/%s has no %s files: class %r has no %s '
+                          'examples', path, cls, '/'.join(EXTENSIONS), cls,
+                          split)
         paths += files
         labels += [index[cls]] * len(files)
       if not paths:
