@@ -187,9 +187,12 @@ def transfer_report(args, task: str, lr: float) -> dict:
   (args `pretrain`, `pretrain_epochs`, `pretrain_opt`) and its task."""
   epochs = args.pretrain_epochs or paper.default_epochs(args.pretrain,
                                                         args.model)
-  return dict(model=args.model, pretrain=args.pretrain,
-              pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
-              task=task, lr=lr, sweep=args.sweep, transfer=True)
+  report = dict(model=args.model, pretrain=args.pretrain,
+                pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
+                task=task, lr=lr, sweep=args.sweep, transfer=True)
+  if args.get('table2'):  # Table 2's ImageNet fine-tuning (512/518 px).
+    report['table2'] = True
+  return report
 
 
 def shrink_model(model: ml_collections.ConfigDict) -> int:

@@ -385,3 +385,43 @@ def test_any_model_option_can_be_set_on_the_command_line():
   c = smoke.get_config('data=digits')
   assert set(models.option_names()) <= set(c.model.keys())
   assert models.from_config(c.model, 10) == models.create('ViT-test', 10)
+
+
+@pytest.mark.parametrize('arg,ran,why', [
+    ('data=cifar10', (10_000, 384), None),
+    ('data=cifar10,sweep=true,lr=0.03', (10_000, 384), None),
+    ('model=ViT-H/14,data=imagenet2012,table2=true', (20_000, 518), None),
+    ('data=cifar10,steps=50,res=224', (50, 224),
+     "50 steps, the paper's 10000; 224x224 px, the paper's 384"),
+    ('model=ViT-H/14,data=imagenet2012,ema=0.999', (20_000, 384),
+     'Polyak averaging 0.999, which the paper did not use here'),
+    ('data=cifar10,smoke=true', (5, 48), None),
+])
+def test_a_fine_tune_off_the_paper_protocol_fills_no_cell(arg, ran, why):
+  """The report records how the run fine-tuned (lr, steps, resolution,
+  Polyak factor, Table 2's ImageNet setting); a run that left Table 4's
+  protocol for its task (a 50-step 224 px debug run, Polyak averaging
+  outside Table 2) is marked overridden instead of filling the paper's
+  cell. Smoke stand-ins are not compared."""
+  from vit_jax.train import loop
+  config = finetune.get_config(arg + ',init=/x')
+  steps, size = ran
+  report = loop._report(config, 'supervised', ran=(steps, (size, size, 3)))
+  assert report.get('overridden') == why
+  assert (report['steps'], report['image_size']) == (steps, size)
+  assert report['lr'] == config.optim.lr
+  assert report.get('table2', False) == ('table2' in arg)
+
+
+def test_a_transfer_report_records_the_lr_it_trained_with():
+  """`--config.optim.lr=0.03` on a sweep row: the sweep table tells rows
+  apart by lr, which said the config args' 0.01; a VTAB run evaluated on
+  val200 without sweep=true is no test-split cell."""
+  from vit_jax.train import loop
+  config = vtab.get_config('task=dtd,init=/x')
+  config.optim.lr = 0.03
+  report = loop._report(config, 'supervised', ran=(2500, (384, 384, 3)))
+  assert report['lr'] == 0.03 and 'overridden' not in report
+  config.input.eval_split = 'val200'
+  report = loop._report(config, 'supervised', ran=(2500, (384, 384, 3)))
+  assert report['overridden'] == 'evaluated on val200, not test'

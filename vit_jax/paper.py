@@ -21,7 +21,7 @@ Conventions:
 from __future__ import annotations
 
 import fnmatch
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from vit_jax.data import registry
 
@@ -182,6 +182,24 @@ TABLE4 = {
 TABLE4_COMMON = {'optimizer': 'sgd', 'momentum': 0.9, 'decay': 'cosine',
                  'batch_size': 512, 'weight_decay': 0.0,
                  'grad_clip_norm': 1.0, 'image_size': 384}
+
+
+def transfer_protocol(task: str, model: str = '',
+                      table2: bool = False) -> Optional[Dict[str, Any]]:
+  """The paper's fine-tuning of `task` (a Table 4 dataset, or a VTAB task
+  `vtab/<name>`): {'steps', 'image_size', 'polyak'}; Table 2's ImageNet
+  fine-tuning (`table2`) at 512/518 px with Polyak averaging. None for a
+  task the paper does not fine-tune on."""
+  row = TABLE4.get('vtab' if task.startswith('vtab/') else task)
+  if row is None:
+    return None
+  if table2:
+    return {'steps': row['steps'], 'image_size': TABLE2_FINETUNE_RES[model],
+            'polyak': TABLE2_POLYAK}
+  return {'steps': row['steps'], 'image_size': TABLE4_COMMON['image_size'],
+          'polyak': None}
+
+
 # VTAB-1k: 1000 training examples per task, 800 train / 200 val for the sweep.
 VTAB_1K = {'train_examples': 1000, 'sweep_train': 800, 'sweep_val': 200}
 FEWSHOT_SHOTS = (1, 5, 10, 25)

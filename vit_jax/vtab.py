@@ -85,8 +85,10 @@ def _finished(workdir: str, config) -> bool:
   summary = run_files.read_summary(workdir)
   if not summary:
     return False
-  ours = {**config.report.to_dict(), 'init': config.init,
-          'image_size': config.input.image_size}
+  # The trainer records the learning rate it trained with (--set may
+  # change the config args' one).
+  ours = {**config.report.to_dict(), 'lr': float(config.optim.lr),
+          'init': config.init, 'image_size': config.input.image_size}
   theirs = {**summary.get('report', {}), 'init': summary.get('init'),
             'image_size': summary.get('image_size')}
   # The trainer takes the pre-training fields from the init run's own

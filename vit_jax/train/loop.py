@@ -25,9 +25,9 @@ from jax.experimental import multihost_utils
 import ml_collections
 from absl import logging
 
-from vit_jax import accounting, evaluators, heap, models, selfsup
+from vit_jax import accounting, evaluators, heap, models, paper, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.data import ops, pipeline, prepare, preprocess
+from vit_jax.data import ops, pipeline, prepare, preprocess, registry
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, eval_run, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
@@ -453,7 +453,8 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'exaflops': examples * 3 * run.forward_flops / 1e18,
       'objective': config.get('objective', 'supervised'),
       'report': _report(config, run.saved.get('init_objective'),
-                        run.saved.get('init_report')),
+                        run.saved.get('init_report'),
+                        ran=(run.steps, run.image_shape)),
       **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
@@ -479,7 +480,9 @@ def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
 
 
 def _report(config, init_objective: Optional[str] = None,
-            init_report: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+            init_report: Optional[Dict[str, Any]] = None,
+            ran: Optional[Tuple[int, Tuple[int, ...]]] = None
+            ) -> Dict[str, Any]:
   """`config.report` (which paper table cell the run is) as the run was
   really trained. The config args made it; the command line may change the
   run: `overridden` (no cell is this run's) when it trained another zoo
@@ -490,7 +493,8 @@ def _report(config, init_objective: Optional[str] = None,
   `--config.mpp.target` changed the config's own). A transfer run takes its
   pre-training fields from `init_report`, the init run's own report, where
   they differ (a 7-epoch ViT-L/16 fine-tuned under the default 14-epoch
-  args); an overridden init makes the transfer overridden too."""
+  args); an overridden init makes the transfer overridden too. `ran`:
+  (total steps, image shape) of the run, for `_record_transfer`."""
   report = config.report.to_dict() if 'report' in config else {}
   if report.get('transfer') and init_report and (
       init_report.get('task') == 'pretrain'):
@@ -533,10 +537,54 @@ def _report(config, init_objective: Optional[str] = None,
                     config.get('total_steps'))
     report['overridden'] = (f'total_epochs={config.get("total_epochs")}, '
                             f'total_steps={config.get("total_steps")}')
+  if report.get('transfer') and ran is not None:
+    _record_transfer(report, config, *ran)
   if report and objective != 'supervised':
     target = config.get(objective, {}).get('target')
     report['task'] = objective + (f'_{target}' if target else '')
   return report
+
+
+def _record_transfer(report: Dict[str, Any], config, steps: int,
+                     image_shape: Tuple[int, ...]) -> None:
+  """A transfer row's report says how the run really fine-tuned: its
+  learning rate (what a sweep's rows are told apart by), steps, resolution
+  and Polyak factor, whatever the command line changed. A run that left
+  the paper's protocol for its task (`paper.transfer_protocol`: Table 4's
+  steps at 384 px, or Table 2's ImageNet at 512/518 px with Polyak
+  averaging; evaluated on the task's test split) is marked overridden: no
+  paper cell is its. Smoke runs (stand-ins) are not compared."""
+  lr = float(config.optim.lr)
+  if report.get('lr') is not None and float(report['lr']) != lr:
+    logging.warning('config.report says lr=%s but the run trained with '
+                    'optim.lr=%s: recorded', report['lr'], lr)
+  h, w = image_shape[:2]
+  ema = config.optim.get('ema_decay') or None
+  report.update(lr=lr, steps=steps, image_size=h if h == w else [h, w],
+                ema_decay=ema)
+  protocol = paper.transfer_protocol(
+      str(report.get('task')), str(report.get('model')),
+      bool(report.get('table2')))
+  if report.get('smoke') or report.get('overridden') or protocol is None:
+    return
+  why = []
+  if steps != protocol['steps']:
+    why.append(f'{steps} steps, the paper\'s {protocol["steps"]}')
+  if (h, w) != (protocol['image_size'],) * 2:
+    why.append(f'{h}x{w} px, the paper\'s {protocol["image_size"]}')
+  if ema != protocol['polyak']:
+    why.append(f'Polyak averaging {ema}, the paper\'s {protocol["polyak"]}'
+               if protocol['polyak'] else
+               f'Polyak averaging {ema}, which the paper did not use here')
+  split = config.input.get('eval_split')
+  default = registry.get(config.input.data).eval_split
+  if not report.get('sweep') and split not in (None, default):
+    why.append(f'evaluated on {split}, not {default}')
+  if why:
+    logging.warning('this %s fine-tune left the paper\'s protocol (%s): its '
+                    'report is marked overridden', report.get('task'),
+                    '; '.join(why))
+    report['overridden'] = '; '.join(why)
 
 
 def _check_finite(step: int, metrics: Dict[str, Any],
