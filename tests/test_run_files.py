@@ -88,17 +88,17 @@ def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
                 pretrain_optimizer='adam', task='vtab/dtd', lr=0.01)
   config = ml_collections.ConfigDict(dict(
       report=report, init='/w/pre', total_steps=10,
-      input=dict(image_size=32)))
+      input=dict(image_size=32), optim=dict(lr=0.01)))
   run_files.write_summary(str(tmp_path), {
       'steps': 10, 'eval_accuracy': 0.5, 'init': '/w/pre', 'image_size': 32,
       'report': {**report, 'pretrain_epochs': 30.0}})
   assert vtab._finished(str(tmp_path), config) is True  # pylint: disable=protected-access
-  for field, value in (('init', '/w/other'), ('report.lr', 0.03)):
+  for field, value in (('init', '/w/other'), ('optim.lr', 0.03)):
     other = config.copy_and_resolve_references()
     if field == 'init':
       other.init = value
-    else:
-      other.report.lr = value
+    else:  # The lr trained with (`--set=optim.lr=`), whatever the args said.
+      other.optim.lr = value
     with pytest.raises(app.UsageError, match='other settings'):
       vtab._finished(str(tmp_path), other)  # pylint: disable=protected-access
 
