@@ -216,23 +216,3 @@ def _difference(path: str, then, now):
   if orbax_state.as_saved(then) != orbax_state.as_saved(now):
     return f'config.{path} is {now!r}, the run\'s was {then!r}'
   return None
-  now = config.to_dict()
-  same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
-  missing = object()  # A key the run's record lacks (an older version's).
-  for keys in same:
-    then, value = trained, now
-    for key in keys:
-      then = then.get(key, missing) if isinstance(then, dict) else missing
-      value = value.get(key) if isinstance(value, dict) else None
-    if then is missing:
-      continue
-    if orbax_state.as_saved(then) != orbax_state.as_saved(value):
-      return (f'config.{".".join(keys)} is {value!r}, the run\'s was '
-              f'{then!r}')
-  before, after = trained.get('evals') or {}, now.get('evals') or {}
-  for name in sorted(set(before) & set(after)):
-    if orbax_state.as_saved(before[name]) != orbax_state.as_saved(
-        after[name]):
-      return (f'config.evals.{name} is {after[name]!r}, the run\'s was '
-              f'{before[name]!r}')
-  return None
