@@ -138,6 +138,28 @@ def test_unknown_mesh_axis_in_rules_is_a_clear_error():
                    rules=(('mlp', 'modle'),))
 
 
+class FsdpMesh:
+  shape = {'data': 1, 'fsdp': 4, 'model': 2}
+
+
+def test_a_rule_naming_fsdp_is_not_applied_twice():
+  """A sharding rule that puts 'fsdp' on a dimension (('embed', 'fsdp'),
+  or a tuple with it) leaves FSDP's own pick out: the spec named fsdp twice
+  and startup failed with DuplicateSpecError, naming no parameter."""
+  rules = (('embed', 'fsdp'),) + shd.LOGICAL_RULES
+  spec = shd.param_spec((768, 12, 64), FsdpMesh(), ('embed', 'heads', 'kv'),
+                        1, rules)
+  assert tuple(spec) == ('fsdp', 'model', None)
+  rules = (('embed', ('data', 'fsdp')),) + shd.LOGICAL_RULES
+  spec = shd.param_spec((768, 12, 64), FsdpMesh(), ('embed', 'heads', 'kv'),
+                        1, rules)
+  assert tuple(spec) == (('data', 'fsdp'), 'model', None)
+  # Without the rule FSDP shards the largest free dimension itself.
+  assert tuple(shd.param_spec((768, 12, 64), FsdpMesh(),
+                              ('embed', 'heads', 'kv'), 1)) == (
+                                  'fsdp', 'model', None)
+
+
 _KNOWN_BIT_FAILURE = pytest.mark.xfail(strict=True, reason=(
     'open bug, found 2026-11-25: with numpy-drawn parameters, batch 4-way x '
     'model 2-way gives block1 gradients 3.7% off the one-device ones (the '

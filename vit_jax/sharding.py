@@ -99,7 +99,8 @@ def mesh_shape(data: int, fsdp: int, model: int,
   shape = [data, fsdp, model]
   if shape.count(-1) > 1:
     raise MeshError(f'mesh {dict(zip(AXES, shape))}: at most one axis may '
-                     'be -1')
+                    'be -1 (fill the devices left); mesh.data is -1 unless '
+                    'set: e.g. --config.mesh.data=1 --config.mesh.fsdp=-1')
   if any(s == 0 or s < -1 for s in shape):
     raise MeshError(f'mesh {dict(zip(AXES, shape))}: sizes must be >= 1 or '
                      '-1 (fill)')
@@ -168,7 +169,10 @@ def param_spec(shape: Sequence[int], mesh: Mesh, axes: Names = (),
   spec = [s if s and shape[i] % _size(mesh, s) == 0 and _size(mesh, s) > 1
           else None for i, s in enumerate(spec)]
   n = mesh.shape['fsdp']
-  if n > 1 and math.prod(shape) >= fsdp_min_size:
+  used = {a for s in spec if s for a in (s if isinstance(s, tuple) else (s,))}
+  # A rule may already have put 'fsdp' on a dimension (sharding_rules such
+  # as ('embed', 'fsdp')): an axis shards one dimension at most.
+  if n > 1 and math.prod(shape) >= fsdp_min_size and 'fsdp' not in used:
     free = [i for i, s in enumerate(spec) if s is None and shape[i] % n == 0]
     if free:
       spec[max(free, key=lambda i: (shape[i], -i))] = 'fsdp'
@@ -206,9 +210,9 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
     try:
       spec = param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
                         all_rules)
-    except ValueError as e:
+      out[k] = NamedSharding(mesh, spec)
+    except ValueError as e:  # DuplicateSpecError is one.
       raise ValueError(f'parameter {path}: {e}') from None
-    out[k] = NamedSharding(mesh, spec)
   return traverse_util.unflatten_dict(out)
 
 
