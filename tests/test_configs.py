@@ -358,6 +358,8 @@ def test_fewshot_regulariser_is_set_on_the_command_line(spec):
 
   assert parse().type == 'fewshot' and parse().l2_reg is None
   assert parse('--config.evals.fewshot.l2_reg=4').l2_reg == 4.0
+  assert parse().batch_size is None  # The run's eval batch size.
+  assert parse('--config.evals.fewshot.batch_size=40').batch_size == 40
 
 
 def test_any_model_option_can_be_set_on_the_command_line():

@@ -115,7 +115,7 @@ class FewShot(base.Evaluator):
     self._mesh = mesh
     self._datasets = [_parse_dataset(d) for d in cfg.datasets]
     self._pipelines: Dict[Tuple[str, str], pipeline.EvalIterable] = {}
-    batch = int(cfg.get('batch_size', input_config.eval_batch_size))
+    batch = int(cfg.get('batch_size') or input_config.eval_batch_size)
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp', DEFAULT_PP)
     # A non-square model input (`Context.image_size` is then (H, W)):
