@@ -600,6 +600,13 @@ def test_an_mpp_evaluation_with_other_settings_is_not_the_runs(tmp_path):
     section, _, key = field.rpartition('.')
     setattr(other.get(section) if section else other, key, value)
     assert same(other) and field.split('.')[0] in same(other), field
+  # Nor on another process count: each global batch holds each process's
+  # next examples, so the corruption differs (a run recorded before the
+  # count was recorded is not compared).
+  run_files.write_summary(workdir, {'num_processes': 2})
+  assert 'MPP evaluated on 1 processes, the run on 2' in same(config)
+  run_files.write_summary(workdir, {'num_processes': 1})
+  assert same(config) is None
   # A supervised run's accuracy does not depend on the eval batch size.
   from configs import smoke
   supervised = smoke.get_config('data=digits,steps=10,batch=32')

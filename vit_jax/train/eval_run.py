@@ -158,8 +158,8 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
   run's results (summary.json, where the tables read them), else None: the
   run must have finished at that step, and the evaluation be the one it
   ran (its data, split, pre-processing, EMA mode, resolution, objective and
-  its settings (for MPP also the eval batch size), and each of its
-  evaluators as it was; new evaluators may be added).
+  its settings (for MPP also the eval batch size and the process count),
+  and each of its evaluators as it was; new evaluators may be added).
   """
   run = run_files.read_summary(workdir)
   if not run:
@@ -169,6 +169,13 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
             f'({run.get("steps")})')
   if run.get('image_size', image_size) != image_size:
     return f'image size {image_size}, the run\'s is {run["image_size"]}'
+  # MPP corrupts patches per global batch, which holds each process's next
+  # examples: its numbers change with the process count (not the mesh).
+  ran = run.get('num_processes')
+  if (config.get('objective') == 'mpp' and ran is not None
+      and ran != jax.process_count()):
+    return (f'MPP evaluated on {jax.process_count()} processes, the run on '
+            f'{ran}: its batches, and so its corruption, differ')
   return differs_from_run(config, workdir)
 
 

@@ -441,6 +441,7 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'steps': step, 'batch_size': config.input.batch_size,
       'examples_seen': examples, 'wall_s': wall,
       'num_devices': jax.device_count(),
+      'num_processes': jax.process_count(),
       'hardware': hw.name if hw else jax.devices()[0].device_kind,
       'device_hours': jax.device_count() * wall / 3600,
       'core_days': jax.device_count() * (hw.cores(1) if hw else 1.0) * wall
