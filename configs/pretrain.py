@@ -29,9 +29,12 @@ def get_config(arg=None):
                           opt='adam', fewshot='', smoke=False)
   if args.data not in DATA:
     raise ValueError(f'data={args.data!r}: expected one of {sorted(DATA)}')
-  if args.model not in MODELS:
+  if args.model not in MODELS and not (
+      args.model in models.names() and paper.table3_row(args.model,
+                                                         args.data)):
     raise ValueError(f'model={args.model!r} has no Table 3 row; one of '
-                     f'{", ".join(MODELS)}')
+                     f'{", ".join(MODELS)}, or for data=i1k any ViT of the '
+                     'zoo (Table 3\'s ViT-* row)')
   if args.opt not in ('adam', 'sgd'):
     raise ValueError(f'opt={args.opt!r}: expected adam or sgd')
   if args.opt == 'sgd' and not args.model.startswith('BiT'):

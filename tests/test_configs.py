@@ -427,3 +427,13 @@ def test_a_transfer_report_records_the_lr_it_trained_with():
   config.input.eval_split = 'val200'
   report = loop._report(config, 'supervised', ran=(2500, (384, 384, 3)))
   assert report['overridden'] == 'evaluated on val200, not test'
+
+
+def test_imagenet_pretraining_takes_any_vit_of_the_zoo():
+  """Table 3's ImageNet row is `ViT-*`: ViT-S/16 on i1k is that row (it
+  was refused as having none); on JFT it has no row."""
+  c = pretrain.get_config('model=ViT-S/16,data=i1k')
+  assert (c.total_epochs, c.optim.lr, c.optim.weight_decay) == (300, 3e-3,
+                                                                0.3)
+  with pytest.raises(ValueError, match='no Table 3 row'):
+    pretrain.get_config('model=ViT-S/16,data=jft')
