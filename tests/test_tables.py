@@ -7,6 +7,7 @@ seconds.
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -459,3 +460,142 @@ def test_vtab_sweep_picks_one_learning_rate_on_the_val200_mean(tmp_path):
   assert 'best' not in rows['0.003']
   mean = 100 * sum(0.55 + 0.01 * (i % 3) for i in range(19)) / 19
   assert f'{mean:.2f}' in rows['0.01']
+
+
+def test_table2_imagenet_cells_take_only_table2_runs(tmp_path):
+  """Table 2's ImageNet fine-tuning of ViT-L/16 and ViT-H/14 (512/518 px,
+  Polyak averaging: `report.table2`) and Table 6's 384 px runs of the same
+  setting and task are different cells, never averaged together; runs
+  without the key (older ones) are not table2 runs."""
+  def imagenet(model, acc, real, table2, **kw):
+    summary = {**_run(model, paper.IMAGENET, acc, **kw),
+               'real_accuracy': real}
+    if table2:
+      summary['report']['table2'] = True
+    return summary
+  _write(tmp_path, 'h14/i1k_384', imagenet('ViT-H/14', 0.8808, 0.9036, False,
+                                           epochs=14))
+  _write(tmp_path, 'h14/i1k_518', imagenet('ViT-H/14', 0.8855, 0.9072, True,
+                                           epochs=14))
+  _write(tmp_path, 'h14/c10', _run('ViT-H/14', 'cifar10', 0.9950, epochs=14))
+  # Only a 384 px run of ViT-L/16 (JFT): Table 6's, not Table 2's.
+  _write(tmp_path, 'l16/i1k_384', imagenet('ViT-L/16', 0.8712, 0.8999, False,
+                                           epochs=14))
+  runs = tables.load_runs([str(tmp_path)])
+  md = tables.render(runs, tables='2,6,other', flops='analytic')
+  t2, t6 = 'Table 2', 'Table 6'
+  assert _col(md, t2, 'ViT-H/14 (JFT)', 'ImageNet') == '88.55 / 88.55 (+0.00)'
+  assert _col(md, t2, 'ViT-H/14 (JFT)', 'ImageNet ReaL') == (
+      '90.72 / 90.72 (+0.00)')
+  assert _col(md, t2, 'ViT-H/14 (JFT)', 'CIFAR-10') == '99.50 / 99.50 (+0.00)'
+  assert _col(md, t2, 'ViT-L/16 (JFT)', 'ImageNet') == '87.76 / —'
+  assert _col(md, t2, 'ViT-L/16 (JFT)', 'ImageNet ReaL') == '90.54 / —'
+  assert _col(md, t6, 'ImageNet', 'ViT-H/14', '14') == '88.08 / 88.08 (+0.00)'
+  assert _col(md, t6, 'ReaL', 'ViT-H/14', '14') == '90.36 / 90.36 (+0.00)'
+  assert _col(md, t6, 'ImageNet', 'ViT-L/16', '14') == '87.12 / 87.12 (+0.00)'
+  assert 'Other runs' not in md  # Every run has its cell.
+  # Without Table 2, the table2 run is listed under `other`, saying why.
+  md = tables.render(runs, tables='6,other', flops='analytic')
+  other = '\n'.join(_section(md, 'Other runs'))
+  assert 'i1k_518' in other and 'table2 run' in other
+  assert 'i1k_384' not in other and 'c10' not in other
+  # The matcher's rule: Table 2's ImageNet / ReaL cells of those models.
+  h14 = tables._setting('ViT-H/14', 'jft', 14)
+  assert tables.Matcher.variant(h14, paper.REAL, table2=True) == 'table2'
+  assert tables.Matcher.variant(h14, 'cifar10', table2=True) == ''
+  assert tables.Matcher.variant(h14, paper.IMAGENET) == ''
+  b16 = tables._setting('ViT-B/16', 'i21k', 90)
+  assert tables.Matcher.variant(b16, paper.IMAGENET, table2=True) == ''
+
+
+def test_pretrain_cost_is_the_mean_cost_with_its_own_spread(tmp_path):
+  """Two pre-training runs of one setting: the cost cells are their mean
+  cost with the cost's spread (not the first run's cost with the
+  accuracy's spread in %)."""
+  for name, ef, days, acc in (('a', 50.0, 20.0, 0.40),
+                              ('b', 70.0, 40.0, 0.50)):
+    _write(tmp_path, name, {**_run('ViT-B/32', 'pretrain', acc),
+                            'exaflops': ef, 'core_days': days,
+                            'hardware': 'tpu_v3'})
+  md = tables.render(tables.load_runs([str(tmp_path)]), tables='6',
+                     flops='analytic')
+  assert _col(md, 'Table 6', 'exaFLOPs', 'ViT-B/32', '7') == (
+      '55 / 60 (+5.0; mean of 2 ± 14)')
+  assert _col(md, 'Table 6', 'core-days', 'ViT-B/32', '7') == (
+      '30 (mean of 2 ± 14)')
+  # Hardware other than TPU v3 among them is named; a run without the
+  # cost is counted out.
+  _write(tmp_path, 'c', {**_run('ViT-B/32', 'pretrain', 0.45),
+                         'core_days': 3.0, 'hardware': 'h100'})
+  md = tables.render(tables.load_runs([str(tmp_path)]), tables='6',
+                     flops='analytic')
+  assert _col(md, 'Table 6', 'exaFLOPs', 'ViT-B/32', '7') == (
+      '55 / 60 (+5.0; mean of 2 of 3 runs ± 14)')
+  assert _col(md, 'Table 6', 'core-days', 'ViT-B/32', '7') == (
+      '21 (on h100, tpu_v3; mean of 3 ± 19)')
+
+
+def test_load_runs_reads_a_file_once_and_expands_home(tmp_path, monkeypatch):
+  """`--workdirs=runs,./runs/c10` (or a symlink) names one run once;
+  `~` is expanded (the shell leaves `--workdirs=~/runs` alone)."""
+  _write(tmp_path, 'runs/c10', _run('ViT-B/32', 'cifar10', 0.985))
+  (tmp_path / 'alias').symlink_to(tmp_path / 'runs')
+  monkeypatch.chdir(tmp_path)
+  assert len(tables.load_runs('runs,./runs/c10')) == 1
+  assert len(tables.load_runs(['runs', 'alias/c10/summary.json'])) == 1
+  monkeypatch.setenv('HOME', str(tmp_path))
+  runs = tables.load_runs('~/runs')
+  assert [r.path for r in runs] == [str(tmp_path / 'runs/c10/summary.json')]
+  md = tables.render(tables.load_runs('~/runs,runs/c10'), tables='6',
+                     flops='analytic')
+  assert _col(md, 'Table 6', 'C10', 'ViT-B/32', '7') == '98.61 / 98.50 (-0.11)'
+
+
+def _doc(name):
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, 'docs', name)) as f:
+    return f.read()
+
+
+def test_a_malformed_summary_is_skipped_with_a_warning_as_documented(
+    tmp_path, capsys):
+  _write(tmp_path, 'good', _run('ViT-B/32', 'cifar10', 0.98))
+  bad = _write(tmp_path, 'bad', {})
+  (bad / 'summary.json').write_text('{"eval_accuracy": 0.5,')
+  assert tables.main([f'--workdirs={tmp_path}', '--tables=6',
+                      '--flops=analytic']) == 0
+  out, err = capsys.readouterr()
+  assert f'warning: skipped malformed {bad}/summary.json' in err
+  assert '98.61 / 98.00 (-0.61)' in out
+  doc = ' '.join(_doc('tables.md').split())
+  assert 'or a malformed one, is an error' not in doc
+  assert ('A malformed `summary.json` is skipped with a warning on stderr '
+          'naming its path') in doc
+  assert 'the command exits 0' in doc
+
+
+def test_docs_excerpt_is_the_paper_only_output(monkeypatch):
+  """docs/tables.md's excerpt is what `--paper-only` prints (XLA counts,
+  the default), down to its `...`."""
+  doc = _doc('tables.md')
+  excerpt = doc.split('## Excerpt of `--paper-only`')[1].split(
+      '```markdown\n')[1].split('\n...\n```')[0].splitlines()
+  rows = [l for l in excerpt[excerpt.index(next(
+      l for l in excerpt if l.startswith('## Table 6'))):]
+          if l.startswith('| ') and _cells(l)[1].isdigit()]
+  # Only the excerpt's Table 6 rows: lowering all 18 models takes a minute.
+  monkeypatch.setattr(paper, 'TABLE6', paper.TABLE6[:len(rows)])
+  md = tables.paper_only(tables='2,6').splitlines()[:len(excerpt)]
+  # Estimates come from XLA's count of each lowered model, which may move
+  # by a fraction of a percent with the XLA:CPU build or machine: their
+  # numbers agree within 1%, everything else exactly.
+  assert len(md) == len(excerpt)
+  number = re.compile(r'-?\d[\d,]*\.?\d*')
+  for got, want in zip(md, excerpt):
+    if 'est.' not in want:
+      assert got == want
+      continue
+    assert number.sub('#', got) == number.sub('#', want), (got, want)
+    for g, w in zip(number.findall(got), number.findall(want)):
+      g, w = float(g.replace(',', '')), float(w.replace(',', ''))
+      assert g == pytest.approx(w, rel=0.01, abs=0.05), (got, want)

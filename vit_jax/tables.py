@@ -11,7 +11,10 @@ registry name ('imagenet2012', 'vtab/caltech101', ...). A run fills the cell
 of (model, pretrain, pretrain_epochs, pretrain_optimizer, task); LR-sweep runs
 (`sweep`: evaluated on a dev split) are left out; several runs for one cell
 are averaged ("mean of n ± s", as the paper's Table 2 averages three
-fine-tuning runs). Tables: '2' (state of the
+fine-tuning runs). Table 2's ImageNet fine-tuning of ViT-L/16 and ViT-H/14
+(512/518 px with Polyak averaging: `report.table2`) is a variant of the
+cell: only Table 2's ImageNet and ReaL cells of those models take such runs,
+and only they (`Matcher.variant`). Tables: '2' (state of the
 art), '6' (scaling study), 'optim' (ResNets, Adam vs SGD), 'vtab' (per task),
 'fewshot' and 'other' (summaries no table shows).
 
@@ -57,6 +60,8 @@ SHORT_LABELS = {
 PRETRAIN_ALIASES = {'jft300m': 'jft', 'jft-300m': 'jft', 'imagenet21k': 'i21k',
                     'imagenet2012': 'i1k', 'imagenet': 'i1k'}
 REPORT_KEYS = ('model', 'pretrain', 'pretrain_epochs', 'task')
+# The cell variant of Table 2's ImageNet fine-tuning (`report.table2`).
+TABLE2 = 'table2'
 
 
 class TablesError(ValueError):
@@ -126,6 +131,12 @@ class Run:
   @property
   def sweep(self) -> bool:
     return bool(self.report.get('sweep', False))
+
+  @property
+  def variant(self) -> str:
+    """TABLE2 for Table 2's ImageNet fine-tuning (512/518 px, Polyak
+    averaging: `report.table2`; runs older than the key are not), else ''."""
+    return TABLE2 if self.report.get('table2', False) else ''
 
   @property
   def setting(self) -> Setting | None:
@@ -212,9 +223,19 @@ def load_runs(paths: Iterable[str] | str, *,
   """
   if isinstance(paths, str):
     paths = [p for p in paths.split(',') if p]
-  files = []
+  files, seen = [], set()
   for path in paths:
-    files += [f for f in _summary_files(path) if f not in files]
+    # `--workdirs=~/runs` reaches us unexpanded (the shell expands `~` only
+    # at the start of a word). `outputs` expands it for folders to write
+    # into, refusing files; a path here may be a file or a glob.
+    if '://' not in path:
+      path = os.path.expanduser(path)
+    for f in _summary_files(path):
+      # One file given twice (`runs,./runs/c10`, a symlink) is one run.
+      key = f if '://' in f else os.path.realpath(f)
+      if key not in seen:
+        seen.add(key)
+        files.append(f)
   runs = []
   for f in files:
     try:
@@ -234,10 +255,10 @@ def load_runs(paths: Iterable[str] | str, *,
 
 @dataclasses.dataclass(frozen=True)
 class Pick:
-  """The runs of a cell: their accuracies are averaged, as the paper's
-  Table 2 averages three fine-tuning runs (never the best of them: that
-  would select on the test set); `run` is one of them (the first by path)
-  for what is not averaged (costs, notes), or none."""
+  """The runs of a cell: their accuracies (and a pre-training cell's
+  costs) are averaged, as the paper's Table 2 averages three fine-tuning
+  runs (never the best of them: that would select on the test set); `run`
+  is one of them (the first by path), or none."""
   run: Run | None = None
   runs: tuple[Run, ...] = ()
 
@@ -252,9 +273,11 @@ class Pick:
     values = self._values(value)
     return sum(values) / len(values) if values else None
 
-  def note(self, value: Callable[[Run], float | None] | None = None) -> str:
-    """'mean of n ± std' (in %, of `value`) and 'smoke' (a `report.smoke`
-    stand-in run), if so."""
+  def note(self, value: Callable[[Run], float | None] | None = None, *,
+           percent: bool = True) -> str:
+    """'mean of n ± std' (of `value`: in % of a fraction where `percent`,
+    else in its own units) and 'smoke' (a `report.smoke` stand-in run), if
+    so."""
     notes = []
     if self.n > 1:
       value = value or (lambda r: r.accuracy)
@@ -262,7 +285,10 @@ class Pick:
       if len(values) > 1:
         std = math.sqrt(sum((v - mean) ** 2 for v in values)
                         / (len(values) - 1))
-        notes.append(f'mean of {self.n} ± {100 * std:.2f}')
+        # The count of values averaged, and of the runs where some lack one.
+        of = f' of {self.n} runs' if len(values) < self.n else ''
+        notes.append(f'mean of {len(values)}{of} ± '
+                     + (f'{100 * std:.2f}' if percent else _num(std)))
       else:
         notes.append(f'1 of {self.n} runs reported')
     if any(r.report.get('smoke') for r in self.runs):
@@ -279,18 +305,32 @@ def _cell_runs(runs: Sequence[Run]) -> Pick:
 
 
 class Matcher:
-  """Runs by (setting, task); remembers which runs a table has shown."""
+  """Runs by (setting, task, variant); remembers which runs a table has
+  shown."""
 
   def __init__(self, runs: Sequence[Run]):
     self.runs = list(runs)
     self.used = set()
-    self._cells: dict[tuple[Setting, str], list[Run]] = {}
+    self._cells: dict[tuple[Setting, str, str], list[Run]] = {}
     for run in self.runs:
       if run.setting is not None and not run.sweep:
-        self._cells.setdefault((run.setting, run.task), []).append(run)
+        self._cells.setdefault((run.setting, run.task, run.variant),
+                               []).append(run)
 
-  def pick(self, setting: Setting, task: str) -> Pick:
-    return self._pick(self._cells.get((setting, task), []))
+  @staticmethod
+  def variant(setting: Setting, dataset: str, table2: bool = False) -> str:
+    """The runs a cell takes (`Run.variant`): Table 2's ImageNet and ReaL
+    cells of the models it fine-tuned at 512/518 px with Polyak averaging
+    (`paper.TABLE2_FINETUNE_RES`) take only those runs (TABLE2); every
+    other cell, Table 2's included, only the others (Table 6's 384 px).
+    The one place this rule is written."""
+    if (table2 and dataset in (paper.IMAGENET, paper.REAL)
+        and setting.model in paper.TABLE2_FINETUNE_RES):
+      return TABLE2
+    return ''
+
+  def pick(self, setting: Setting, task: str, variant: str = '') -> Pick:
+    return self._pick(self._cells.get((setting, task, variant), []))
 
   def _pick(self, runs: Sequence[Run]) -> Pick:
     self.used.update(r.path for r in runs)
@@ -305,27 +345,28 @@ class Matcher:
       return lambda r: r.real_accuracy
     return lambda r: r.accuracy
 
-  def accuracy(self, setting: Setting, dataset: str) -> tuple[
-      float | None, Pick]:
+  def accuracy(self, setting: Setting, dataset: str, *,
+               table2: bool = False) -> tuple[float | None, Pick]:
     """Our mean top-1 in percent for a paper dataset key (ReaL: of the
-    ImageNet runs with ReaL labels; or of runs on 'imagenet2012_real')."""
+    ImageNet runs with ReaL labels; or of runs on 'imagenet2012_real'), in
+    Table 2 (`table2`) or another table: see `variant`."""
+    variant = self.variant(setting, dataset, table2)
     pick = Pick()
     if dataset == paper.REAL:
-      pick = self._with_real(setting)
+      pick = self._with_real(setting, variant)
     if pick.run is None:
-      pick = self.pick(setting, dataset)
+      pick = self.pick(setting, dataset, variant)
     value = pick.mean(self.measure(dataset))
     return (None if value is None else 100 * value), pick
 
-  def _with_real(self, setting: Setting) -> Pick:
-    return self._pick([r for r in self._cells.get((setting, paper.IMAGENET),
-                                                  [])
-                       if r.real_accuracy is not None])
+  def _with_real(self, setting: Setting, variant: str) -> Pick:
+    return self._pick([r for r in self._cells.get(
+        (setting, paper.IMAGENET, variant), []) if r.real_accuracy is not None])
 
   def settings(self, task_prefix: str) -> list[Setting]:
     """Settings with runs whose task starts with `task_prefix`."""
-    return sorted({s for s, t in self._cells if t and t.startswith(
-        task_prefix)})
+    return sorted({s for s, t, v in self._cells if not v and t and
+                   t.startswith(task_prefix)})
 
   def unused(self) -> list[Run]:
     return [r for r in self.runs if not r.sweep and r.path not in self.used]
@@ -425,22 +466,31 @@ class _Ctx:
   compare: bool = True  # False: --paper-only.
   flops: str = 'xla'
 
-  def acc_cell(self, ref, setting: Setting, dataset: str) -> str:
-    ours, pick = self.match.accuracy(setting, dataset)
+  def acc_cell(self, ref, setting: Setting, dataset: str,
+               table2: bool = False) -> str:
+    ours, pick = self.match.accuracy(setting, dataset, table2=table2)
     return cell(ref, ours, compare=self.compare,
                 note=pick.note(self.match.measure(dataset)))
 
   def pretrain_cost(self, setting: Setting, key: str, ref=None) -> str:
     """Measured `key` ('exaflops' / 'core_days') or the estimate (est.)."""
     pick = self.match.pick(setting, 'pretrain')
-    run = pick.run
-    if run is not None and run.summary.get(key) is not None:
-      hw = run.summary.get('hardware')
-      notes = [f'on {hw}'] if key == 'core_days' and hw not in (
-          None, 'tpu_v3') else []
-      notes += [pick.note()] if pick.note() else []
-      return cell(ref, run.summary[key], decimals=None,
-                  note='; '.join(notes))
+    cost = lambda r: r.summary.get(key)  # pylint: disable=unnecessary-lambda-assignment
+    # Several pre-training runs of one setting (reruns, seeds): the mean
+    # cost, as the cell's accuracies are means. It is what one such run
+    # costs, comparable with the paper's one run, where the first run's
+    # (or the sum) would be an arbitrary pick (or not one run's cost); the
+    # spread is of the cost, in its own units.
+    value = pick.mean(cost)
+    if value is not None:
+      notes = []
+      hardware = sorted({r.summary.get('hardware') or 'tpu_v3'
+                         for r in pick.runs if cost(r) is not None})
+      if key == 'core_days' and hardware != ['tpu_v3']:
+        notes.append('on ' + ', '.join(map(str, hardware)))
+      note = pick.note(cost, percent=False)
+      notes += [note] if note else []
+      return cell(ref, value, decimals=None, note='; '.join(notes))
     est = estimate(setting.model, setting.pretrain, setting.epochs,
                    self.flops)
     if est is None:
@@ -495,7 +545,8 @@ _CELLS_NOTE = ('Cells: paper / ours (ours − paper); accuracies in %; '
                '"mean of n ± s": the mean and standard deviation of n runs '
                'for the cell (as the paper\'s Table 2); "smoke": a '
                'smoke-test stand-in run (report.smoke); "—": no run.')
-_COSTS_NOTE = ('Compute: measured on the pre-training run, else our '
+_COSTS_NOTE = ('Compute: measured on the pre-training run (several: their '
+               'mean, "± s" in the cost\'s units), else our '
                'accounting estimate ("est.": 3 x forward FLOPs x images seen, '
                'TPUv3 at the utilisation the paper implies).')
 _PAPER_NOTE = 'Paper numbers (accuracies in %).'
@@ -505,6 +556,11 @@ _PAPER_COSTS_NOTE = ('Compute: paper / our accounting estimate (ours − paper);
 _TABLE2_NOTE = ('BiT-L and Noisy Student: paper only (Noisy Student ImageNet: '
                 '"88.4/88.5" in the paper).')
 _TABLE2_VTAB_NOTE = ' VTAB: mean of the 19 tasks, once all have a run.'
+_TABLE2_COMPARE_NOTE = (
+    _TABLE2_VTAB_NOTE + ' ImageNet and ReaL of '
+    f'{" and ".join(paper.TABLE2_FINETUNE_RES)}: only runs of Table 2\'s '
+    'fine-tuning (`table2=true`: 512/518 px, Polyak averaging), which no '
+    'other cell takes.')
 _TABLE6_NOTE = ('core-days: of the pre-training run, TPUv3 cores unless noted '
                 '(the paper prints none for Table 6).')
 _VTAB_NOTE = ('Group means only when all of the group\'s tasks have a run; '
@@ -531,7 +587,7 @@ def table2(ctx: _Ctx) -> list[str]:
   pretrain = ', '.join(f'{k}: {s.label()}' for k, s in settings.items())
   return ['## Table 2: comparison to the state of the art', '',
           _note(ctx, costs=True),
-          _TABLE2_NOTE + (_TABLE2_VTAB_NOTE if ctx.compare else ''),
+          _TABLE2_NOTE + (_TABLE2_COMPARE_NOTE if ctx.compare else ''),
           f'Pre-training: {pretrain}.',
           '', *_md_table([''] + list(paper.TABLE2), rows)]
 
@@ -546,7 +602,7 @@ def _table2_row(ctx: _Ctx, dataset: str,
     elif dataset == 'vtab':
       row.append(ctx.vtab_cell(ref, s))
     else:
-      row.append(ctx.acc_cell(ref, s, dataset))
+      row.append(ctx.acc_cell(ref, s, dataset, table2=True))
   return row
 
 
@@ -686,10 +742,17 @@ def table_other(ctx: _Ctx) -> list[str]:
   rows = []
   for run in runs:
     s = run.summary
-    why = ('no report' if not run.report else
-           f'report lacks {", ".join(run.missing)}' if run.missing else
-           f'overridden: {run.report["overridden"]}'
-           if run.report.get('overridden') else 'no paper cell')
+    if not run.report:
+      why = 'no report'
+    elif run.missing:
+      why = f'report lacks {", ".join(run.missing)}'
+    elif run.report.get('overridden'):
+      why = f'overridden: {run.report["overridden"]}'
+    elif run.variant == TABLE2:  # Table 2 not rendered, or another model.
+      why = ('table2 run: only Table 2\'s ImageNet / ReaL cells of '
+             f'{", ".join(paper.TABLE2_FINETUNE_RES)} take it')
+    else:
+      why = 'no paper cell'
     days = s.get('core_days')
     rows.append([run.workdir, s.get('model') or run.report.get('model', ''),
                  s.get('dataset') or run.report.get('task', ''),
