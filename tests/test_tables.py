@@ -517,22 +517,18 @@ def test_pretrain_cost_is_the_mean_cost_with_its_own_spread(tmp_path):
     _write(tmp_path, name, {**_run('ViT-B/32', 'pretrain', acc),
                             'exaflops': ef, 'core_days': days,
                             'hardware': 'tpu_v3'})
-  md = tables.render(tables.load_runs([str(tmp_path)]), tables='6',
-                     flops='analytic')
-  assert _col(md, 'Table 6', 'exaFLOPs', 'ViT-B/32', '7') == (
-      '55 / 60 (+5.0; mean of 2 ± 14)')
-  assert _col(md, 'Table 6', 'core-days', 'ViT-B/32', '7') == (
-      '30 (mean of 2 ± 14)')
+  def costs():  # (exaFLOPs, core-days) cells of the row.
+    md = tables.render(tables.load_runs([str(tmp_path)]), tables='6',
+                       flops='analytic')
+    return tuple(_col(md, 'Table 6', key, 'ViT-B/32', '7')
+                 for key in ('exaFLOPs', 'core-days'))
+  assert costs() == ('55 / 60 (+5.0; mean of 2 ± 14)', '30 (mean of 2 ± 14)')
   # Hardware other than TPU v3 among them is named; a run without the
   # cost is counted out.
   _write(tmp_path, 'c', {**_run('ViT-B/32', 'pretrain', 0.45),
                          'core_days': 3.0, 'hardware': 'h100'})
-  md = tables.render(tables.load_runs([str(tmp_path)]), tables='6',
-                     flops='analytic')
-  assert _col(md, 'Table 6', 'exaFLOPs', 'ViT-B/32', '7') == (
-      '55 / 60 (+5.0; mean of 2 of 3 runs ± 14)')
-  assert _col(md, 'Table 6', 'core-days', 'ViT-B/32', '7') == (
-      '21 (on h100, tpu_v3; mean of 3 ± 19)')
+  assert costs() == ('55 / 60 (+5.0; mean of 2 of 3 runs ± 14)',
+                     '21 (on h100, tpu_v3; mean of 3 ± 19)')
 
 
 def test_load_runs_reads_a_file_once_and_expands_home(tmp_path, monkeypatch):
