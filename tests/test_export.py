@@ -377,3 +377,259 @@ def test_fixed_batch_savedmodel_converts_to_tflite(trained, tmp_path):
   x = _images(trained, 1)
   np.testing.assert_allclose(runner(images=x)['logits'], _ours(trained, x),
                              atol=TOL)
+
+
+# --- Review fixes: permissions, provenance, overwrite, layouts, errors. -----
+
+
+def _ema_workdir(tmp_path_factory) -> str:
+  """4 steps with Polyak averages, evaluated on the raw parameters
+  (eval_ema=raw); checkpoints at steps 2 and 4."""
+  from trained_workdir import once
+
+  def make(workdir):
+    from vit_jax.configs import smoke
+    from vit_jax.train import loop
+    c = smoke.get_config('data=digits,steps=4,batch=32')
+    c.optim.update(dict(decay='constant', warmup_steps=0, ema_decay=0.9))
+    c.eval_ema = 'raw'
+    c.log_every = 4
+    c.checkpoint_every = 2
+    c.keep_checkpoints = 3
+    c.async_checkpoints = False
+    c.input.eval_batch_size = 120
+    assert loop.train_and_evaluate(c, workdir)['steps'] == 4
+  return once(tmp_path_factory, 'export_ema_run', make)
+
+
+def _modes(out):
+  """{relative path: mode} of `out`'s folders (ending in /) and files."""
+  found = {}
+  for folder, dirs, files in os.walk(out):
+    rel = os.path.relpath(folder, out)
+    for d in dirs:
+      found[os.path.normpath(os.path.join(rel, d)) + '/'] = os.stat(
+          os.path.join(folder, d)).st_mode & 0o777
+    for f in files:
+      found[os.path.normpath(os.path.join(rel, f))] = os.stat(
+          os.path.join(folder, f)).st_mode & 0o777
+  return found
+
+
+def test_a_savedmodel_export_is_readable_by_everyone(exports):
+  """variables/ is a folder: 0755 (umask 022), not a file's 0644."""
+  _needs('savedmodel')
+  out, manifest = exports('savedmodel')
+  modes = _modes(out)
+  assert 'variables/' in modes and 'variables/variables.index' in modes
+  for rel, mode in modes.items():
+    want = (0o777 if rel.endswith('/') else 0o666) & ~_umask()
+    assert oct(mode) == oct(want), rel
+  # Every file and folder TF wrote is listed (fingerprint.pb, assets/).
+  listed = {f.rstrip('/') for f in manifest['files']}
+  assert set(os.listdir(out)) == listed
+
+
+def test_savedmodel_overwrite_replaces_what_tf_wrote(trained, exports,
+                                                     tmp_path):
+  """Also an export of a version whose manifest did not list
+  fingerprint.pb and assets/."""
+  import shutil
+  _needs('savedmodel')
+  out = str(tmp_path / 'sm')
+  shutil.copytree(exports('savedmodel')[0], out)
+  path = os.path.join(out, 'export.json')
+  manifest = json.load(open(path))
+  manifest['files'] = ['saved_model.pb', 'variables/', 'labels.txt',
+                       'export.json', 'MODEL_CARD.md']
+  json.dump(manifest, open(path, 'w'))
+  export.export_model(trained, 'savedmodel', out, overwrite=True)
+  assert os.path.exists(os.path.join(out, 'saved_model.pb'))
+
+
+def test_overwrite_refuses_a_folder_with_files_of_the_user(trained,
+                                                           tmp_path):
+  out = tmp_path / 'sh'
+  export.export_model(trained, 'stablehlo', str(out))
+  (out / 'NOTES.md').write_text('mine')
+  (out / 'client').mkdir()
+  (out / 'client' / 'app.py').write_text('mine too')
+  with pytest.raises(export.ExportError, match=r'2 file\(s\).*not in its '
+                     r'export.json.*NOTES.md.*client/app.py.*nothing else: '
+                     'move them out'):
+    export.export_model(trained, 'stablehlo', str(out), overwrite=True)
+  assert (out / 'NOTES.md').read_text() == 'mine'
+  assert (out / 'client' / 'app.py').read_text() == 'mine too'
+  assert (out / 'model.jax_exported').exists()
+  assert sorted(os.listdir(tmp_path)) == ['sh']  # Nothing staged.
+  (out / 'NOTES.md').unlink()
+  import shutil
+  shutil.rmtree(out / 'client')
+  export.export_model(trained, 'stablehlo', str(out), overwrite=True)
+
+
+def test_hf_input_is_nchw_and_others_nhwc(trained, exports):
+  _needs('hf')
+  out, manifest = exports('hf')
+  assert manifest['layout'] == 'NCHW'
+  assert manifest['input'] == "float32 ['B', 3, 16, 16] NCHW in [-1, 1]"
+  card_text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  assert '| input | 3x16x16 float32, NCHW, values in [-1, 1] |' in card_text
+  out, manifest = exports('stablehlo')
+  assert manifest['input'] == "float32 ['B', 16, 16, 3] NHWC in [-1, 1]"
+  assert '| input | 16x16x3 float32, NHWC' in open(
+      os.path.join(out, 'MODEL_CARD.md')).read()
+
+
+def test_an_out_path_that_cannot_be_made_is_a_message(trained, tmp_path,
+                                                      capsys):
+  (tmp_path / 'afile').write_text('in the way')
+  out = str(tmp_path / 'afile' / 'sub')
+  with pytest.raises(export.ExportError,
+                     match=f'--out={out}: cannot create the folder'):
+    export.export_model(trained, 'stablehlo', out)
+  assert cli.main([f'--init={trained.workdir}', '--format=stablehlo',
+                   f'--out={out}']) == 1
+  assert f'--out={out}: cannot create' in capsys.readouterr().err
+
+
+def test_a_bfloat16_stablehlo_export_bakes_bfloat16_weights(
+    trained, tmp_path, monkeypatch):
+  from vit_jax.export import stablehlo
+  f32 = stablehlo._bytes(stablehlo._baked(trained, 'float32')[1])
+  bf16 = stablehlo._bytes(stablehlo._baked(trained, 'bfloat16')[1])
+  assert bf16 < 0.6 * f32
+  # A model over the limit in float32 but not in bfloat16: the advice
+  # holds, and the bfloat16 export is made (and verified).
+  monkeypatch.setattr(stablehlo, 'MAX_BYTES', (f32 + bf16) // 2)
+  with pytest.raises(ValueError, match='--format=savedmodel.*or '
+                     '--dtype=bfloat16'):
+    export.export_model(trained, 'stablehlo', str(tmp_path / 'f32'))
+  manifest = export.export_model(trained, 'stablehlo', str(tmp_path / 'bf'),
+                                 registry.Options(dtype='bfloat16'))
+  assert manifest['verification']['max_abs_diff'] <= 5e-2
+  # Over the limit in bfloat16 too: no advice that cannot help.
+  monkeypatch.setattr(stablehlo, 'MAX_BYTES', bf16 // 2)
+  with pytest.raises(ValueError, match='savedmodel') as e:
+    export.export_model(trained, 'stablehlo', str(tmp_path / 'f32b'))
+  assert 'bfloat16' not in str(e.value).split('Use')[-1]
+
+
+def test_hf_export_of_a_cropping_run_warns_in_the_card(trained, tmp_path,
+                                                       capsys, monkeypatch):
+  _needs('hf')
+  from vit_jax.data import preprocess
+  cropping = dataclasses.replace(
+      trained, pp=preprocess.expand('eval', trained.image_size),
+      pp_spec='eval')
+  out = str(tmp_path / 'hf')
+  manifest = export.export_model(cropping, 'hf', out)
+  (warning,) = manifest['warnings']
+  assert 'central_crop' in warning and 'differ' in warning
+  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  assert f'**Warning**: {warning}' in text
+  assert cli.main([f'--init={trained.workdir}', '--format=hf',
+                   f'--out={tmp_path}/cli']) == 0  # Resizes: no warning.
+  assert 'warning:' not in capsys.readouterr().err
+  monkeypatch.setattr(trained_lib, 'load', lambda *a, **k: cropping)
+  assert cli.main([f'--init={trained.workdir}', '--format=hf',
+                   f'--out={tmp_path}/cli2']) == 0
+  assert f'warning: {warning}' in capsys.readouterr().err
+  # A plain-resize run: a note in the card, no warning.
+  manifest = export.export_model(trained, 'hf', str(tmp_path / 'plain'))
+  assert not manifest['warnings']
+  assert '| pre-processing | preprocessor_config.json' in open(
+      str(tmp_path / 'plain' / 'MODEL_CARD.md')).read()
+
+
+def test_a_non_square_model_is_refused_with_what_to_do():
+  with pytest.raises(trained_lib.TrainedModelError,
+                     match='16x24 images: predict and export take square '
+                     'models only.*Fine-tune it at a square size'):
+    trained_lib._pp_output(['decode', 'resize(16, 24)', 'value_range(-1,1)'],
+                           16)
+
+
+@pytest.fixture(scope='module')
+def ema_workdir(tmp_path_factory):
+  return _ema_workdir(tmp_path_factory)
+
+
+def test_card_of_an_earlier_checkpoint_has_no_results_of_the_last(
+    ema_workdir, tmp_path):
+  last = trained_lib.load(ema_workdir)
+  assert last.step == last.run['steps'] == 4
+  earlier = trained_lib.load(os.path.join(ema_workdir, 'checkpoints', '2'))
+  assert earlier.step == 2
+  out = tmp_path / 'sh'
+  manifest = export.export_model(earlier, 'stablehlo', str(out))
+  assert manifest['checkpoint_step'] == 2
+  text = (out / 'MODEL_CARD.md').read_text()
+  assert '| steps | 2 (this checkpoint; summary.json is of step 4) |' in text
+  assert 'Not known for this checkpoint (step 2)' in text
+  assert f'{last.run["eval_accuracy"]:.4g}' not in text.split(
+      '## Compute')[0].split('## Results')[1]
+  assert 'examples seen' not in text
+  out = tmp_path / 'last'
+  export.export_model(last, 'stablehlo', str(out))
+  text = (out / 'MODEL_CARD.md').read_text()
+  assert '| steps | 4 |' in text and 'eval_accuracy' in text
+
+
+def test_params_choice_is_stated_next_to_the_results(ema_workdir, tmp_path,
+                                                     capsys):
+  """The run evaluated its raw parameters (eval_ema=raw); auto exports the
+  averages and says the results are not theirs; --params=raw matches."""
+  out = str(tmp_path / 'auto')
+  assert cli.main([f'--init={ema_workdir}', '--format=stablehlo',
+                   f'--out={out}']) == 0
+  manifest = json.load(open(os.path.join(out, 'export.json')))
+  assert manifest['parameters'] == {
+      'exported': 'ema', 'evaluated': 'raw', 'eval_ema': 'raw',
+      'ema_decay': 0.9, 'matches': False}
+  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  assert '| weights | EMA (Polyak averages, optim.ema_decay=0.9) |' in text
+  assert ("**These results are not this export's**: the run evaluated the "
+          'raw') in text and '--params=raw' in text
+  ema = trained_lib.load(ema_workdir)
+  raw = trained_lib.load(ema_workdir, ema=False)
+  x = _images(ema, 2)
+  np.testing.assert_allclose(_stablehlo(out, x), ema.logits(x), atol=TOL)
+  out = str(tmp_path / 'raw')
+  assert cli.main([f'--init={ema_workdir}', '--format=stablehlo',
+                   '--params=raw', f'--out={out}']) == 0
+  manifest = json.load(open(os.path.join(out, 'export.json')))
+  assert manifest['parameters']['exported'] == 'raw'
+  assert manifest['parameters']['matches'] is True
+  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  assert "not this export's" not in text
+  assert "| weights | raw (not the run's Polyak averages) |" in text
+  np.testing.assert_allclose(_stablehlo(out, x), raw.logits(x), atol=TOL)
+  assert np.abs(raw.logits(x) - ema.logits(x)).max() > 10 * TOL
+
+
+def test_params_ema_on_a_run_without_averages_is_a_message(trained,
+                                                           tmp_path, capsys):
+  assert trained.params_kind == 'raw' and not trained.has_ema
+  assert cli.main([f'--init={trained.workdir}', '--format=stablehlo',
+                   '--params=ema', f'--out={tmp_path}/x']) == 1
+  assert 'holds no EMA parameters' in capsys.readouterr().err
+
+
+def test_a_full_disk_is_a_message_naming_the_file(trained, tmp_path):
+  import errno
+
+  def write(t, out, options):
+    path = os.path.join(out, 'params.npz')
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+  fmt = export.register(export.Format(name='npz-full', export=write,
+                                      run=lambda out, images: None))
+  out = tmp_path / 'full'
+  try:
+    with pytest.raises(export.ExportError, match=(
+        f'--out={out} failed at {out}/params.npz: No space left')):
+      export.export_model(trained, fmt.name, str(out))
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert not out.exists()  # A new --out stays new.

@@ -73,6 +73,12 @@ class Trained:
   # The resolution the checkpoint's position embeddings were trained at
   # (None: the model has none), read before any resize (`_build`).
   native_image_size: Optional[int] = None
+  # Workdirs: the training step of the checkpoint read (None: unknown).
+  step: Optional[int] = None
+  # Workdirs: 'ema' (the Polyak averages were loaded) or 'raw' (the
+  # parameters, also those of runs without averages); None otherwise.
+  params_kind: Optional[str] = None
+  has_ema: bool = False      # The checkpoint holds Polyak averages.
   _jitted: Dict[str, Any] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
 
@@ -307,10 +313,15 @@ def _from_workdir(path: str, model: Optional[str],
     spec.pop(key, None)
   options = {k: v for k, v in spec.items() if v is not None}
   try:
-    params = orbax_state.load_params(source, ema=ema)
-  except (ValueError,  # ema=True on a run without averages.
-          orbax_state.DamagedCheckpointError) as e:
+    raw, averages = orbax_state.load_weights(source)
+  except orbax_state.DamagedCheckpointError as e:
     raise TrainedModelError(str(e)) from None
+  if ema and averages is None:
+    raise TrainedModelError(
+        f'{source} holds no EMA parameters (its run did not set '
+        'optim.ema_decay): load its raw parameters instead')
+  use_ema = averages is not None and ema is not False
+  params = averages if use_ema else raw
   if ema is False:
     source += ' (raw parameters)'
   num_classes = _head_classes(params, source, require_head)
@@ -336,8 +347,17 @@ def _from_workdir(path: str, model: Optional[str],
   trained.data, trained.run, trained.config = data, run, config
   trained.command = recorded.get('command')
   trained.workdir = workdir
+  trained.step = _checkpoint_step(source)
+  trained.params_kind = 'ema' if use_ema else 'raw'
+  trained.has_ema = averages is not None
   trained.labels = _dataset_labels(inp or ({'data': data} if data else {}))
   return trained
+
+
+def _checkpoint_step(source: str) -> Optional[int]:
+  """The step of a `.../checkpoints/<step>` folder (None if not one)."""
+  name = source.split(' (')[0].rstrip('/').rsplit('/', 1)[-1]
+  return int(name) if name.isdigit() else None
 
 
 def _head_classes(params, source: str, required: bool = True
@@ -525,10 +545,19 @@ def _pp_output(ops: List[str], size: int):
   pipeline.hide_accelerators_from_tf()
   png = tf.io.encode_png(tf.zeros([2 * size + 3, 2 * size + 1, 3], tf.uint8))
   out = preprocess.build(ops, size)({'image': png})['image']
-  if out.shape.rank != 3 or out.shape[0] != out.shape[1]:
+  if out.shape.rank != 3 or None in out.shape.as_list():
     raise TrainedModelError(
         f'eval pre-processing {"|".join(ops)} makes images of shape '
         f'{out.shape}, not square ones of a fixed size')
+  if out.shape[0] != out.shape[1]:
+    raise TrainedModelError(
+        f'eval pre-processing {"|".join(ops)} makes {out.shape[0]}x'
+        f'{out.shape[1]} images: predict and export take square models '
+        'only (an S x S input, position embeddings for a square grid). '
+        'Fine-tune it at a square size (configs/finetune.py with '
+        'init=THIS_RUN, input.image_size=S and a square input.pp_eval, e.g. '
+        'decode|resize(S)|value_range(-1,1)) and export that; '
+        'docs/deploy.md')
   return int(out.shape[0]), int(out.shape[2])
 
 

@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--dtype', default='float32',
                  choices=('float32', 'bfloat16', 'float16'),
                  help='compute dtype of the exported model')
+  p.add_argument('--params', default='auto', choices=('auto', 'ema', 'raw'),
+                 help='workdirs of runs with optim.ema_decay: export the '
+                 'EMA (Polyak) averages or the raw parameters; auto '
+                 '(default): the averages where there are any')
   p.add_argument('--overwrite', action='store_true')
   del registry
   return p
@@ -76,7 +80,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     export.registry.check_options(fmt, options)
     trained = trained_lib.load(args.init, model=args.model,
                                labels=args.labels,
-                               image_size=args.image_size)
+                               image_size=args.image_size,
+                               ema={'auto': None, 'ema': True,
+                                    'raw': False}[args.params])
     manifest = export.export_model(
         trained, fmt.name, args.out, options, overwrite=args.overwrite)
   except (export.ExportError, trained_lib.TrainedModelError, ImportError,
@@ -87,6 +93,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f'{args.out}: {manifest["bytes"] / 1e6:.2f} MB in '
         f'{manifest["export_seconds"]:.1f} s')
   print(f'verified: {manifest["verification"]["summary"]}')
+  for warning in manifest.get('warnings') or ():
+    print(f'warning: {warning}', file=sys.stderr)
   print(f'model card: {os.path.join(args.out, "MODEL_CARD.md")}')
   return 0
 

@@ -32,8 +32,52 @@ def _metrics(run: Dict[str, Any]) -> List[str]:
   return [_row(k, _fmt(run[k])) for k in keys]
 
 
+_KINDS = {'ema': 'the EMA (Polyak-averaged) parameters',
+          'raw': 'the raw (not averaged) parameters'}
+
+
+def _exported(params: Dict[str, Any]) -> str:
+  """The 'weights' row: which parameters the export holds."""
+  kind = params.get('exported')
+  if kind is None:
+    return 'as stored in the checkpoint'
+  if kind == 'ema':
+    return (f'EMA (Polyak averages, optim.ema_decay='
+            f'{params.get("ema_decay")})')
+  return ('raw (the run kept no Polyak averages)' if params.get(
+      'ema_decay') is None else 'raw (not the run\'s Polyak averages)')
+
+
+def _evaluated_note(params: Dict[str, Any]) -> List[str]:
+  """What the results were measured on, where not the exported
+  parameters."""
+  kind, evaluated = params.get('exported'), params.get('evaluated')
+  if kind is None or evaluated is None:
+    return []
+  if evaluated == 'both':
+    return [f'The run evaluated both (eval_ema=both): the metrics named '
+            f'raw/... are of the raw parameters, the others of the EMA '
+            f'averages. This export holds {_KINDS[kind]}: its results are '
+            + ('the raw/... ones.' if kind == 'raw' else
+               'the ones without raw/.'), '']
+  if params.get('matches'):
+    return []
+  return [f'**These results are not this export\'s**: the run evaluated '
+          f'{_KINDS[evaluated]} (eval_ema={params.get("eval_ema")}), and '
+          f'this export holds {_KINDS[kind]}, whose accuracy may differ. '
+          f'Export with --params={evaluated} for the evaluated ones.', '']
+
+
 def render(trained, manifest: Dict[str, Any]) -> str:
   run, config = trained.run, trained.config
+  params = manifest.get('parameters') or {}
+  # summary.json describes the run's last step: another checkpoint of it
+  # (--init=WORKDIR/checkpoints/<step>) has no results of its own there.
+  step, last = trained.step, run.get('steps')
+  other_step = step is not None and last is not None and step != last
+  s, c = trained.image_size, trained.channels
+  layout = manifest.get('layout', 'NHWC')
+  dims = f'{c}x{s}x{s}' if layout == 'NCHW' else f'{s}x{s}x{c}'
   lines = [f'# Model card: {trained.architecture}', '']
   lines += [
       f'A {trained.family} image classifier trained with vit_jax and '
@@ -43,8 +87,7 @@ def render(trained, manifest: Dict[str, Any]) -> str:
       _row('architecture', trained.architecture),
       _row('parameters', f'{trained.num_params():,}'),
       _row('classes', trained.num_classes),
-      _row('input', f'{trained.image_size}x{trained.image_size}x'
-           f'{trained.channels} float32, NHWC, values in [-1, 1]'),
+      _row('input', f'{dims} float32, {layout}, values in [-1, 1]'),
       _row('pre-processing (eval)', '`' + '|'.join(trained.pp) + '`'),
   ]
   try:
@@ -55,6 +98,9 @@ def render(trained, manifest: Dict[str, Any]) -> str:
   except Exception:  # pylint: disable=broad-except
     pass
   lines.append(_row('checkpoint', f'`{trained.source}`'))
+  if step is not None:
+    lines.append(_row('checkpoint step', step))
+  lines.append(_row('weights', _exported(params)))
   names = trained.labels
   shown = ', '.join(names[:20]) + (f', ... ({len(names)} in labels.txt)'
                                    if len(names) > 20 else '')
@@ -74,9 +120,14 @@ def render(trained, manifest: Dict[str, Any]) -> str:
                 f', eval split {inp.get("eval_split") or entry.eval_split})')
     lines += ['| | |', '|---|---|',
               _row('data', f'{trained.data}{splits}'),
-              _row('steps', run.get('steps', 'unknown (no summary.json)')),
-              _row('batch size', run.get('batch_size', '?')),
-              _row('examples seen', _fmt(run.get('examples_seen', '?'))),
+              _row('steps', f'{step} (this checkpoint; summary.json is of '
+                   f'step {last})' if other_step else
+                   run.get('steps', 'unknown (no summary.json)')),
+              _row('batch size', run.get('batch_size', '?'))]
+    if not other_step:
+      lines.append(_row('examples seen', _fmt(run.get('examples_seen',
+                                                      '?'))))
+    lines += [
               _row('image size', run.get('image_size', trained.image_size)),
               _row('initialised from', run.get('init') or 'scratch')]
     optim = config.get('optim')
@@ -86,9 +137,19 @@ def render(trained, manifest: Dict[str, Any]) -> str:
     lines += ['']
     metrics = _metrics(run)
     lines += ['## Results', '']
-    lines += (['| metric | value |', '|---|---|', *metrics] if metrics else
-              ['No final metrics (the run has no summary.json yet).'])
+    if other_step:
+      lines += [f'Not known for this checkpoint (step {step}): the run\'s '
+                f'summary.json records the results of step {last}, which '
+                f'are not this checkpoint\'s. Export checkpoints/{last} '
+                'for a card with results.']
+    else:
+      lines += _evaluated_note(params)
+      lines += (['| metric | value |', '|---|---|', *metrics] if metrics
+                else ['No final metrics (the run has no summary.json yet).'])
     lines += ['', '## Compute', '']
+    if run and other_step:
+      lines += [f'Of the run up to step {last} (summary.json; this '
+                f'checkpoint is step {step}):', '']
     if run:
       lines += ['| | |', '|---|---|',
                 _row('hardware', f'{run.get("num_devices", "?")} x '
@@ -110,7 +171,13 @@ def render(trained, manifest: Dict[str, Any]) -> str:
             _row('files', ', '.join(f'`{f}`' for f in manifest['files'])),
             _row('batch size', manifest['batch']),
             _row('takes', manifest['input']),
+            _row('weights', _exported(params)),
             _row('verified', manifest['verification']['summary'])]
+  note = (manifest.get('details') or {}).get('processor_note')
+  if note:
+    lines.append(_row('pre-processing', note))
+  for warning in manifest.get('warnings') or ():
+    lines += ['', f'**Warning**: {warning}']
   lines += ['', 'See docs/deploy.md of vit_jax for serving it.', '',
             '## Limitations', '',
             '- Accuracy holds for images like the training data, '

@@ -81,12 +81,17 @@ def export(trained, out: str, options):
       resample=2, do_rescale=True, rescale_factor=1 / 255,
       do_normalize=True, image_mean=[0.5] * trained.channels,
       image_std=[0.5] * trained.channels).save_pretrained(out)
+  note, same_ops = _processor_note(trained)
   return {'files': ['config.json', 'model.safetensors',
                     'preprocessor_config.json'],
-          'processor_note': _processor_note(trained)}
+          'processor_note': note,
+          # Another pipeline than the one evaluated with: said loudly.
+          'warnings': [] if same_ops else [note]}
 
 
-def _processor_note(trained) -> str:
+def _processor_note(trained):
+  """(what preprocessor_config.json does compared with the eval
+  pre-processing, whether it runs the same ops)."""
   ops = '|'.join(trained.pp)
   simple = f'decode|resize({trained.image_size})|value_range(-1,1)'
   grey = (' It takes grey (mode "L") images: convert others with '
@@ -97,9 +102,15 @@ def _processor_note(trained) -> str:
             'pre-processing, but with PIL\'s bilinear resize, which '
             'antialiases when it shrinks an image and ours does not: from '
             'a 512-px photo to 224 pixels differ by 2.8 of 255 on average, '
-            'up to 85 (docs/deploy.md).' + grey)
-  return (f'preprocessor_config.json only resizes to {trained.image_size} '
-          f'and maps to [-1, 1]; the model was evaluated with {ops}.' + grey)
+            'up to 85 (docs/deploy.md).' + grey), True
+  return (f'preprocessor_config.json only resizes to {trained.image_size}x'
+          f'{trained.image_size} and maps to [-1, 1], but the model was '
+          f'evaluated with {ops}: ViTImageProcessor has no such pipeline '
+          '(e.g. no aspect-keeping resize and central crop), so its inputs '
+          'differ from the evaluation\'s and so may the accuracy. For '
+          'matching inputs apply those ops yourself and pass pixel_values '
+          '(docs/deploy.md), or export --format=savedmodel '
+          '--with-preprocessing.' + grey), False
 
 
 @functools.lru_cache(maxsize=2)
@@ -125,7 +136,7 @@ register(Format(
     name='hf', export=export, run=run,
     requires=('torch', 'transformers', 'safetensors'),
     unsupported=not_expressible,
-    dtypes=('float32',),
+    dtypes=('float32',), layout='NCHW',
     other_dtypes='export float32 and load it in transformers with '
     'from_pretrained(DIR, torch_dtype=torch.bfloat16) (or float16) to run '
     'it in half precision',

@@ -49,6 +49,11 @@ class Format:
   # The --dtype values it honours (None: all), and what to do otherwise.
   dtypes: Optional[Tuple[str, ...]] = None
   other_dtypes: str = ''
+  # The float input's layout: 'NHWC' (vit_jax's) or 'NCHW' (PyTorch's).
+  layout: str = 'NHWC'
+  # Names it writes that exports of earlier versions did not list in their
+  # export.json 'files' (a folder ends in /): --overwrite replaces them.
+  incidental: Tuple[str, ...] = ()
 
 
 FORMATS: Dict[str, Format] = {}

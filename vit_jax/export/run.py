@@ -44,7 +44,11 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
   if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
   if not (os.path.isdir(out) and os.listdir(out)):
-    os.makedirs(out, exist_ok=True)
+    try:
+      os.makedirs(out, exist_ok=True)
+    except OSError as e:
+      raise ExportError(f'--out={out}: cannot create the folder: '
+                        f'{_why(e)}') from None
     return out, False
   if not overwrite:
     raise ExportError(f'{out} exists and is not empty: pass a new --out, '
@@ -52,6 +56,15 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
   if not os.path.exists(os.path.join(out, MANIFEST)):
     raise ExportError(f'{out} is not an earlier export (no {MANIFEST}): '
                       'refusing to delete it; pass a new --out')
+  extra = _unlisted(out)
+  if extra:
+    shown = ', '.join(extra[:4]) + (f' and {len(extra) - 4} more'
+                                    if len(extra) > 4 else '')
+    raise ExportError(
+        f'{out} holds {len(extra)} file(s) its earlier export did not write '
+        f'(not in its {MANIFEST}): {shown}. --overwrite replaces an earlier '
+        'export and nothing else: move them out of the folder, or pass a '
+        'new --out')
   real = os.path.realpath(out)  # A symlink keeps pointing at the export.
   try:
     staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(real)}.new-',
@@ -61,6 +74,47 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
                       f'the new export to first: {e}') from None
   outputs.as_created(staging, folder=True)  # Not mkdtemp's 0700.
   return staging, True
+
+
+def _why(e: OSError) -> str:
+  """An OSError's reason (its strerror, else its message)."""
+  return e.strerror or str(e)
+
+
+def _unlisted(out: str) -> List[str]:
+  """Files and folders in the earlier export `out` that its manifest does
+  not list (what a user added), relative to `out`, folders ending in /."""
+  path = os.path.join(out, MANIFEST)
+  try:
+    with open(path) as f:
+      manifest = json.load(f)
+    listed = [str(x) for x in manifest['files']]
+    fmt = registry.FORMATS.get(manifest.get('format'))
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ExportError(f'{path} cannot be read ({e}): cannot tell the earlier '
+                      'export from other files, so refusing to replace the '
+                      'folder; pass a new --out') from None
+  # Files an earlier version wrote without listing them.
+  listed += list(fmt.incidental if fmt else ()) + [MANIFEST]
+  names = {x.rstrip('/') for x in listed}
+  trees = tuple(x.rstrip('/') + '/' for x in listed if x.endswith('/'))
+  extra = []
+  for folder, dirs, files in os.walk(out):
+    rel_dir = os.path.relpath(folder, out)
+    rel_dir = '' if rel_dir == '.' else rel_dir + '/'
+    inside = [d for d in sorted(dirs) if (rel_dir + d + '/').startswith(
+        trees)]  # A folder the export wrote: all in it is its.
+    for d in sorted(dirs):
+      path = os.path.join(folder, d)
+      if d not in inside and rel_dir + d not in names and (
+          os.path.islink(path) or not os.listdir(path)):
+        extra.append(rel_dir + d + '/')  # Empty, or a link (not entered).
+    dirs[:] = [d for d in dirs if d not in inside]
+    for f in sorted(files):
+      rel = rel_dir + f
+      if rel not in names and not rel.startswith(trees):
+        extra.append(rel)
+  return sorted(extra)
 
 
 def _publish(staging: str, out: str) -> None:
@@ -182,7 +236,12 @@ def export_model(trained, fmt_name: str, out: str,
   existed = os.path.isdir(out)
   target, replacing = _target(out, overwrite)
   try:
-    manifest = _export(fmt, trained, target, options, tolerance)
+    try:
+      manifest = _export(fmt, trained, target, options, tolerance)
+    except OSError as e:  # Disk full, permissions, ... while writing.
+      where = e.filename or target
+      raise ExportError(f'exporting to --out={out} failed at {where}: '
+                        f'{_why(e)}') from e
   except BaseException:
     if replacing:  # The earlier export in `out` is untouched.
       shutil.rmtree(target, ignore_errors=True)
@@ -207,6 +266,42 @@ def _clear(folder: str, remove: bool) -> None:
       os.remove(path)
 
 
+def _as_created_tree(path: str) -> None:
+  """`outputs.as_created` on `path` and, for a folder, all inside it."""
+  if os.path.islink(path):
+    return
+  if not os.path.isdir(path):
+    outputs.as_created(path)
+    return
+  outputs.as_created(path, folder=True)
+  for folder, dirs, files in os.walk(path):
+    for d in dirs:
+      if not os.path.islink(os.path.join(folder, d)):
+        outputs.as_created(os.path.join(folder, d), folder=True)
+    for f in files:
+      if not os.path.islink(os.path.join(folder, f)):
+        outputs.as_created(os.path.join(folder, f))
+
+
+def parameters(trained) -> Dict[str, Any]:
+  """Which parameters `trained` holds, and which the run evaluated.
+
+  'exported': 'ema' (Polyak averages) or 'raw' for training workdirs, None
+  for other checkpoints; 'evaluated': what the run's summary metrics were
+  measured on ('ema', 'raw', or 'both': the averages under the usual
+  names, the raw parameters under raw/<name>); 'matches': whether the
+  usual metric names describe the exported parameters."""
+  if trained.kind != 'workdir' or trained.params_kind is None:
+    return {'exported': None, 'evaluated': None, 'matches': None}
+  mode = (trained.config or {}).get('eval_ema') or 'ema'
+  evaluated = 'raw' if mode == 'raw' or not trained.has_ema else mode
+  main = 'ema' if evaluated in ('ema', 'both') else 'raw'
+  ema_decay = ((trained.config or {}).get('optim') or {}).get('ema_decay')
+  return {'exported': trained.params_kind, 'evaluated': evaluated,
+          'eval_ema': mode, 'ema_decay': ema_decay if trained.has_ema
+          else None, 'matches': main == trained.params_kind}
+
+
 def _export(fmt, trained, out: str, options, tolerance: float
             ) -> Dict[str, Any]:
   """Writes, verifies and documents the export in the folder `out`."""
@@ -221,11 +316,15 @@ def _export(fmt, trained, out: str, options, tolerance: float
     info = fmt.export(trained, out, options)
     seconds = time.time() - start
     for name in info['files']:  # Some writers leave them private (0600).
-      outputs.as_created(os.path.join(out, name))
+      _as_created_tree(os.path.join(out, name.rstrip('/')))
     verification = verify(fmt, trained, out, options, tolerance)
   with open(os.path.join(out, 'labels.txt'), 'w') as f:
     f.write('\n'.join(trained.labels) + '\n')
-  shape = (options.batch or 'B', *trained.image_shape)
+  s, c = trained.image_size, trained.channels
+  shape = (options.batch or 'B', *({'NCHW': (c, s, s)}.get(fmt.layout)
+                                   or (s, s, c)))
+  details = {k: v for k, v in info.items() if k not in ('files', 'warnings')}
+  warnings = list(info.get('warnings', ()))  # The command prints them.
   manifest = {
       'format': fmt.name, 'model': trained.architecture,
       'source': trained.source, 'files': info['files'] + [
@@ -233,12 +332,15 @@ def _export(fmt, trained, out: str, options, tolerance: float
       'batch': options.batch or 'dynamic', 'dtype': options.dtype,
       'input': ('encoded images (string [B]), pre-processing inside; '
                 if options.with_preprocessing else '') +
-               f'float32 {list(shape)} NHWC in [-1, 1]',
+               f'float32 {list(shape)} {fmt.layout} in [-1, 1]',
+      'layout': fmt.layout,
       'pre_processing': '|'.join(trained.pp),
       'num_classes': trained.num_classes, 'labels': 'labels.txt',
+      'checkpoint_step': trained.step,
+      'parameters': parameters(trained),
       'export_seconds': round(seconds, 2), 'bytes': _size(out),
-      'verification': verification, 'details': {
-          k: v for k, v in info.items() if k != 'files'},
+      'verification': verification, 'details': details,
+      'warnings': warnings,
       'versions': _versions(fmt),
   }
   with open(os.path.join(out, 'MODEL_CARD.md'), 'w') as f:

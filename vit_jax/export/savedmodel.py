@@ -70,7 +70,11 @@ def export(trained, out: str, options):
     signatures = {'serving_default': bytes_fn, 'serving_images': images_fn}
   module.serving_images = images_fn
   tf.saved_model.save(module, out, signatures=signatures)
-  return {'files': ['saved_model.pb', 'variables/'],
+  # saved_model.pb, variables/ and what this TF writes besides
+  # (fingerprint.pb, assets/): `out` was empty before.
+  files = sorted(n + '/' if os.path.isdir(os.path.join(out, n)) else n
+                 for n in os.listdir(out))
+  return {'files': files,
           'signatures': {k: _describe(v) for k, v in signatures.items()}}
 
 
@@ -109,5 +113,6 @@ def run_bytes(out: str, encoded: Sequence[bytes]) -> np.ndarray:
 register(Format(
     name='savedmodel', export=export, run=run, run_bytes=run_bytes,
     requires=('tensorflow',), embeds_preprocessing=True,
+    incidental=('fingerprint.pb', 'assets/'),
     description='TensorFlow SavedModel (jax2tf; TF Serving); '
     '--with-preprocessing takes encoded JPEG/PNG bytes'))

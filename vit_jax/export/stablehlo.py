@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.export.registry import Format, register
+from vit_jax.models import precast
 
 FILE = 'model.jax_exported'
 PLATFORMS = ('cpu', 'cuda', 'tpu')
@@ -26,15 +27,36 @@ PLATFORMS = ('cpu', 'cuda', 'tpu')
 MAX_BYTES = 2**31 - 2**26
 
 
-def export(trained, out: str, options):
-  size = sum(np.asarray(x).nbytes for x in jax.tree.leaves(trained.params))
-  if size > MAX_BYTES:
-    raise ValueError(
-        f'{trained.architecture} has {size / 2**30:.1f} GiB of weights: a '
-        'jax.export serialisation holds at most 2 GiB. Use '
-        '--format=savedmodel (weights as variables) or --dtype=bfloat16')
-  fn = trained.apply_fn(options.dtype)
+def _baked(trained, dtype: str):
+  """(fn, the parameters baked into the program): in a narrower dtype,
+  each leaf the forward pass only uses narrowed is stored so
+  (`vit_jax.models.precast`: the same logits, half the bytes in bf16)."""
+  fn = trained.apply_fn(dtype)
   params = trained.params
+  if jnp.dtype(dtype) != jnp.float32:
+    one = jax.ShapeDtypeStruct((1, *trained.image_shape), jnp.float32)
+    params = precast.cast_once(fn, params, one)
+  return fn, params
+
+
+def _bytes(params) -> int:
+  return sum(np.asarray(x).nbytes for x in jax.tree.leaves(params))
+
+
+def export(trained, out: str, options):
+  fn, params = _baked(trained, options.dtype)
+  size = _bytes(params)
+  if size > MAX_BYTES:
+    hint = ''
+    if jnp.dtype(options.dtype) == jnp.float32:
+      half = _bytes(_baked(trained, 'bfloat16')[1])
+      if half <= MAX_BYTES:
+        hint = (f', or --dtype=bfloat16 (which stores {half / 2**30:.1f} GiB '
+                'of them in bfloat16)')
+    raise ValueError(
+        f'{trained.architecture} has {size / 2**30:.1f} GiB of weights in '
+        f'{options.dtype}: a jax.export serialisation holds at most 2 GiB. '
+        f'Use --format=savedmodel (weights as variables){hint}')
   batch = (jax.export.symbolic_shape('batch')[0] if options.batch is None
            else options.batch)
   spec = jax.ShapeDtypeStruct((batch, *trained.image_shape), jnp.float32)
