@@ -337,6 +337,25 @@ def test_a_failed_overwrite_keeps_the_earlier_export(trained, tmp_path):
     registry.FORMATS.pop(fmt.name)
 
 
+def test_a_new_out_appears_only_once_verified(trained, tmp_path):
+  """A new --out (TF Serving's next version folder) is written beside it
+  and moved there once verified: a server watching the parent never sees a
+  half-written or wrong export."""
+  seen = []
+  fmt = _npz_format(trained, 'npz-staged',
+                    lambda: seen.append(os.path.exists(out)) or 0.0)
+  out = tmp_path / 'models' / '2'
+  try:
+    export.export_model(trained, fmt.name, str(out))
+    assert seen and not any(seen)  # Absent while it was verified.
+    assert sorted(os.listdir(out)) == sorted(
+        ['params.npz', 'export.json', 'labels.txt', 'MODEL_CARD.md'])
+    assert os.listdir(tmp_path / 'models') == ['2']
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~_umask())
+  finally:
+    registry.FORMATS.pop(fmt.name)
+
+
 def _umask() -> int:
   mask = os.umask(0)
   os.umask(mask)

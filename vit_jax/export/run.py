@@ -34,22 +34,34 @@ class ExportError(RuntimeError):
 
 
 def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
-  """(the folder to export into, whether it replaces an earlier export).
+  """(the folder to export into, whether it is staged: written beside
+  `out` and moved there once verified, by `_publish`).
 
-  A new or empty `out` is exported into directly. An earlier export there
-  (with --overwrite) is replaced only once the new one is verified: the new
-  one is written to a folder beside it first (`_publish` swaps them), so a
-  failed export never loses a good one.
+  A new `out` is staged: a server watching its parent (TF Serving's
+  version folders) never sees a half-written or unverified export. An
+  empty existing `out` (perhaps a mount point, which cannot be renamed
+  onto) is exported into directly. An earlier export there (with
+  --overwrite) is replaced only once the new one is verified, so a failed
+  export never loses a good one.
   """
   if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
-  if not (os.path.isdir(out) and os.listdir(out)):
-    try:
-      os.makedirs(out, exist_ok=True)
-    except OSError as e:
-      raise ExportError(f'--out={out}: cannot create the folder: '
-                        f'{_why(e)}') from None
+  if os.path.isdir(out) and not os.listdir(out):
     return out, False
+  if not os.path.exists(out):
+    parent = os.path.dirname(os.path.abspath(out))
+    above = parent
+    while not os.path.exists(above):
+      above = os.path.dirname(above)
+    if not os.path.isdir(above):
+      raise ExportError(f'--out={out}: cannot create the folder: {above} is '
+                        'a file')
+    try:
+      os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+      raise ExportError(f'--out={out}: cannot create the folder {parent}: '
+                        f'{_why(e)}') from None
+    return _staging(out), True
   if not overwrite:
     raise ExportError(f'{out} exists and is not empty: pass a new --out, '
                       'or --overwrite to replace an earlier export there')
@@ -65,15 +77,21 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
         f'(not in its {MANIFEST}): {shown}. --overwrite replaces an earlier '
         'export and nothing else: move them out of the folder, or pass a '
         'new --out')
-  real = os.path.realpath(out)  # A symlink keeps pointing at the export.
+  return _staging(out), True
+
+
+def _staging(out: str) -> str:
+  """A new folder beside `out` (its real path: a symlink keeps pointing at
+  the export) to write the export to first."""
+  real = os.path.realpath(out)
   try:
     staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(real)}.new-',
                                dir=os.path.dirname(real))
   except OSError as e:
-    raise ExportError(f'--overwrite needs a folder beside {real} to write '
-                      f'the new export to first: {e}') from None
+    raise ExportError(f'--out={out}: cannot make a folder beside {real} to '
+                      f'write the export to first: {_why(e)}') from None
   outputs.as_created(staging, folder=True)  # Not mkdtemp's 0700.
-  return staging, True
+  return staging
 
 
 def _why(e: OSError) -> str:
@@ -118,9 +136,17 @@ def _unlisted(out: str) -> List[str]:
 
 
 def _publish(staging: str, out: str) -> None:
-  """Swaps the verified export in `staging` in for the earlier one in `out`
-  (which is put back if the swap fails, `staging` then kept)."""
+  """Moves the verified export in `staging` to `out`, swapping it in for an
+  earlier one there (which is put back if the swap fails, `staging` then
+  kept)."""
   real = os.path.realpath(out)
+  if not os.path.exists(real):
+    try:
+      os.rename(staging, real)
+    except OSError as e:
+      raise ExportError(f'could not move the verified export in {staging} '
+                        f'to {real}: {_why(e)}') from e
+    return
   old = os.path.join(os.path.dirname(real),
                      f'.{os.path.basename(real)}.old-{os.getpid()}')
   failed = (f'the earlier export in {real} is unchanged, and the verified new '
@@ -233,31 +259,29 @@ def export_model(trained, fmt_name: str, out: str,
   registry.check_options(fmt, options)
   registry.check_model(fmt, trained)
   tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
-  existed = os.path.isdir(out)
-  target, replacing = _target(out, overwrite)
+  target, staged = _target(out, overwrite)
   try:
     try:
       manifest = _export(fmt, trained, target, options, tolerance)
     except OSError as e:  # Disk full, permissions, ... while writing.
-      where = e.filename or target
+      where = str(e.filename or target)
+      if staged and where.startswith(target):  # Where it was going to be.
+        where = out.rstrip('/') + where[len(target):]
       raise ExportError(f'exporting to --out={out} failed at {where}: '
                         f'{_why(e)}') from e
   except BaseException:
-    if replacing:  # The earlier export in `out` is untouched.
+    if staged:  # `out` is as it was: absent, or the earlier export.
       shutil.rmtree(target, ignore_errors=True)
-    else:  # `out` was new or empty: leave it so, ready for another try.
-      _clear(target, remove=not existed)
+    else:  # `out` was empty: leave it so, ready for another try.
+      _clear(target)
     raise
-  if replacing:
+  if staged:
     _publish(target, out)
   return manifest
 
 
-def _clear(folder: str, remove: bool) -> None:
-  """Deletes what a failed export wrote into `folder` (and `folder`)."""
-  if remove:
-    shutil.rmtree(folder, ignore_errors=True)
-    return
+def _clear(folder: str) -> None:
+  """Deletes what a failed export wrote into `folder`."""
   for name in os.listdir(folder):
     path = os.path.join(folder, name)
     if os.path.isdir(path) and not os.path.islink(path):
