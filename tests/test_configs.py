@@ -437,3 +437,16 @@ def test_imagenet_pretraining_takes_any_vit_of_the_zoo():
                                                                 0.3)
   with pytest.raises(ValueError, match='no Table 3 row'):
     pretrain.get_config('model=ViT-S/16,data=jft')
+
+
+def test_a_table2_report_of_another_model_is_no_protocol_and_no_crash():
+  """`--config.report.model` (or an init's own report) naming a model
+  Table 2 did not fine-tune at 512/518 px: the run is summarised (a
+  KeyError after the last step left the workdir stuck)."""
+  from vit_jax.train import loop
+  config = finetune.get_config(
+      'model=ViT-L/16,data=imagenet2012,lr=0.03,table2=true,init=/w/pre')
+  config.report.model = 'ViT-B/16'
+  report = loop._report(config, 'supervised', ran=(20_000, (512, 512, 3)))
+  assert report['table2'] and report['image_size'] == 512
+  assert paper.transfer_protocol('imagenet2012', 'ViT-B/16', True) is None

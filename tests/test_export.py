@@ -547,6 +547,7 @@ def test_hf_export_of_a_cropping_run_warns_in_the_card(trained, tmp_path,
   assert 'central_crop' in warning and 'differ' in warning
   text = open(os.path.join(out, 'MODEL_CARD.md')).read()
   assert f'**Warning**: {warning}' in text
+  assert text.count(warning) == 1  # Not also as the pre-processing row.
   assert cli.main([f'--init={trained.workdir}', '--format=hf',
                    f'--out={tmp_path}/cli']) == 0  # Resizes: no warning.
   assert 'warning:' not in capsys.readouterr().err

@@ -189,10 +189,11 @@ def transfer_protocol(task: str, model: str = '',
   """The paper's fine-tuning of `task` (a Table 4 dataset, or a VTAB task
   `vtab/<name>`): {'steps', 'image_size', 'polyak'}; Table 2's ImageNet
   fine-tuning (`table2`) at 512/518 px with Polyak averaging. None for a
-  task the paper does not fine-tune on."""
+  task the paper does not fine-tune on, and for `table2` of a model it
+  did not fine-tune so."""
   row = TABLE4.get('vtab' if task.startswith('vtab/') else task)
-  if row is None:
-    return None
+  if row is None or (table2 and model not in TABLE2_FINETUNE_RES):
+    return None  # Not a fine-tuning the paper reports.
   if table2:
     return {'steps': row['steps'], 'image_size': TABLE2_FINETUNE_RES[model],
             'polyak': TABLE2_POLYAK}

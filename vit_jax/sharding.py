@@ -211,7 +211,8 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
       spec = param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
                         all_rules)
       out[k] = NamedSharding(mesh, spec)
-    except ValueError as e:  # DuplicateSpecError is one.
+    except Exception as e:  # pylint: disable=broad-except
+      # ValueErrors of ours, and jax's DuplicateSpecError (an Exception).
       raise ValueError(f'parameter {path}: {e}') from None
   return traverse_util.unflatten_dict(out)
 

@@ -174,7 +174,7 @@ def render(trained, manifest: Dict[str, Any]) -> str:
             _row('weights', _exported(params)),
             _row('verified', manifest['verification']['summary'])]
   note = (manifest.get('details') or {}).get('processor_note')
-  if note:
+  if note and note not in (manifest.get('warnings') or ()):  # Said below.
     lines.append(_row('pre-processing', note))
   for warning in manifest.get('warnings') or ():
     lines += ['', f'**Warning**: {warning}']

@@ -563,10 +563,12 @@ def _record_transfer(report: Dict[str, Any], config, steps: int,
   ema = config.optim.get('ema_decay') or None
   report.update(lr=lr, steps=steps, image_size=h if h == w else [h, w],
                 ema_decay=ema)
+  if report.get('smoke') or report.get('overridden'):
+    return
   protocol = paper.transfer_protocol(
       str(report.get('task')), str(report.get('model')),
       bool(report.get('table2')))
-  if report.get('smoke') or report.get('overridden') or protocol is None:
+  if protocol is None:
     return
   why = []
   if steps != protocol['steps']:
