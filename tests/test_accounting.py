@@ -81,6 +81,29 @@ def test_cores_per_chip():
     hw('tpu_v9')
 
 
+@pytest.mark.parametrize('kind,name', [
+    ('NVIDIA L4', 'l4'), ('NVIDIA L40S', 'l40s'),
+    ('NVIDIA H100 PCIe', 'h100_pcie'), ('NVIDIA H100 80GB HBM3', 'h100'),
+    ('NVIDIA H200', 'h200'), ('NVIDIA A100-SXM4-80GB', 'a100'),
+    ('TPU v5 lite', 'tpu_v5e'), ('TPU v5', 'tpu_v5p'), ('TPU v4', 'tpu_v4'),
+    ('cpu', None)])
+def test_device_kinds_map_to_their_own_peaks(kind, name):
+  """Whole words: an L40S is no L4 (3x the peak), an H100 PCIe no SXM."""
+  hw = accounting.detect_hardware(kind)
+  assert (hw and hw.name) == name
+
+
+def test_float32_mfu_uses_the_peak_of_the_precision_xla_runs():
+  """JAX's default precision lets XLA run float32 matmuls as TF32 on
+  GPUs from Ampere on: the MFU of a float32 step divides by that peak
+  (by the float32 one it exceeded 100%); 'highest' is full float32."""
+  h100 = accounting.hardware('h100')
+  assert h100.fp32_matmul_peak(None) == 495e12
+  assert h100.fp32_matmul_peak('highest') == 67e12
+  assert accounting.hardware('v100').fp32_matmul_peak(None) == 15.7e12
+  assert accounting.hardware('tpu_v4').fp32_matmul_peak(None) == 275e12
+
+
 def test_estimate_wall_clock():
   est = accounting.estimate('ViT-B/16', 1e6, hardware_name='tpu_v4',
                             utilization=0.5, num_devices=16)

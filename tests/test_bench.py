@@ -61,6 +61,14 @@ def test_bench_runs_without_tensorflow_clu_ml_collections(tmp_path):
     assert r['compiled_argument_gb'] > 0
   assert infer['model_options'] == 'scan_layers=True'
   assert 'model_options' not in train
+  assert (train['steps'], train['warmup'], train['accum_steps']) == (1, 0, 1)
+  # FLOPs of the model as built: --model_option=patch_size=2 is 4x the
+  # tokens of ViT-test's 4 (the zoo name's count was kept).
+  from vit_jax import bench
+  small = bench.bench_infer('ViT-test', 1, image_size=28, num_classes=10,
+                            steps=1, warmup=0, measure_peak=False,
+                            model_options={'patch_size': 2})
+  assert small['forward_gflops'] > 3 * infer['forward_gflops']
   # The train step holds Adam's two moments besides the parameters.
   assert train['compiled_argument_gb'] > 2.5 * infer['compiled_argument_gb']
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 from typing import Dict, Optional, Sequence
 
 import jax
@@ -177,6 +178,19 @@ class Hardware:
   cores_per_chip: int
   devices_per_chip: int
   peak_fp32_per_chip: Optional[float] = None
+  # GPUs from Ampere on: what float32 matmuls run at under JAX's default
+  # precision, which lets XLA use TF32 there (`fp32_matmul_peak`).
+  peak_tf32_per_chip: Optional[float] = None
+
+  def fp32_matmul_peak(self, precision: Optional[str]) -> float:
+    """The peak float32 matmuls run at under `precision`
+    (`jax_default_matmul_precision`): full float32 only for 'highest' /
+    'float32'; otherwise TF32 on GPUs that have it, and on TPUs bf16
+    passes (their default), whose peak stands in."""
+    if str(precision).lower() in ('highest', 'float32'):
+      return self.peak_fp32_per_chip or self.peak_bf16_per_chip
+    return (self.peak_tf32_per_chip or self.peak_fp32_per_chip
+            or self.peak_bf16_per_chip)
 
   @property
   def peak_per_core(self) -> float:
@@ -194,11 +208,14 @@ HARDWARE: Dict[str, Hardware] = {h.name: h for h in [
     Hardware('tpu_v5e', 197e12, 1, 1),
     Hardware('tpu_v5p', 459e12, 2, 1),
     Hardware('tpu_v6e', 918e12, 1, 1),
+    # Dense peaks (NVIDIA's data sheets print sparse ones beside them).
     Hardware('v100', 125e12, 1, 1, 15.7e12),
-    Hardware('a100', 312e12, 1, 1, 19.5e12),
-    Hardware('l4', 121e12, 1, 1, 30.3e12),
-    Hardware('h100', 989e12, 1, 1, 67e12),
-    Hardware('h200', 989e12, 1, 1, 67e12),
+    Hardware('a100', 312e12, 1, 1, 19.5e12, 156e12),
+    Hardware('l4', 121e12, 1, 1, 30.3e12, 60e12),
+    Hardware('l40s', 362e12, 1, 1, 91.6e12, 183e12),
+    Hardware('h100', 989e12, 1, 1, 67e12, 495e12),  # SXM.
+    Hardware('h100_pcie', 756e12, 1, 1, 51e12, 378e12),
+    Hardware('h200', 989e12, 1, 1, 67e12, 495e12),
 ]}
 
 
@@ -213,14 +230,16 @@ def hardware(name: str) -> Hardware:
 def detect_hardware(device_kind: str) -> Optional[Hardware]:
   """The table entry for a JAX `device.device_kind`, or None (e.g. a CPU)."""
   kind = device_kind.lower()
-  for pattern, name in (('v6 lite', 'tpu_v6e'), ('v6e', 'tpu_v6e'),
-                        ('v5 lite', 'tpu_v5e'), ('v5e', 'tpu_v5e'),
-                        ('v5p', 'tpu_v5p'), ('tpu v5', 'tpu_v5p'),
-                        ('tpu v4', 'tpu_v4'), ('tpu v3', 'tpu_v3'),
-                        ('tpu v2', 'tpu_v2'), ('h200', 'h200'),
-                        ('h100', 'h100'), ('a100', 'a100'), ('v100', 'v100'),
-                        (' l4', 'l4')):
-    if pattern in kind:
+  # Whole words: "NVIDIA L40S" is no L4, an "H100 PCIe" no H100 SXM.
+  for pattern, name in ((r'v6 lite', 'tpu_v6e'), (r'v6e', 'tpu_v6e'),
+                        (r'v5 lite', 'tpu_v5e'), (r'v5e', 'tpu_v5e'),
+                        (r'v5p', 'tpu_v5p'), (r'tpu v5\b', 'tpu_v5p'),
+                        (r'tpu v4', 'tpu_v4'), (r'tpu v3', 'tpu_v3'),
+                        (r'tpu v2', 'tpu_v2'), (r'\bh200\b', 'h200'),
+                        (r'\bh100 pcie\b', 'h100_pcie'), (r'\bh100\b', 'h100'),
+                        (r'\ba100\b', 'a100'), (r'\bv100\b', 'v100'),
+                        (r'\bl40s\b', 'l40s'), (r'\bl4\b', 'l4')):
+    if re.search(pattern, kind):
       return HARDWARE[name]
   return None
 

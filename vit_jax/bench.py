@@ -290,13 +290,14 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
                             carry=True))
     times = [dt for dt, _ in runs]
     metrics = runs[-1][1][1]
-    extra = {'loss': float(metrics['loss']), 'objective': objective}
+    extra = {'loss': float(metrics['loss']), 'objective': objective,
+             'accum_steps': accum_steps, 'steps': steps, 'warmup': warmup}
     if pipelined:
       extra['step_s_pipelined'] = _time_pipelined(
           compiled, (runs[-1][1][0], data), steps, carry=True)
   return _report('train', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled, extra,
-                 measure_peak, model=model if objective == 'mpp' else None)
+                 mesh, compile_s, times, compiled, extra, measure_peak,
+                 model=model)
 
 
 def infer_fn(model, mesh, state_sh):
@@ -360,12 +361,13 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
     heap.release()
     times = [dt for dt, _ in _time_steps(
         compiled, (params, data['image']), steps, warmup, carry=False)]
-    extra = {}
+    extra = {'steps': steps, 'warmup': warmup}
     if pipelined:
       extra['step_s_pipelined'] = _time_pipelined(
           compiled, (params, data['image']), steps, carry=False)
   return _report('infer', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled, extra, measure_peak)
+                 mesh, compile_s, times, compiled, extra, measure_peak,
+                 model=model)
 
 
 def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
@@ -377,9 +379,13 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
   from vit_jax import accounting
   from vit_jax.models import matmul, onednn
 
+  # First: the peaks are of the whole process so far, and the FLOP count's
+  # lowering and the matmul probe below are not the step's.
+  memory = peak_memory_bytes()
   step_s = statistics.median(times)
+  # The model as built (its --model_option patch size, MPP's head, ...).
   fwd = (accounting.module_forward_flops(model, (image_size, image_size, 3))
-         if model is not None  # MPP: the model with its head.
+         if model is not None
          else accounting.forward_flops(model_name, image_size, num_classes))
   passes = 3.0 if mode == 'train' else 1.0
   achieved = passes * fwd * batch / step_s
@@ -408,15 +414,18 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
   if 'step_s_pipelined' in out:
     out['img_per_s_pipelined'] = batch / out['step_s_pipelined']
   if hw:
-    nominal = hw.peak_bf16_per_chip if dtype == 'bfloat16' else (
-        hw.peak_fp32_per_chip or hw.peak_bf16_per_chip)
+    precision = jax.config.jax_default_matmul_precision
+    if dtype != 'bfloat16':
+      out['fp32_matmul_precision'] = precision or 'default'
+    nominal = (hw.peak_bf16_per_chip if dtype == 'bfloat16'
+               else hw.fp32_matmul_peak(precision))
     chips = jax.device_count() / hw.devices_per_chip
     out['mfu_nominal'] = achieved / (nominal * chips)
     if 'step_s_pipelined' in out:
       out['mfu_nominal_pipelined'] = out['mfu_nominal'] * step_s / out[
           'step_s_pipelined']
   out.update(compiled_memory(compiled))
-  out.update(peak_memory_bytes())
+  out.update(memory)
   return out
 
 
