@@ -32,6 +32,8 @@ A peer whose package is missing is reported as unavailable, with the reason.
 On a machine with a GPU, JAX and PyTorch both run there (PyTorch on `cuda`,
 timed after `torch.cuda.synchronize()`), and each row also reports the
 device's peak memory (JAX `memory_stats`, `torch.cuda.max_memory_allocated`).
+There float32 means TF32 matmuls on both sides (JAX's default precision
+allows them; PyTorch's peers set `allow_tf32`).
 """
 
 from __future__ import annotations
@@ -110,13 +112,20 @@ def torch_step(args, kind: str):
     forward = lambda x: model(pixel_values=x).logits
   else:
     import timm
+    # timm registers _224 and _384 variants only; img_size sets the size.
     model = timm.create_model(
-        f'vit_{timm_width}_patch{patch}_{args.image_size}', pretrained=False,
+        f'vit_{timm_width}_patch{patch}_224', pretrained=False,
         num_classes=args.num_classes, img_size=args.image_size)
     forward = model
     if kind == 'timm_compile':
       forward = torch.compile(model)
   device = 'cuda' if torch.cuda.is_available() else 'cpu'
+  if device == 'cuda':
+    # The same float32 work as ours: JAX's default precision lets XLA run
+    # float32 matmuls and convolutions as TF32 on GPUs that have it;
+    # PyTorch's default does not.
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
   model.to(device)
   x = (torch.rand(args.batch, 3, args.image_size, args.image_size) * 2 - 1
        ).to(device)

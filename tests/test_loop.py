@@ -335,6 +335,17 @@ def test_a_profile_window_after_the_last_step_is_named(tmp_path, caplog):
   assert "starts after the run's last step (40): no trace" in caplog.text
   window.before_step(100)
   assert not window.active and not (tmp_path / 'profile').exists()
+  # One that runs past it stops at the last step: the final checkpoint and
+  # evaluation are no train steps.
+  caplog.clear()
+  with caplog.at_level('WARNING', logger='absl'):
+    window = profiling.Window('38,5', str(tmp_path), 0, 40)
+  assert "ends after the run's last step (40): tracing steps 39 to 40" in (
+      caplog.text)
+  window.before_step(38)
+  assert window.active
+  window.after_step(40, None)
+  assert not window.active and (tmp_path / 'profile').exists()
 
 
 def test_tensorboard_failures_are_logged_not_raised(caplog):

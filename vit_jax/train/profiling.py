@@ -2,7 +2,8 @@
 
 `--config.profile=<start>,<steps>` traces the steps after `start` steps
 have run: steps start+1 .. start+steps (e.g. `10,5`: steps 11 to 15, after
-compilation and warm-up) into `<workdir>/profile/plugins/profile/<run>/`,
+compilation and warm-up; a start of 0 traces the first step, compilation
+included) into `<workdir>/profile/plugins/profile/<run>/`,
 for TensorBoard's profile plugin (`*.xplane.pb`; `tensorboard
 --logdir=<workdir>/profile`) and Perfetto (`perfetto_trace.json.gz`, open it
 at ui.perfetto.dev). Every process traces
@@ -57,6 +58,14 @@ class Window:
                       '(%d): no trace; pick a start below it', spec,
                       last_step)
       self._start = None
+    elif (window is not None and last_step is not None
+          and self._stop > last_step):
+      # Cut at the last step: the final checkpoint and evaluation are not
+      # train steps.
+      logging.warning('profile window %s ends after the run\'s last step '
+                      '(%d): tracing steps %d to %d', spec, last_step,
+                      self._start + 1, last_step)
+      self._stop = last_step
 
   @property
   def active(self) -> bool:
