@@ -257,14 +257,19 @@ def check_batches(config, topo) -> None:
         f'Use a model axis that divides {per_host}, or shard parameters '
         'with --config.mesh.fsdp')
   accum = max(1, int(config.get('accum_steps', 1)))
-  for field, steps in (('batch_size', accum), ('eval_batch_size', 1)):
-    size = config.input.get(field)
+  # The evaluators' own batch sizes too (few-shot's `batch_size`).
+  fields = [(f'input.{f}', config.input.get(f), steps) for f, steps in (
+      ('batch_size', accum), ('eval_batch_size', 1))] + [
+          (f'evals.{name}.batch_size', section.get('batch_size'), 1)
+          for name, section in sorted((config.get('evals') or {}).items())
+          if hasattr(section, 'get')]
+  for field, size, steps in fields:
     if size:
       try:
-        sharding.check_batch_size(size, mesh, f'input.{field}', steps)
+        sharding.check_batch_size(size, mesh, field, steps)
       except ValueError as e:
         raise ValueError(f'{topo.name} ({topo.devices} JAX devices): {e} '
-                         f'(--config.input.{field}=...)') from None
+                         f'(--config.{field}=...)') from None
 
 
 def describe_launch(args) -> list:

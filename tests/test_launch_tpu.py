@@ -926,6 +926,16 @@ def test_batch_that_does_not_split_over_the_slice_fails_before_create():
                       topology_lib.parse('v4-32'))
   tpu.check_batches(tpu.load_config(pre, ['--config.mesh.model=4']),
                     topology_lib.parse('v4-32'))
+  # A few-shot evaluator's own batch size is checked as well.
+  few = os.path.join(ROOT, 'configs/pretrain.py:model=ViT-B/16,data=i21k,'
+                     'fewshot=cifar100')
+  with pytest.raises(ValueError, match=r'evals.fewshot.batch_size'):
+    tpu.check_batches(tpu.load_config(
+        few, ['--config.evals.fewshot.batch_size=100']),
+                      topology_lib.parse('v4-64'))
+  tpu.check_batches(tpu.load_config(
+      few, ['--config.evals.fewshot.batch_size=256']),
+                    topology_lib.parse('v4-64'))
 
 
 def test_a_config_the_trainer_would_refuse_is_refused_before_create():
