@@ -17,6 +17,7 @@ See docs/tpu.md.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import re
 import shlex
@@ -173,9 +174,11 @@ def _validate(args: argparse.Namespace) -> None:
                                                   args.worker):
     raise ValueError(f'--worker={args.worker}: expected all, a worker '
                      'number or numbers separated by commas (0,2)')
-  if args.max_restarts < 0 or args.poll_seconds < 0 or args.hang_minutes < 0:
-    raise ValueError('--max-restarts, --poll-seconds and --hang-minutes must '
-                     'be >= 0')
+  if args.max_restarts < 0 or args.hang_minutes < 0:
+    raise ValueError('--max-restarts and --hang-minutes must be >= 0')
+  if not args.poll_seconds > 0:
+    raise ValueError(f'--poll-seconds={args.poll_seconds:g}: must be > 0 '
+                     '(0 would ask gcloud for the TPU state in a tight loop)')
 
 
 # --------------------------------------------------------------------------
@@ -408,20 +411,29 @@ def _setup(runner: Runner, args) -> None:
     _run_reconnecting(runner, args,
                       commands.ssh(tpu, commands.install_script(url, ref)))
     return
-  # One archive of what git would commit (`launch.pack`), not the folder:
-  # .git, environments and ignored workdirs stay here.
-  local_archive = os.path.join(tempfile.gettempdir(),
-                               f'vit_jax_setup_{tpu.name}.tar.gz')
-  runner.run([sys.executable, '-m', 'vit_jax.launch.pack', path,
-              local_archive])
-  try:
-    _run_reconnecting(
-        runner, args,
-        commands.scp_to_workers(tpu, local_archive, commands.ARCHIVE),
-        commands.ssh(tpu, commands.install_script(archive=commands.ARCHIVE)))
-  finally:
-    if not runner.dry_run and os.path.exists(local_archive):
-      os.remove(local_archive)
+  _run_reconnecting(
+      runner, args,
+      commands.scp_to_workers(tpu, _archive(runner, args, path),
+                              commands.ARCHIVE),
+      commands.ssh(tpu, commands.install_script(archive=commands.ARCHIVE)))
+
+
+def _archive(runner: Runner, args, path: str) -> str:
+  """One archive of what git would commit in `path` (`launch.pack`), not the
+  folder: .git, environments and ignored workdirs stay here. Packed once
+  per command: every TPU `up` recreates installs the code the run started
+  with, not what the checkout holds by then (removed when the command
+  ends)."""
+  archive = getattr(args, 'setup_archive', None)
+  if archive and (runner.dry_run or os.path.exists(archive)):
+    return archive
+  archive = os.path.join(tempfile.gettempdir(),
+                         f'vit_jax_setup_{args.name}.tar.gz')
+  if not runner.dry_run:
+    atexit.register(lambda: os.path.exists(archive) and os.remove(archive))
+  runner.run([sys.executable, '-m', 'vit_jax.launch.pack', path, archive])
+  args.setup_archive = archive
+  return archive
 
 
 def _run_reconnecting(runner: Runner, args, *argvs) -> None:
@@ -607,14 +619,20 @@ def _begin(args, runner: Runner) -> Optional[int]:
   return None
 
 
+def _where(args) -> str:
+  """The arguments that name this TPU in a follow-up command (its project
+  too: gcloud's default one may hold a TPU of the same name)."""
+  return shlex.join([f'--name={args.name}', f'--zone={args.zone}'] + (
+      [f'--project={args.project}'] if args.project else []))
+
+
 def cmd_run(args, runner: Runner) -> int:
   code = _begin(args, runner)
   if code is not None:
     return code
   _start(runner, args)
   runner.note(f'started on every worker of {args.name}; follow worker 0 '
-              f'with: python -m launch.tpu logs --name={args.name} '
-              f'--zone={args.zone}')
+              f'with: python -m launch.tpu logs {_where(args)}')
   return 0
 
 
@@ -691,8 +709,8 @@ def _launch(runner: Runner, args, created: list,
 
 def _up_loop(runner: Runner, args, created: list) -> str:
   restarts, start_after = 0, 0.0
+  outcome = _launch(runner, args, created, start_after)
   while True:
-    outcome = _launch(runner, args, created, start_after)
     if outcome == 'started':
       outcome = _watch(runner, args)
       if outcome == 'preempted':  # The run died with its TPU, unsaved.
@@ -700,14 +718,27 @@ def _up_loop(runner: Runner, args, created: list) -> str:
     if outcome not in ('preempted', 'saved'):
       return outcome
     if restarts == args.max_restarts:
-      runner.note(f'preempted again after {restarts} restart(s): giving up '
+      runner.note(f'stopped again after {restarts} restart(s): giving up '
                   f'(--max-restarts={args.max_restarts})')
       return 'failed'
     restarts += 1
+    state = _state(runner, args) if outcome == 'saved' else None
+    if state is not None and state not in _gone(args):
+      # Exit 75 on a TPU that is still there (a checkpoint store that was
+      # unavailable, a SIGTERM that was no preemption): run again on it,
+      # keeping its disks and place; a deleted slice may not come back.
+      runner.note(f'the run stopped with exit 75 on {args.name} ({state}): '
+                  f'starting it again there; it resumes from its '
+                  f'checkpoint in {args.workdir} (restart {restarts}/'
+                  f'{args.max_restarts})')
+      _start(runner, args)
+      outcome = 'started'
+      continue
     runner.note(f'preempted: recreating {args.name}; the run resumes from '
                 f'its checkpoint in {args.workdir} (restart {restarts}/'
                 f'{args.max_restarts})')
     _delete(runner, args)
+    outcome = _launch(runner, args, created, start_after)
 
 
 def cmd_up(args, runner: Runner) -> int:
@@ -719,9 +750,8 @@ def cmd_up(args, runner: Runner) -> int:
     outcome = _up_loop(runner, args, created)
   except KeyboardInterrupt:
     runner.note(f'interrupted; the TPU and its run go on. Follow: python -m '
-                f'launch.tpu logs --name={args.name} --zone={args.zone}; '
-                f'delete: python -m launch.tpu delete --name={args.name} '
-                f'--zone={args.zone}' + ' --queued' * args.queued)
+                f'launch.tpu logs {_where(args)}; delete: python -m '
+                f'launch.tpu delete {_where(args)}' + ' --queued' * args.queued)
     return 130
   except CommandError as e:
     print(f'error: {e}', file=sys.stderr)

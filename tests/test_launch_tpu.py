@@ -376,7 +376,7 @@ def _no_lock_wait(monkeypatch):
 
 def _up(runner, *extra):
   return tpu.main(UP + ['--topology=v3-32', '--spot', '--yes',
-                        '--poll-seconds=0', *extra], runner=runner)
+                        '--poll-seconds=1e-9', *extra], runner=runner)
 
 
 LAUNCH = ['create', 'pack', 'scp', 'install', 'run']
@@ -399,6 +399,28 @@ def test_preemption_recreates_and_resumes():
   assert 'restart 1/5' in runner.out.getvalue()
 
 
+def test_a_recreated_tpu_installs_the_code_the_run_started_with(
+    monkeypatch, tmp_path):
+  """The checkout is packed once per `up`: a TPU recreated after a
+  preemption (days later, perhaps) installs the same archive, not what
+  the checkout holds by then."""
+
+  class Packing(FakeRunner):
+    def _call(self, argv, capture):
+      if kind(argv) == 'pack':  # It writes the archive, as the real one.
+        with open(argv[-1], 'w') as f:
+          f.write('the code at the start')
+      return super()._call(argv, capture)
+
+  monkeypatch.setattr(tpu.tempfile, 'gettempdir', lambda: str(tmp_path))
+  runner = Packing(states=['PREEMPTED', 'READY'], streams=[[None], [None, 0]])
+  assert _up(runner) == 0
+  kinds = [kind(c) for c in runner.calls]
+  assert kinds.count('pack') == 1 and kinds.count('create') == 2
+  scps = [c for c in runner.calls if kind(c) == 'scp']
+  assert len(scps) == 2 and scps[0] == scps[1]
+
+
 def test_restart_waits_for_the_dead_runs_lock(monkeypatch):
   """A run that died with its TPU holds the workdir's lock until it is
   stale: the new TPU's run starts after that, not to be refused as a
@@ -419,15 +441,45 @@ def test_restart_waits_for_the_dead_runs_lock(monkeypatch):
   assert not any(s > 0 for s in slept), slept
 
 
+def test_follow_up_hints_name_the_project_and_polling_must_wait():
+  """The printed logs / delete commands name --project (gcloud's default
+  project may hold a TPU of the same name); --poll-seconds=0 would ask
+  for the TPU state in a tight loop."""
+  runner = FakeRunner()
+  assert tpu.main(['run', '--name=vit', '--zone=us-central2-b',
+                   '--project=p', '--workdir=gs://b/w', '--yes',
+                   '--topology=v3-32', '--config=configs/smoke.py'],
+                  runner=runner) == 0
+  assert ('launch.tpu logs --name=vit --zone=us-central2-b --project=p'
+          in runner.out.getvalue())
+  with pytest.raises(SystemExit):
+    tpu.main(UP + ['--topology=v3-32', '--yes', '--poll-seconds=0'],
+             runner=FakeRunner())
+
+
 def test_run_that_saved_on_sigterm_is_relaunched():
-  # The run saw SIGTERM (a preemption notice), saved and exited 75 while the
-  # node still answered READY: recreate and run again, which resumes.
+  # The run saved and exited 75 while the node still answers READY (a
+  # checkpoint store that was unavailable, a SIGTERM that was no
+  # preemption): run again on the same TPU, which resumes; deleting it
+  # would give up its disks and its place (capacity may not come back).
   runner = FakeRunner(states=['READY', 'READY'],
                       streams=[[EXIT_PREEMPTED], [0]])
   assert _up(runner) == 0
   runs = [c for c in runner.calls if kind(c) == 'run']
   assert len(runs) == 2 and runs[0] == runs[1]
   assert 'preemption signal (exit 75)' in runner.out.getvalue()
+  assert 'starting it again there' in runner.out.getvalue()
+  kinds = [kind(c) for c in runner.calls]
+  first, second = (i for i, k in enumerate(kinds) if k == 'run')
+  assert 'delete' not in kinds[first:second]
+  assert 'create' not in kinds[first:second]
+  # Gone by the time it is asked (a spot preemption): recreated.
+  runner = FakeRunner(states=['PREEMPTED', 'READY', 'READY'],
+                      streams=[[EXIT_PREEMPTED], [0]])
+  assert _up(runner) == 0
+  kinds = [kind(c) for c in runner.calls]
+  first, second = (i for i, k in enumerate(kinds) if k == 'run')
+  assert 'delete' in kinds[first:second] and 'create' in kinds[first:second]
 
 
 def test_preemption_during_setup_recreates():
