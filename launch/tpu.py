@@ -722,18 +722,25 @@ def _up_loop(runner: Runner, args, created: list) -> str:
                   f'(--max-restarts={args.max_restarts})')
       return 'failed'
     restarts += 1
-    state = _state(runner, args) if outcome == 'saved' else None
-    if state is not None and state not in _gone(args):
-      # Exit 75 on a TPU that is still there (a checkpoint store that was
+    if outcome == 'saved':
+      # A preemption's SIGTERM comes while the node still reads READY: ask
+      # again after a poll. Still READY (a checkpoint store that was
       # unavailable, a SIGTERM that was no preemption): run again on it,
       # keeping its disks and place; a deleted slice may not come back.
-      runner.note(f'the run stopped with exit 75 on {args.name} ({state}): '
-                  f'starting it again there; it resumes from its '
-                  f'checkpoint in {args.workdir} (restart {restarts}/'
-                  f'{args.max_restarts})')
-      _start(runner, args)
-      outcome = 'started'
-      continue
+      if not runner.dry_run:
+        time.sleep(args.poll_seconds)
+      state = _state(runner, args)
+      if state == 'READY':
+        runner.note(f'the run stopped with exit 75 on {args.name}, which is '
+                    f'still READY: starting it again there; it resumes from '
+                    f'its checkpoint in {args.workdir} (restart {restarts}/'
+                    f'{args.max_restarts})')
+        try:
+          _start(runner, args)
+          outcome = 'started'
+          continue
+        except CommandError as e:
+          runner.note(f'starting it again on {args.name} failed: {e}')
     runner.note(f'preempted: recreating {args.name}; the run resumes from '
                 f'its checkpoint in {args.workdir} (restart {restarts}/'
                 f'{args.max_restarts})')
