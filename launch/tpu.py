@@ -700,9 +700,16 @@ def _launch(runner: Runner, args, created: list,
       time.sleep(wait)
     _start(runner, args)
     created.append('run')  # A run started: its logs are worth keeping.
-  except CommandError:
-    if runner.dry_run or _state(runner, args) not in _gone(args):
+  except CommandError as e:
+    if runner.dry_run:
       raise
+    if _state(runner, args) in _gone(args):
+      return 'preempted'
+    if first:  # Nothing to resume: the user's settings are likely wrong.
+      raise
+    # A recreated TPU whose setup failed (a PyPI or network hiccup): the
+    # same command worked before; try again with a fresh TPU.
+    runner.note(f'setting up the recreated {args.name} failed: {e}')
     return 'preempted'
   return 'started'
 

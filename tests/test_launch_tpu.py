@@ -482,6 +482,22 @@ def test_run_that_saved_on_sigterm_is_relaunched():
   assert 'delete' in kinds[first:second] and 'create' in kinds[first:second]
 
 
+def test_a_failed_setup_of_a_recreated_tpu_tries_again():
+  """Setup worked on the first TPU; on the recreated one it fails (a PyPI
+  hiccup) while the TPU is READY: `up` tries again (one restart) instead
+  of ending the run's resumption and deleting the TPU."""
+  installs = iter([False, True])
+  runner = FakeRunner(
+      states=['PREEMPTED', 'READY'], streams=[[None], [0]],
+      fail=lambda argv: kind(argv) == 'install' and next(installs, False))
+  assert _up(runner) == 0
+  out = runner.out.getvalue()
+  assert 'setting up the recreated vit failed' in out
+  kinds = [kind(c) for c in runner.calls]
+  assert kinds.count('create') == 3 and kinds.count('run') == 2
+  assert 'restart 2/5' in out
+
+
 def test_preemption_during_setup_recreates():
   fails = iter([True])
   runner = FakeRunner(
