@@ -164,10 +164,17 @@ def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
           f'> {LOG} 2>&1 < /dev/null & echo $! > {PID}')
 
 
-def logs_script() -> str:
-  """Follows the run's log until it ends; exits with the run's status."""
+# Lines of context a reattached log stream starts with (the whole log
+# again would repeat days of a long run's output on every reattach).
+REATTACH_LINES = 20
+
+
+def logs_script(last: Optional[int] = None) -> str:
+  """Follows the run's log until it ends, from its start (or its `last`
+  lines); exits with the run's status."""
+  start = '+1' if last is None else str(int(last))
   return (f'test -f {PID} || {{ echo "$(hostname): no run started"; '
-          f'exit 2; }}; tail -n +1 -F --pid="$(cat {PID})" {LOG}; '
+          f'exit 2; }}; tail -n {start} -F --pid="$(cat {PID})" {LOG}; '
           f'exit "$(cat {EXIT} 2>/dev/null || echo 1)"')
 
 

@@ -460,8 +460,8 @@ def _start(runner: Runner, args) -> None:
       _main_args(args, remote=True), dict(args.env))))
 
 
-def _logs_argv(args) -> list:
-  return commands.ssh(_tpu(args), commands.logs_script(),
+def _logs_argv(args, last: Optional[int] = None) -> list:
+  return commands.ssh(_tpu(args), commands.logs_script(last),
                       worker=args.worker or '0')
 
 
@@ -586,9 +586,11 @@ def _watch(runner: Runner, args) -> str:
     else:
       reattached += 1
     runner.note(f'lost worker 0\'s log (exit {code}; TPU {state}; run '
-                f'{run or "unknown"}): reattaching')
+                f'{run or "unknown"}): reattaching (from its last '
+                f'{commands.REATTACH_LINES} lines; the whole log stays on '
+                'the worker: launch.tpu logs)')
     time.sleep(args.poll_seconds)
-    stream = runner.start(_logs_argv(args))
+    stream = runner.start(_logs_argv(args, last=commands.REATTACH_LINES))
 
 
 # --------------------------------------------------------------------------

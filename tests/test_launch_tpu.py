@@ -116,6 +116,7 @@ def kind(argv) -> str:
     return verb
   command = next(a for a in argv if a.startswith('--command='))
   for word, name in (('vit_jax.main', 'run'), ('tail -n +1', 'logs'),
+                     (f'tail -n {commands.REATTACH_LINES} ', 'logs'),
                      ('uv venv', 'install'), ('rm -rf', 'rm'),
                      ('$(hostname): $s', 'run state'),
                      ('$(hostname).log', 'save logs')):
@@ -650,6 +651,12 @@ def test_lost_connection_reattaches():
   assert _up(runner, '--keep') == 0
   assert [kind(c) for c in runner.calls][-4:] == [
       'logs', 'describe', 'run state', 'logs']
+  # The first stream shows the log from its start; a reattach its last
+  # lines only (not days of a run's output again).
+  first, again = (next(a for a in c if a.startswith('--command='))
+                  for c in runner.calls if kind(c) == 'logs')
+  assert 'tail -n +1 ' in first and (
+      f'tail -n {commands.REATTACH_LINES} ' in again)
 
 
 def test_a_broken_log_stream_never_deletes_a_running_run():
@@ -771,6 +778,12 @@ def test_worker_scripts(tmp_path):
   assert logs.returncode == 3  # The run's exit status.
   assert (f'ran -m vit_jax.main --config=c.py:a=1 --workdir=gs://b/r in '
           f'{home}/vit_jax with x y') in logs.stdout
+  # A reattach starts from the last lines, not the whole log again.
+  with open(home / 'vit_jax_run.log', 'a') as f:
+    f.write('line 1\nline 2\nline 3\n')
+  last = sh(commands.logs_script(last=2))
+  assert last.returncode == 3 and last.stdout.splitlines() == [
+      'line 2', 'line 3']
   (status,) = commands.parse_status(sh(commands.status_script()).stdout)
   assert (status.host, status.state, status.exit_code) == (
       socket.gethostname(), 'exited 3', 3)
