@@ -295,9 +295,8 @@ def bench_train_step(model_name: str, batch: int, *, image_size: int = 224,
     if pipelined:
       extra['step_s_pipelined'] = _time_pipelined(
           compiled, (runs[-1][1][0], data), steps, carry=True)
-  return _report('train', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled, extra, measure_peak,
-                 model=model)
+  return _report('train', model_name, batch, image_size, dtype, mesh,
+                 compile_s, times, compiled, extra, measure_peak, model)
 
 
 def infer_fn(model, mesh, state_sh):
@@ -365,14 +364,13 @@ def bench_infer(model_name: str, batch: int, *, image_size: int = 224,
     if pipelined:
       extra['step_s_pipelined'] = _time_pipelined(
           compiled, (params, data['image']), steps, carry=False)
-  return _report('infer', model_name, batch, image_size, dtype, num_classes,
-                 mesh, compile_s, times, compiled, extra, measure_peak,
-                 model=model)
+  return _report('infer', model_name, batch, image_size, dtype, mesh,
+                 compile_s, times, compiled, extra, measure_peak, model)
 
 
-def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
-            compile_s, times, compiled, extra, measure_peak=True,
-            model=None) -> Dict[str, Any]:
+def _report(mode, model_name, batch, image_size, dtype, mesh,
+            compile_s, times, compiled, extra, measure_peak,
+            model) -> Dict[str, Any]:
   import jax
   import jax.numpy as jnp
 
@@ -384,9 +382,7 @@ def _report(mode, model_name, batch, image_size, dtype, num_classes, mesh,
   memory = peak_memory_bytes()
   step_s = statistics.median(times)
   # The model as built (its --model_option patch size, MPP's head, ...).
-  fwd = (accounting.module_forward_flops(model, (image_size, image_size, 3))
-         if model is not None
-         else accounting.forward_flops(model_name, image_size, num_classes))
+  fwd = accounting.module_forward_flops(model, (image_size, image_size, 3))
   passes = 3.0 if mode == 'train' else 1.0
   achieved = passes * fwd * batch / step_s
   device = jax.devices()[0]

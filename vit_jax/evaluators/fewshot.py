@@ -29,7 +29,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from vit_jax.data import pipeline, registry
+from vit_jax.data import pipeline, preprocess, registry
 from vit_jax.data.errors import DatasetNotPreparedError
 from vit_jax.evaluators import base
 from vit_jax import sharding as shd
@@ -47,8 +47,9 @@ def representation(params: Any, images: jax.Array, *,
 # big_vision's constant bias feature: large, so its weight is barely
 # regularised.
 BIAS_FEATURE = 100.0
-# Few-shot's pre-processing unless `evals.<name>.pp` says otherwise.
-DEFAULT_PP = 'decode|resize({size})|value_range(-1,1)'
+# Few-shot's pre-processing unless `evals.<name>.pp` says otherwise: the
+# `resize` preset's ops, written out so that `{size}` can be (H, W).
+DEFAULT_PP = preprocess.PRESETS['resize']
 L2_REG = 2.0**10  # big_vision's default.
 
 
