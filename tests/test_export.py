@@ -534,24 +534,63 @@ def test_a_bfloat16_stablehlo_export_bakes_bfloat16_weights(
   assert 'bfloat16' not in str(e.value).split('Use')[-1]
 
 
-def test_hf_export_of_a_cropping_run_warns_in_the_card(trained, tmp_path,
-                                                       capsys, monkeypatch):
+def test_hf_export_of_a_cropping_run_crops_like_its_eval(trained, tmp_path):
+  """The `eval` preset (resize_small|central_crop) becomes a
+  BitImageProcessor that AutoImageProcessor loads; its pixels are ours up
+  to PIL's antialiasing, and the directory loads back with those ops."""
   _needs('hf')
+  import io
+  import tensorflow as tf
+  from PIL import Image
+  from transformers import AutoImageProcessor
   from vit_jax.data import preprocess
   cropping = dataclasses.replace(
       trained, pp=preprocess.expand('eval', trained.image_size),
       pp_spec='eval')
   out = str(tmp_path / 'hf')
   manifest = export.export_model(cropping, 'hf', out)
+  assert not manifest['warnings']
+  assert 'crops the central 16x16' in manifest['details']['processor_note']
+  processor = AutoImageProcessor.from_pretrained(out)
+  assert type(processor).__name__.startswith('BitImageProcessor')
+  # A wide photo: a plain 16x16 resize would squeeze it, the crop does not.
+  yy, xx = np.mgrid[0:48, 0:120]
+  photo = np.stack([xx * 2, yy * 5, xx + yy], -1).astype(np.uint8)
+  hf_pixels = processor(Image.fromarray(photo), return_tensors='np')[
+      'pixel_values'][0].transpose(1, 2, 0)
+  buf = io.BytesIO()
+  Image.fromarray(photo).save(buf, format='PNG')
+  ours = cropping.preprocess()({'image': tf.constant(buf.getvalue())})[
+      'image'].numpy()
+  assert hf_pixels.shape == ours.shape == (16, 16, 3)
+  assert np.abs(hf_pixels - ours).mean() < 0.01  # PIL antialiases; a smooth
+  # ramp differs little. The squeezed resize is far off:
+  squeezed = np.asarray(Image.fromarray(photo).resize((16, 16), 2),
+                        np.float32) / 127.5 - 1
+  assert np.abs(squeezed - ours).mean() > 0.1
+  back = trained_lib.load(out)
+  assert back.pp == cropping.pp
+
+
+def test_hf_export_of_another_pipeline_warns_in_the_card(
+    trained, tmp_path, capsys, monkeypatch):
+  _needs('hf')
+  other = dataclasses.replace(  # An area resize: no processor has it.
+      trained, pp=['decode', "resize_small(16, method='area')",
+                   'central_crop(16)', 'value_range(-1,1)'],
+      pp_spec="decode|resize_small(16, method='area')|central_crop(16)|"
+      'value_range(-1,1)')
+  out = str(tmp_path / 'hf')
+  manifest = export.export_model(other, 'hf', out)
   (warning,) = manifest['warnings']
-  assert 'central_crop' in warning and 'differ' in warning
+  assert "method='area'" in warning and 'differ' in warning
   text = open(os.path.join(out, 'MODEL_CARD.md')).read()
   assert f'**Warning**: {warning}' in text
   assert text.count(warning) == 1  # Not also as the pre-processing row.
   assert cli.main([f'--init={trained.workdir}', '--format=hf',
                    f'--out={tmp_path}/cli']) == 0  # Resizes: no warning.
   assert 'warning:' not in capsys.readouterr().err
-  monkeypatch.setattr(trained_lib, 'load', lambda *a, **k: cropping)
+  monkeypatch.setattr(trained_lib, 'load', lambda *a, **k: other)
   assert cli.main([f'--init={trained.workdir}', '--format=hf',
                    f'--out={tmp_path}/cli2']) == 0
   assert f'warning: {warning}' in capsys.readouterr().err
@@ -560,6 +599,22 @@ def test_hf_export_of_a_cropping_run_warns_in_the_card(trained, tmp_path,
   assert not manifest['warnings']
   assert '| pre-processing | preprocessor_config.json' in open(
       str(tmp_path / 'plain' / 'MODEL_CARD.md')).read()
+
+
+@pytest.mark.parametrize('ops,pipeline', [
+    (['decode', 'resize(16)', 'value_range(-1,1)'], ('resize', 16)),
+    (['decode', 'resize(16, 16)', 'value_range(-1, 1)'], ('resize', 16)),
+    (['decode', 'resize_small(20)', 'central_crop(16)', 'value_range()'],
+     ('crop', 20, 16)),
+    (['decode', 'resize_small(size=20, antialias=True)', 'central_crop(16)',
+      'value_range(-1,1)'], ('crop', 20, 16)),
+    (['decode', "resize(16, method='nearest')", 'value_range(-1,1)'], None),
+    (['decode', 'resize(20)', 'central_crop(16)', 'value_range(-1,1)'], None),
+    (['decode', 'resize(16)', 'value_range(0,1)'], None),
+    (['decode(1)', 'resize(16)', 'value_range(-1,1)'], None),  # 3 channels.
+])
+def test_hf_processor_pipelines(trained, ops, pipeline):
+  assert hf_format._pipeline(dataclasses.replace(trained, pp=ops)) == pipeline
 
 
 def test_a_non_square_model_is_refused_with_what_to_do():

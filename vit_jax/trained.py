@@ -459,15 +459,15 @@ def _from_hf(path: str, model: Optional[str],
     del options['gelu_approximate']
   num_classes = _head_classes(params, path, require_head)
   channels = int(getattr(cfg, 'num_channels', 3))
-  pp = NPZ_PP if channels == 3 else (
-      f'decode({channels})|resize({int(cfg.image_size)})|value_range(-1,1)')
+  proc = _hf_processor_config(path)
+  pp = _hf_ops(proc, channels, int(cfg.image_size))
   trained = _build(name, options, num_classes, int(cfg.image_size), pp,
                    params, path, 'hf')
   names = [cfg.id2label.get(i, cfg.id2label.get(str(i)))
            for i in range(num_classes)] if cfg.id2label and num_classes else []
   if names and not all(n == f'LABEL_{i}' for i, n in enumerate(names)):
     trained.labels = [str(n) for n in names]
-  _check_hf_processor(path)
+  _check_hf_processor(path, proc)
   return trained
 
 
@@ -490,11 +490,37 @@ def _zoo_name(cfg) -> str:
       '--model=NAME')
 
 
-def _check_hf_processor(path: str) -> None:
+def _hf_processor_config(path: str) -> dict:
+  """A Hugging Face directory's preprocessor_config.json ({} if none)."""
   try:
     with open(os.path.join(path, 'preprocessor_config.json')) as f:
       proc = json.load(f)
   except (OSError, ValueError):
+    return {}
+  return proc if isinstance(proc, dict) else {}
+
+
+def _hf_ops(proc: dict, channels: int, size: int) -> str:
+  """The eval ops of a Hugging Face model: its processor's shorter-side
+  resize and central crop where it has them (a BitImageProcessor, as
+  `--format=hf` writes for `resize_small|central_crop` runs), else a resize
+  to its image size (ViTImageProcessor)."""
+  decode = 'decode' if channels == 3 else f'decode({channels})'
+  sizes = proc.get('size')
+  short = sizes.get('shortest_edge') if isinstance(sizes, dict) else None
+  crop = proc.get('crop_size')
+  crop = (crop.get('height'), crop.get('width')) if isinstance(
+      crop, dict) else (crop, crop)
+  if (proc.get('do_resize', True) and proc.get('do_center_crop')
+      and isinstance(short, int) and short >= size and crop == (size, size)):
+    return (f'{decode}|resize_small({short})|central_crop({size})|'
+            'value_range(-1,1)')
+  return NPZ_PP if channels == 3 else (
+      f'{decode}|resize({size})|value_range(-1,1)')
+
+
+def _check_hf_processor(path: str, proc: dict) -> None:
+  if not proc:
     return
   if (list(proc.get('image_mean', [0.5])) != [0.5] * len(
       proc.get('image_mean', [0.5]))

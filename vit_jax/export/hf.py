@@ -3,7 +3,9 @@
 
 Writes `config.json` (a `ViTConfig` computing exactly what our ViT does:
 activation, LayerNorm epsilon, `id2label` / `label2id`), `model.safetensors`
-and `preprocessor_config.json` (a `ViTImageProcessor`: resize to S,
+and `preprocessor_config.json` (the eval pre-processing where a
+transformers image processor has it: a `ViTImageProcessor` for
+`resize(S)`, a `BitImageProcessor` for `resize_small(S)|central_crop(C)`;
 [-1, 1]). Loads with
 
     model = transformers.ViTForImageClassification.from_pretrained(DIR)
@@ -55,7 +57,7 @@ def export(trained, out: str, options):
         f'--format=hf cannot express this model: {why}. Export it with '
         '--format=onnx, savedmodel or stablehlo instead')
   import torch
-  from transformers import ViTForImageClassification, ViTImageProcessor
+  from transformers import ViTForImageClassification
   from transformers.utils import logging as hf_logging
   hf_logging.disable_progress_bar()
   from vit_jax.checkpoint import hf_config, to_hf
@@ -72,16 +74,8 @@ def export(trained, out: str, options):
   model.eval()
   with torch.no_grad():
     model.save_pretrained(out, safe_serialization=True)
-  ViTImageProcessor(
-      # RGB models: grey, RGBA and CMYK images are converted. ViTImageProcessor
-      # cannot make grey images: 1-channel models take mode 'L' ones.
-      do_convert_rgb=trained.channels == 3,
-      do_resize=True, size={'height': trained.image_size,
-                            'width': trained.image_size},
-      resample=2, do_rescale=True, rescale_factor=1 / 255,
-      do_normalize=True, image_mean=[0.5] * trained.channels,
-      image_std=[0.5] * trained.channels).save_pretrained(out)
-  note, same_ops = _processor_note(trained)
+  processor, note, same_ops = _processor(trained)
+  processor.save_pretrained(out)
   return {'files': ['config.json', 'model.safetensors',
                     'preprocessor_config.json'],
           'processor_note': note,
@@ -89,28 +83,95 @@ def export(trained, out: str, options):
           'warnings': [] if same_ops else [note]}
 
 
-def _processor_note(trained):
-  """(what preprocessor_config.json does compared with the eval
-  pre-processing, whether it runs the same ops)."""
-  ops = '|'.join(trained.pp)
-  simple = f'decode|resize({trained.image_size})|value_range(-1,1)'
+def _pipeline(trained):
+  """The eval ops as ('resize', S) (`decode|resize(S)|value_range(-1,1)`),
+  ('crop', S, C) (`decode|resize_small(S)|central_crop(C)|value_range(-1,
+  1)`) or None: the pipelines a transformers image processor runs too
+  (bilinear resizes; PIL antialiases them)."""
+  from vit_jax.data import preprocess
+  parsed = [preprocess.parse_op(op) for op in trained.pp]
+
+  def bilinear(kwargs):
+    return (set(kwargs) <= {'method', 'antialias'}
+            and kwargs.get('method', 'bilinear') == 'bilinear')
+
+  def side(name, args, kwargs):
+    """S of `name(S)`, `name(S, S)` (or h=/w=/size=) with bilinear kwargs."""
+    kwargs = dict(kwargs)
+    sides = list(args[:2]) + [kwargs.pop(k) for k in ('h', 'size', 'w')
+                              if k in kwargs]
+    if (not bilinear(kwargs) or len(args) > 2 or not sides
+        or any(s != sides[0] or not isinstance(s, int) for s in sides)):
+      return None
+    return sides[0]
+
+  if not parsed or parsed[0][0] != 'decode' or parsed[-1] not in (
+      ('value_range', (-1, 1), {}), ('value_range', (), {})):
+    return None
+  if parsed[0][1:] not in (((), {}), ((trained.channels,), {}),
+                           ((), {'channels': trained.channels})):
+    return None
+  middle = parsed[1:-1]
+  names = [name for name, _, _ in middle]
+  sides = [side(*op) for op in middle]
+  if names == ['resize'] and sides[0] == trained.image_size:
+    return ('resize', trained.image_size)
+  if (names == ['resize_small', 'central_crop'] and sides[0]
+      and sides[1] == trained.image_size and sides[0] >= sides[1]):
+    return ('crop', sides[0], trained.image_size)
+  return None
+
+
+def _processor(trained):
+  """(the transformers image processor running the eval pre-processing,
+  what it does compared with it, whether it runs the same ops).
+
+  `resize(S)` is a ViTImageProcessor; `resize_small(S)|central_crop(C)` a
+  BitImageProcessor (shortest edge S, centre crop C); any other pipeline
+  gets the plain resize with a warning."""
+  from transformers import BitImageProcessor, ViTImageProcessor
+  pipeline = _pipeline(trained)
+  common = dict(
+      # RGB models: grey, RGBA and CMYK images are converted. The processors
+      # cannot make grey images: 1-channel models take mode 'L' ones.
+      do_convert_rgb=trained.channels == 3, do_resize=True, resample=2,
+      do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+      image_mean=[0.5] * trained.channels, image_std=[0.5] * trained.channels)
   grey = (' It takes grey (mode "L") images: convert others with '
           'image.convert("L") first.' if trained.channels == 1 else '')
-  if ops.replace(' ', '') in (simple, simple.replace('decode', 'decode(1)')):
-    return ('preprocessor_config.json resizes to '
-            f'{trained.image_size} and maps to [-1, 1] like the eval '
-            'pre-processing, but with PIL\'s bilinear resize, which '
-            'antialiases when it shrinks an image and ours does not: from '
-            'a 512-px photo to 224 pixels differ by 2.8 of 255 on average, '
-            'up to 85 (docs/deploy.md).' + grey), True
-  return (f'preprocessor_config.json only resizes to {trained.image_size}x'
-          f'{trained.image_size} and maps to [-1, 1], but the model was '
-          f'evaluated with {ops}: ViTImageProcessor has no such pipeline '
-          '(e.g. no aspect-keeping resize and central crop), so its inputs '
-          'differ from the evaluation\'s and so may the accuracy. For '
-          'matching inputs apply those ops yourself and pass pixel_values '
-          '(docs/deploy.md), or export --format=savedmodel '
-          '--with-preprocessing.' + grey), False
+  antialias = ('with PIL\'s bilinear resize, which antialiases when it '
+               'shrinks an image and ours does not: from a 512-px photo to '
+               '224 pixels differ by 2.8 of 255 on average, up to 85 '
+               '(docs/deploy.md).')
+  if pipeline and pipeline[0] == 'crop':
+    _, small, crop = pipeline
+    return BitImageProcessor(
+        size={'shortest_edge': small}, do_center_crop=True,
+        crop_size={'height': crop, 'width': crop}, **common), (
+            f'preprocessor_config.json (a BitImageProcessor: load it with '
+            f'AutoImageProcessor) resizes the shorter side to {small}, '
+            f'crops the central {crop}x{crop} and maps to [-1, 1] like the '
+            'eval pre-processing, but ' + antialias + ' Its longer side is '
+            'rounded down where ours is rounded, so the crop may sit one '
+            'pixel off.' + grey), True
+  processor = ViTImageProcessor(
+      size={'height': trained.image_size, 'width': trained.image_size},
+      **common)
+  if pipeline:
+    return processor, (
+        'preprocessor_config.json resizes to '
+        f'{trained.image_size} and maps to [-1, 1] like the eval '
+        'pre-processing, but ' + antialias + grey), True
+  return processor, (
+      f'preprocessor_config.json only resizes to {trained.image_size}x'
+      f'{trained.image_size} and maps to [-1, 1], but the model was '
+      f'evaluated with {"|".join(trained.pp)}: transformers\' image '
+      'processors have no such pipeline (they resize, or resize the '
+      'shorter side and crop the centre, bilinearly), so its inputs '
+      'differ from the evaluation\'s and so may the accuracy. For '
+      'matching inputs apply those ops yourself and pass pixel_values '
+      '(docs/deploy.md), or export --format=savedmodel '
+      '--with-preprocessing.' + grey), False
 
 
 @functools.lru_cache(maxsize=2)
@@ -141,7 +202,7 @@ register(Format(
     'from_pretrained(DIR, torch_dtype=torch.bfloat16) (or float16) to run '
     'it in half precision',
     no_preprocessing='transformers models take pixel tensors; the '
-    'preprocessor_config.json written with every hf export resizes and '
-    'normalises for ViTImageProcessor',
+    'preprocessor_config.json written with every hf export resizes (and '
+    'crops) and normalises for AutoImageProcessor',
     description='Hugging Face transformers ViTForImageClassification '
     '(save_pretrained: config.json + model.safetensors, with label names)'))
