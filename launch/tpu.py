@@ -54,6 +54,7 @@ SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
 # started sooner on the new TPU would be refused as a second writer.
 LOCK_STALE_S = lock.STALE_S
 MAX_REATTACH = 3
+RECREATE_WAIT_MAX_S = 1800.0  # Longest wait between failed recreations.
 HANG_CHECK_S = 300.0  # How often `up` asks worker 0 how long its log is idle.
 MAX_DESCRIBE_ERRORS = 5  # In a row, waiting for a queued resource.
 
@@ -679,10 +680,10 @@ def cmd_delete(args, runner: Runner) -> int:
 
 def _launch(runner: Runner, args, created: list,
             start_after: float = 0.0) -> str:
-  """create + setup + run: 'started', or 'preempted' if the TPU went (or,
-  recreating one, could not be created: no capacity after a preemption is
-  common, and the next restart tries again). The run starts no earlier than
-  `start_after` (`time.monotonic()`)."""
+  """create + setup + run: 'started', 'preempted' if the TPU went, or
+  'unavailable' if, recreating one, it could not be created (no capacity
+  after a preemption is common: the next restart tries again, later). The
+  run starts no earlier than `start_after` (`time.monotonic()`)."""
   first = not created
   try:
     _create(runner, args, created)
@@ -690,8 +691,7 @@ def _launch(runner: Runner, args, created: list,
     if first:  # Nothing to resume: the user's settings are likely wrong.
       raise
     runner.note(f'recreating {args.name} failed: {e}')
-    time.sleep(args.poll_seconds)
-    return 'preempted'
+    return 'unavailable'
   try:
     _setup(runner, args)
     wait = start_after - time.monotonic()
@@ -716,21 +716,39 @@ def _launch(runner: Runner, args, created: list,
   return 'started'
 
 
+def _recreate_wait(args, failures: int) -> float:
+  """Seconds before recreating after `failures` (>= 1) failed recreations
+  in a row: --poll-seconds, doubled each time, at most RECREATE_WAIT_MAX_S
+  (capacity that is short after a preemption often takes hours to return;
+  asking every poll would use up --max-restarts in minutes)."""
+  return min(args.poll_seconds * 2 ** (failures - 1),
+             max(args.poll_seconds, RECREATE_WAIT_MAX_S))
+
+
 def _up_loop(runner: Runner, args, created: list) -> str:
-  restarts, start_after = 0, 0.0
+  restarts, start_after, unavailable = 0, 0.0, 0
   outcome = _launch(runner, args, created, start_after)
   while True:
     if outcome == 'started':
+      unavailable = 0
       outcome = _watch(runner, args)
       if outcome == 'preempted':  # The run died with its TPU, unsaved.
         start_after = time.monotonic() + LOCK_STALE_S
-    if outcome not in ('preempted', 'saved'):
+    if outcome not in ('preempted', 'saved', 'unavailable'):
       return outcome
     if restarts == args.max_restarts:
       runner.note(f'stopped again after {restarts} restart(s): giving up '
                   f'(--max-restarts={args.max_restarts})')
       return 'failed'
     restarts += 1
+    if outcome == 'unavailable':
+      unavailable += 1
+      wait = _recreate_wait(args, unavailable)
+      runner.note(f'trying to recreate {args.name} again in {wait:.0f} s '
+                  f'({unavailable} failed recreation(s) in a row; the wait '
+                  f'doubles up to {RECREATE_WAIT_MAX_S / 60:.0f} minutes)')
+      if not runner.dry_run:
+        time.sleep(wait)
     if outcome == 'saved':
       # A preemption's SIGTERM comes while the node still reads READY: ask
       # again after a poll. Still READY (a checkpoint store that was
@@ -750,7 +768,8 @@ def _up_loop(runner: Runner, args, created: list) -> str:
           continue
         except CommandError as e:
           runner.note(f'starting it again on {args.name} failed: {e}')
-    runner.note(f'preempted: recreating {args.name}; the run resumes from '
+    runner.note(f'{"" if outcome == "unavailable" else "preempted: "}'
+                f'recreating {args.name}; the run resumes from '
                 f'its checkpoint in {args.workdir} (restart {restarts}/'
                 f'{args.max_restarts})')
     _delete(runner, args)

@@ -14,6 +14,7 @@ checked in `test_doc_prepare_flags_exist`); the other commands are listed in
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -525,6 +526,29 @@ def test_no_capacity_to_recreate_is_retried_as_a_restart():
   out = runner.out.getvalue()
   assert 'recreating vit failed' in out and 'RESOURCE_EXHAUSTED' in out
   assert 'restart 2/5' in out and 'vit was already gone' in out
+  assert 'trying to recreate vit again in 0 s (1 failed' in out
+
+
+def test_failed_recreations_back_off(monkeypatch):
+  """Capacity short after a preemption can take hours to return: failed
+  recreations in a row wait --poll-seconds, doubled each time up to 30
+  minutes, not one poll each (which would use up --max-restarts in
+  minutes); a TPU that comes back resets the wait."""
+  slept = []
+  monkeypatch.setattr(tpu.time, 'sleep', slept.append)
+  creates = iter([False, True, True, True, False, True])
+  runner = FakeRunner(
+      states=['PREEMPTED', 'PREEMPTED'], streams=[[None], [None], [0]],
+      fail=lambda argv: (kind(argv) == 'create' and next(creates, False)
+                         and 'RESOURCE_EXHAUSTED: no capacity') or (
+                             kind(argv) == 'delete' and 'NOT_FOUND'))
+  assert tpu.main(UP + ['--topology=v3-32', '--spot', '--yes',
+                        '--poll-seconds=600', '--max-restarts=9'],
+                  runner=runner) == 0
+  waits = [s for s in slept if s >= 600 and s != tpu.LOCK_STALE_S]
+  assert waits == [600, 1200, 1800, 600], slept
+  assert [tpu._recreate_wait(argparse.Namespace(poll_seconds=60), k)
+          for k in range(1, 8)] == [60, 120, 240, 480, 960, 1800, 1800]
 
 
 def test_setup_tries_ssh_again_on_a_new_tpu():
