@@ -776,10 +776,42 @@ def _up_loop(runner: Runner, args, created: list) -> str:
     outcome = _launch(runner, args, created, start_after)
 
 
+def _pin_repo(runner: Runner, args) -> None:
+  """A `--repo=URL#REF` (or URL: its HEAD) names its commit now, so every
+  TPU `up` recreates clones the code the run started with, not a branch
+  that moved on (`git ls-remote` here; unresolved: a warning)."""
+  _, url, ref = _repo(args.repo)
+  if not url or (ref and re.fullmatch(r'[0-9a-f]{40}', ref)):
+    return
+  want = ref or 'HEAD'
+  try:
+    result = runner.run(['git', 'ls-remote', url, want], capture=True,
+                        check=False)
+  except CommandError as e:  # No git here.
+    result = e.result
+  found = dict(reversed(line.split('\t', 1)) for line in
+               result.stdout.splitlines() if '\t' in line)
+  sha = next((found[name] for name in (
+      want, f'refs/heads/{want}', f'refs/tags/{want}^{{}}',
+      f'refs/tags/{want}') if name in found), None)
+  if runner.dry_run:
+    return
+  if result.returncode or not sha:
+    runner.note(f'warning: could not resolve {want} of {url} to a commit '
+                f'here ({(result.stderr or "no such ref").strip()[-200:]}); '
+                'a recreated TPU clones it again and may get newer code: '
+                'pin a commit, --repo=URL#<sha>')
+    return
+  args.repo = f'{url}#{sha}'
+  runner.note(f'--repo: {want} of {url} is {sha} now; every TPU this `up` '
+              'creates installs that commit')
+
+
 def cmd_up(args, runner: Runner) -> int:
   code = _begin(args, runner)
   if code is not None:
     return code
+  _pin_repo(runner, args)
   created = []
   try:
     outcome = _up_loop(runner, args, created)

@@ -529,6 +529,60 @@ def test_no_capacity_to_recreate_is_retried_as_a_restart():
   assert 'trying to recreate vit again in 0 s (1 failed' in out
 
 
+class GitRunner(FakeRunner):
+  """FakeRunner whose `git ls-remote` answers `refs` (a str)."""
+
+  def __init__(self, refs, **kw):
+    super().__init__(**kw)
+    self.refs = refs
+
+  def _call(self, argv, capture):
+    if argv[:2] == ['git', 'ls-remote']:
+      self.calls.append(argv)
+      return Result(0, self.refs) if self.refs else Result(
+          128, '', 'fatal: could not read Username')
+    return super()._call(argv, capture)
+
+
+SHA = 'b' * 40
+
+
+def test_up_pins_a_git_branch_to_its_commit_for_every_tpu():
+  """`--repo=URL#v1` is resolved once: the TPU recreated after a
+  preemption installs the commit the run started with, not a branch that
+  moved on."""
+  runner = GitRunner(f'{"a" * 40}\trefs/heads/feature/v1\n'
+                     f'{SHA}\trefs/heads/v1\n',
+                     states=['PREEMPTED', 'READY'],
+                     streams=[[None], [None, 0]])
+  assert _up(runner, '--repo=https://github.com/me/vit.git#v1') == 0
+  assert runner.calls[0] == ['git', 'ls-remote',
+                             'https://github.com/me/vit.git', 'v1']
+  installs = [c for c in runner.calls if kind(c) == 'install']
+  assert len(installs) == 2
+  for argv in installs:
+    assert f'checkout -q {SHA}' in argv[-1] or any(
+        f'checkout -q {SHA}' in a for a in argv)
+  assert f'v1 of https://github.com/me/vit.git is {SHA}' in (
+      runner.out.getvalue())
+  # No ref: HEAD's commit. A commit already: nothing to resolve.
+  runner = GitRunner(f'{SHA}\tHEAD\n', states=['READY'], streams=[[0]])
+  assert _up(runner, '--repo=https://github.com/me/vit.git') == 0
+  assert any(f'checkout -q {SHA}' in a for c in runner.calls for a in c)
+  runner = GitRunner('', states=['READY'], streams=[[0]])
+  assert _up(runner, f'--repo=https://github.com/me/vit.git#{SHA}') == 0
+  assert not any(c[0] == 'git' for c in runner.calls)
+
+
+def test_an_unresolvable_git_ref_warns_and_is_cloned_as_given():
+  runner = GitRunner('', states=['READY'], streams=[[0]])
+  assert _up(runner, '--repo=https://github.com/me/vit.git#v1') == 0
+  out = runner.out.getvalue()
+  assert 'could not resolve v1' in out and 'could not read Username' in out
+  assert 'pin a commit, --repo=URL#<sha>' in out
+  assert any('checkout -q v1' in a for c in runner.calls for a in c)
+
+
 def test_failed_recreations_back_off(monkeypatch):
   """Capacity short after a preemption can take hours to return: failed
   recreations in a row wait --poll-seconds, doubled each time up to 30
