@@ -14,7 +14,7 @@ import json
 import logging as logging_std
 import os
 import time
-from typing import Any, Optional, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -370,17 +370,24 @@ def _all_finite(tree: Any) -> bool:
   return bool(np.all(jax.device_get(leaves))) if leaves else True
 
 
-def _restore_on_host(state_dir: str) -> Any:
-  """A saved state tree as host numpy arrays, whatever mesh or process
-  count saved it (each process reads whole arrays onto one local device)."""
+def _restore_on_host(state_dir: str, keys: Sequence[str]) -> Any:
+  """The `keys` subtrees (those saved) of a saved state tree as host numpy
+  arrays, whatever mesh or process count saved it. Only they are read (not
+  the optimizer's moments: 3x the parameters' bytes with Adam), onto the
+  CPU, so serving a ViT-H does not fill the first accelerator's memory."""
   try:
     with _reading_an_item():
       meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
-      device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-      target = jax.tree.map(
-          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-          meta)
-      state = ocp.StandardCheckpointer().restore(state_dir, target)
+      cpu = jax.sharding.SingleDeviceSharding(
+          jax.local_devices(backend='cpu')[0])
+      target = {k: jax.tree.map(
+          lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu),
+          meta[k]) for k in keys if k in meta}
+      state = ocp.PyTreeCheckpointer().restore(
+          state_dir, args=ocp.args.PyTreeRestore(
+              item=target, partial_restore=True,
+              restore_args=jax.tree.map(
+                  lambda _: ocp.ArrayRestoreArgs(sharding=cpu), target)))
   except Exception as e:  # Orbax raises many types for damaged files.
     raise DamagedCheckpointError(
         f'cannot read the checkpoint {state_dir}; it is damaged: pass '
@@ -391,8 +398,13 @@ def _restore_on_host(state_dir: str) -> Any:
 def load_weights(path: str) -> Tuple[Any, Optional[Any]]:
   """(parameters, their Polyak averages or None) of a training workdir, its
   checkpoints dir or one step dir (see `resolve`), as host arrays, from one
-  read of the checkpoint."""
-  state = _restore_on_host(resolve(path) + '/state')
+  read of the checkpoint (of those two trees only)."""
+  state_dir = resolve(path) + '/state'
+  state = _restore_on_host(state_dir, ('params', 'ema_params'))
+  if 'params' not in state:
+    raise DamagedCheckpointError(
+        f'{state_dir} holds no params; it is damaged: pass an earlier step, '
+        'checkpoints/<step>, instead', reason='state without params')
   return state['params'], state.get('ema_params')
 
 
