@@ -173,6 +173,33 @@ def test_ema_is_checkpointed_resumed_exactly_and_evaluated(tmp_path):
       'steps'] == 6  # The run and its results are untouched.
 
 
+def test_averages_of_a_run_started_from_init_stay_float32(tmp_path):
+  """--config.init with bfloat16 parameters: the averages start at the
+  init in float32 (bfloat16 ones would not move at decay 0.9999) and stay
+  float32 across a resume, as in a run without init."""
+  from vit_jax.train import loop
+  first = str(tmp_path / 'first')
+  loop.train_and_evaluate(_config(3), first)
+  c = _config(3, ema_warmup=False)
+  c.optim.ema_decay = 0.9999
+  c.model.param_dtype = 'bfloat16'
+  c.init = first
+  c.eval_ema = 'ema'
+  c.eval_every = 0
+  run = str(tmp_path / 'from_init')
+  loop.train_and_evaluate(c, run)
+  state = orbax_state._restore_on_host(orbax_state.resolve(run) + '/state')
+  assert {x.dtype for x in jax.tree.leaves(state['params'])} == {
+      np.dtype(jnp.bfloat16)}
+  averages = jax.tree.leaves(state['ema_params'])
+  assert {x.dtype for x in averages} == {np.dtype(np.float32)}
+  start = jax.tree.leaves(orbax_state.load_params(first, ema=False))
+  # 3 steps at 0.9999 move every average a little, not 0 (bfloat16 would).
+  moved = [np.mean(a != np.asarray(s, jnp.bfloat16).astype(np.float32))
+           for a, s in zip(averages, start) if a.size > 100]
+  assert min(moved) > 0.5, moved
+
+
 def test_bad_ema_settings_are_clear_errors():
   c = _config(6)
   c.optim.ema_decay = 1.0

@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 import jax
 from jax.experimental import multihost_utils
 import ml_collections
+import numpy as np
 from absl import logging
 
 from vit_jax import accounting, evaluators, heap, models, paper, selfsup
@@ -113,11 +114,14 @@ def _init_params(source, state, state_sh, grid, source_grid):
   # mesh whose FSDP/model axis spans hosts no process holds it alone.
   host = multihost_utils.process_allgather(state.params, tiled=True)
   params = load_pretrained(source, host, grid=grid, source_grid=source_grid)
-  def place():  # A buffer of its own each: the state is donated.
-    return jax.device_put(params, state_sh.params)
-  # The averages, if any, start at the init too.
-  return state.replace(params=place(), ema_params=(
-      place() if state.ema_params is not None else None))
+  # The averages, if any, start at the init too, in their own dtype (at
+  # least float32, `optim.ema_init`: bfloat16 averages would not move) and
+  # buffers (the state is donated).
+  ema = None if state.ema_params is None else jax.device_put(
+      jax.tree.map(lambda p, e: np.asarray(p).astype(e.dtype), params,
+                   state.ema_params), state_sh.ema_params)
+  return state.replace(params=jax.device_put(params, state_sh.params),
+                       ema_params=ema)
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict,

@@ -370,11 +370,13 @@ def _all_finite(tree: Any) -> bool:
   return bool(np.all(jax.device_get(leaves))) if leaves else True
 
 
-def _restore_on_host(state_dir: str, keys: Sequence[str]) -> Any:
-  """The `keys` subtrees (those saved) of a saved state tree as host numpy
-  arrays, whatever mesh or process count saved it. Only they are read (not
-  the optimizer's moments: 3x the parameters' bytes with Adam), onto the
-  CPU, so serving a ViT-H does not fill the first accelerator's memory."""
+def _restore_on_host(state_dir: str,
+                     keys: Optional[Sequence[str]] = None) -> Any:
+  """The `keys` subtrees (those saved; None: all) of a saved state tree as
+  host numpy arrays, whatever mesh or process count saved it. Only they are
+  read (not the optimizer's moments: 3x the parameters' bytes with Adam),
+  onto the CPU, so serving a ViT-H does not fill the first accelerator's
+  memory."""
   try:
     with _reading_an_item():
       meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
@@ -382,7 +384,7 @@ def _restore_on_host(state_dir: str, keys: Sequence[str]) -> Any:
           jax.local_devices(backend='cpu')[0])
       target = {k: jax.tree.map(
           lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu),
-          meta[k]) for k in keys if k in meta}
+          meta[k]) for k in (meta if keys is None else keys) if k in meta}
       state = ocp.PyTreeCheckpointer().restore(
           state_dir, args=ocp.args.PyTreeRestore(
               item=target, partial_restore=True,
