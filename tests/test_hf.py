@@ -170,3 +170,28 @@ def test_from_hf_wrong_model_is_a_clear_error():
     checkpoint.from_hf(hf.state_dict(), 'ViT-Ti/16', num_layers=2)
   with pytest.raises(CheckpointError, match='no place for'):
     checkpoint.from_hf(hf.state_dict(), 'ViT-Ti/16', num_layers=0)
+
+
+def test_a_directory_without_a_classifier_is_not_given_a_random_one(
+    tmp_path, caplog):
+  """A ViTModel's save_pretrained (how ImageNet-21k pre-trainings are
+  published): transformers would fill in a random classifier and drop the
+  pooler. predict refuses it (no head); loading without a head (inspect)
+  keeps none and says the pooler is left out; weights of another
+  architecture are refused, not ignored."""
+  from vit_jax import trained
+  cfg = checkpoint.hf_config('ViT-test', num_classes=10, image_size=16)
+  transformers.ViTModel(cfg, add_pooling_layer=True).save_pretrained(
+      str(tmp_path / 'bare'))
+  with pytest.raises(trained.TrainedModelError,
+                     match='has no classification head .*ViTModel'):
+    trained.load(str(tmp_path / 'bare'))
+  headless = trained.load(str(tmp_path / 'bare'), require_head=False)
+  assert headless.num_classes is None and 'head' not in headless.params
+  assert 'pooler' in caplog.text and 'left out' in caplog.text
+  # A checkpoint of another task's model: its weights have no place here.
+  other = transformers.ViTForMaskedImageModeling(cfg)
+  other.save_pretrained(str(tmp_path / 'mim'))
+  with pytest.raises(trained.TrainedModelError,
+                     match="does not hold a ViTForImageClassification's"):
+    trained.load(str(tmp_path / 'mim'), require_head=False)

@@ -448,11 +448,20 @@ def _from_hf(path: str, model: Optional[str],
         f'--init={path} is a Hugging Face directory: install the torch extra '
         '(pip install -e ".[torch]" -c constraints.txt)') from None
   from vit_jax.checkpoint import from_hf_model
-  hf_model = ViTForImageClassification.from_pretrained(path)
+  hf_model, info = ViTForImageClassification.from_pretrained(
+      path, output_loading_info=True)
+  headless = _check_hf_weights(path, info)
   cfg = hf_model.config
   name = model or getattr(cfg, 'vit_jax_model', None) or _zoo_name(cfg)
   options = dict(getattr(cfg, 'vit_jax_options', None) or {})
   module, params = from_hf_model(hf_model, name, **options)
+  if headless:  # transformers initialised a classifier at random: not ours.
+    params.pop('head', None)
+    if require_head:
+      raise TrainedModelError(
+          f'{path} has no classification head (a ViTModel, e.g. an '
+          'ImageNet-21k pre-training without its classifier): fine-tune it '
+          'on labelled data first (configs/finetune.py with init=...)')
   options['gelu_approximate'] = module.gelu_approximate
   if options['gelu_approximate'] == models.options(name).get(
       'gelu_approximate', True):
@@ -469,6 +478,29 @@ def _from_hf(path: str, model: Optional[str],
     trained.labels = [str(n) for n in names]
   _check_hf_processor(path, proc)
   return trained
+
+
+def _check_hf_weights(path: str, info: dict) -> bool:
+  """Whether the directory's classifier is missing (a ViTModel: headless);
+  TrainedModelError if other weights are missing or left unused (a pooler,
+  the pre-logits layer fine-tuning drops, is left out with a note)."""
+  missing = sorted(info.get('missing_keys') or ())
+  unused = sorted(info.get('unexpected_keys') or ())
+  trunk = [k for k in missing if not k.startswith('classifier.')]
+  extra = [k for k in unused if not k.startswith('pooler.')]
+  if trunk or extra:
+    raise TrainedModelError(
+        f'{path} does not hold a ViTForImageClassification\'s weights: '
+        + (f'missing {trunk[:5]}' if trunk else '')
+        + ('; ' if trunk and extra else '')
+        + (f'unused {extra[:5]}' if extra else '')
+        + ' (another architecture, or a damaged model.safetensors?)')
+  if unused:
+    logging.warning(
+        '%s: its pooler (%s), the pre-logits layer, is left out: '
+        'ViTForImageClassification has none, and fine-tuning replaces it '
+        'with the new head as the paper does', path, ', '.join(unused))
+  return any(k.startswith('classifier.') for k in missing)
 
 
 def _zoo_name(cfg) -> str:
