@@ -7,6 +7,7 @@ skipped; class names come from the dataset, tfds info or a file.
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -179,6 +180,22 @@ def test_a_relative_init_loads_and_a_damaged_one_is_a_message(
   assert predict.main([f'--init={name}', 'x.jpg']) == 1
   err = capsys.readouterr().err
   assert 'damaged' in err and 'earlier step' in err and 'Traceback' not in err
+
+
+def test_a_newest_step_without_state_falls_back_to_the_complete_one(
+    workdir, tmp_path, caplog):
+  """A half-copied workdir (rsync / gsutil stopped): its newest step has no
+  state/. The trainer would resume from the step before; predict reads that
+  one too, and says so, instead of 'no trained model there'."""
+  run = trained_workdir.copy(workdir, tmp_path)
+  ckpts = os.path.join(run, 'checkpoints')
+  step = max(int(s) for s in os.listdir(ckpts) if s.isdigit())
+  shutil.copytree(os.path.join(ckpts, str(step)),
+                  os.path.join(ckpts, str(step + 5)))
+  shutil.rmtree(os.path.join(ckpts, str(step + 5), 'state'))
+  loaded = trained_lib.load(run)
+  assert loaded.source.endswith(f'checkpoints/{step}')
+  assert f'step(s) {step + 5} have no state/' in caplog.text
 
 
 def test_a_reinitialised_copy_has_fresh_weights_and_its_own_logits(trained):

@@ -298,9 +298,19 @@ def resolve(path: str) -> str:
   if '://' not in path:
     path = os.path.abspath(path)
   for directory in (path + '/checkpoints', path):
-    steps = ocp.step.checkpoint_steps(directory)
+    steps = sorted(ocp.step.checkpoint_steps(directory), reverse=True)
     if steps:
-      path = f'{directory}/{max(steps)}'
+      # The newest step with its state/ (one half-copied by rsync or
+      # gsutil lacks it: the trainer sets such a step aside and resumes
+      # from the one before, and readers take that one too, saying so).
+      whole = [s for s in steps
+               if epath.Path(f'{directory}/{s}/state').is_dir()]
+      path = f'{directory}/{(whole or steps)[0]}'
+      if whole and whole[0] != steps[0]:
+        logging.warning(
+            '%s: step(s) %s have no state/ (an incomplete copy?): using '
+            'step %d, the newest complete one', directory,
+            ', '.join(map(str, steps[:steps.index(whole[0])])), whole[0])
       break
   if not epath.Path(path + '/state').is_dir():
     raise CheckpointNotFoundError(
