@@ -653,34 +653,46 @@ def test_card_of_an_earlier_checkpoint_has_no_results_of_the_last(
 
 def test_params_choice_is_stated_next_to_the_results(ema_workdir, tmp_path,
                                                      capsys):
-  """The run evaluated its raw parameters (eval_ema=raw); auto exports the
-  averages and says the results are not theirs; --params=raw matches."""
+  """The run evaluated its raw parameters (eval_ema=raw): auto exports
+  those, which its results describe; --params=ema exports the averages and
+  the card says the results are not theirs."""
   out = str(tmp_path / 'auto')
   assert cli.main([f'--init={ema_workdir}', '--format=stablehlo',
                    f'--out={out}']) == 0
   manifest = json.load(open(os.path.join(out, 'export.json')))
   assert manifest['parameters'] == {
-      'exported': 'ema', 'evaluated': 'raw', 'eval_ema': 'raw',
-      'ema_decay': 0.9, 'matches': False}
+      'exported': 'raw', 'evaluated': 'raw', 'eval_ema': 'raw',
+      'ema_decay': 0.9, 'matches': True}
+  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  assert "not this export's" not in text
+  assert "| weights | raw (not the run's Polyak averages) |" in text
+  ema = trained_lib.load(ema_workdir, ema=True)
+  raw = trained_lib.load(ema_workdir)
+  assert raw.params_kind == 'raw' and ema.params_kind == 'ema'
+  x = _images(ema, 2)
+  np.testing.assert_allclose(_stablehlo(out, x), raw.logits(x), atol=TOL)
+  out = str(tmp_path / 'ema')
+  assert cli.main([f'--init={ema_workdir}', '--format=stablehlo',
+                   '--params=ema', f'--out={out}']) == 0
+  manifest = json.load(open(os.path.join(out, 'export.json')))
+  assert manifest['parameters']['exported'] == 'ema'
+  assert manifest['parameters']['matches'] is False
   text = open(os.path.join(out, 'MODEL_CARD.md')).read()
   assert '| weights | EMA (Polyak averages, optim.ema_decay=0.9) |' in text
   assert ("**These results are not this export's**: the run evaluated the "
           'raw') in text and '--params=raw' in text
-  ema = trained_lib.load(ema_workdir)
-  raw = trained_lib.load(ema_workdir, ema=False)
-  x = _images(ema, 2)
   np.testing.assert_allclose(_stablehlo(out, x), ema.logits(x), atol=TOL)
-  out = str(tmp_path / 'raw')
-  assert cli.main([f'--init={ema_workdir}', '--format=stablehlo',
-                   '--params=raw', f'--out={out}']) == 0
-  manifest = json.load(open(os.path.join(out, 'export.json')))
-  assert manifest['parameters']['exported'] == 'raw'
-  assert manifest['parameters']['matches'] is True
-  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
-  assert "not this export's" not in text
-  assert "| weights | raw (not the run's Polyak averages) |" in text
-  np.testing.assert_allclose(_stablehlo(out, x), raw.logits(x), atol=TOL)
   assert np.abs(raw.logits(x) - ema.logits(x)).max() > 10 * TOL
+  # predict: the same choice, recorded in its JSON.
+  from vit_jax import predict
+  from PIL import Image
+  image = str(tmp_path / 'digit.png')
+  Image.fromarray(np.full((8, 8), 128, np.uint8)).save(image)
+  for flag, kind in (([], 'raw'), (['--params=ema'], 'ema')):
+    report = str(tmp_path / f'{kind}.json')
+    assert predict.main([f'--init={ema_workdir}', f'--json={report}',
+                         *flag, image]) == 0
+    assert json.load(open(report))['params'] == kind
 
 
 def test_params_ema_on_a_run_without_averages_is_a_message(trained,

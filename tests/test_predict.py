@@ -117,6 +117,22 @@ def test_predict_equals_the_model_on_the_eval_pipeline(trained, images):
   np.testing.assert_allclose(got, probs, atol=1e-5)
 
 
+def test_bfloat16_predictions_cast_the_weights_once(trained, images):
+  """In bfloat16 the matmul kernels are served in bfloat16 (cast once, not
+  per batch, docs/deploy.md), and the probabilities are the model's."""
+  import jax
+  import ml_dtypes
+  predictor = predict.Predictor(trained, batch=2, dtype='bfloat16')
+  kernels = [x for path, x in jax.tree_util.tree_leaves_with_path(
+      predictor._params) if 'kernel' in jax.tree_util.keystr(path)]
+  assert kernels and all(k.dtype == ml_dtypes.bfloat16 for k in kernels)
+  files = predict.list_images([str(images)])[:2]  # Two digits.
+  out = [value for status, _, value in predictor(files) if status == 'ok']
+  x = np.stack([predictor.load(f) for f in files])
+  want = np.asarray(jax.nn.softmax(trained.logits(x, 'bfloat16')))
+  np.testing.assert_allclose(np.stack(out), want, atol=1e-6)
+
+
 def test_labels_from_tfds_info_and_from_a_file(workdir, tmp_path):
   fashion = trained_lib.load(workdir, labels='fashion_mnist')
   assert fashion.labels[:2] == ['T-shirt/top', 'Trouser']

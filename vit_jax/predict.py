@@ -62,6 +62,7 @@ class Predictor:
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from vit_jax.data import pipeline
+    from vit_jax.models import precast
     pipeline.hide_accelerators_from_tf()
     self.trained = trained
     devices = jax.local_devices()
@@ -70,9 +71,15 @@ class Predictor:
     self._data_sh = NamedSharding(mesh, P('data'))
     replicated = NamedSharding(mesh, P())
     apply = trained.apply_fn(dtype)
-    self._params = jax.device_put(trained.params, replicated)
-    self._fn = jax.jit(lambda p, x: jax.nn.softmax(apply(p, x), axis=-1),
-                       in_shardings=(replicated, self._data_sh),
+
+    def fn(p, x):
+      return jax.nn.softmax(apply(p, x), axis=-1)
+    # The weights the forward pass only narrows (bf16 matmul kernels) are
+    # cast once here, not on every batch (`vit_jax.models.precast`).
+    params = precast.cast_once(
+        fn, trained.params, np.zeros((1, *trained.image_shape), np.float32))
+    self._params = jax.device_put(params, replicated)
+    self._fn = jax.jit(fn, in_shardings=(replicated, self._data_sh),
                        out_shardings=replicated)
     self._load = image_loader(trained)
     self._workers = workers
@@ -210,6 +217,11 @@ def _parser() -> argparse.ArgumentParser:
                  '(rounded up to a multiple of the local devices)')
   p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'),
                  help="compute dtype (default: the run's)")
+  p.add_argument('--params', default='auto', choices=('auto', 'ema', 'raw'),
+                 help='workdirs of runs with optim.ema_decay: classify with '
+                 'the EMA (Polyak) averages or the raw parameters; auto '
+                 '(default): those the run\'s metrics describe (the '
+                 'averages unless it set eval_ema=raw)')
   p.add_argument('--json', help='also write the results to this file')
   p.add_argument('paths', nargs='+', help='image files and folders')
   return p
@@ -224,7 +236,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       args.json = outputs.file(args.json, '--json')
     trained = trained_lib.load(args.init, model=args.model,
                                labels=args.labels,
-                               image_size=args.image_size)
+                               image_size=args.image_size,
+                               ema={'auto': None, 'ema': True,
+                                    'raw': False}[args.params])
   except (trained_lib.TrainedModelError, FileNotFoundError, ValueError) as e:
     print(f'vit_jax.predict: {e}', file=sys.stderr)
     return 1
@@ -251,6 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with open(args.json, 'w') as f:
       json.dump({'model': trained.architecture, 'init': args.init,
                  'pre_processing': '|'.join(trained.pp),
+                 'params': trained.params_kind,
                  'results': results, 'skipped': skipped,
                  **({'interrupted': True} if interrupted else {})}, f,
                 indent=2)

@@ -155,8 +155,9 @@ def load(init: str, *, model: Optional[str] = None,
       position embeddings' (ViT .npz); ViT position embeddings are resized.
     require_head: refuse checkpoints without a classification head (e.g.
       a self-supervised pre-training); False loads them without one.
-    ema: for workdirs of runs with Polyak averaging: None (default) loads
-      the averages, False the raw parameters (`orbax_state.load_params`).
+    ema: for workdirs of runs with Polyak averaging: True loads the
+      averages, False the raw parameters, None (default) those the run's
+      metrics describe (the averages unless its eval_ema was 'raw').
   """
   if not init:
     raise TrainedModelError('--init is required: a training workdir, an .npz '
@@ -320,7 +321,10 @@ def _from_workdir(path: str, model: Optional[str],
     raise TrainedModelError(
         f'{source} holds no EMA parameters (its run did not set '
         'optim.ema_decay): load its raw parameters instead')
-  use_ema = averages is not None and ema is not False
+  # Default: the parameters the run's metrics describe (its eval_ema: the
+  # averages unless it evaluated the raw ones only).
+  use_ema = averages is not None and (ema if ema is not None else (
+      config.get('eval_ema') or 'ema') != 'raw')
   params = averages if use_ema else raw
   if ema is False:
     source += ' (raw parameters)'

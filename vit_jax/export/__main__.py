@@ -57,7 +57,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--params', default='auto', choices=('auto', 'ema', 'raw'),
                  help='workdirs of runs with optim.ema_decay: export the '
                  'EMA (Polyak) averages or the raw parameters; auto '
-                 '(default): the averages where there are any')
+                 '(default): those the run\'s metrics describe (the '
+                 'averages unless it set eval_ema=raw)')
   p.add_argument('--overwrite', action='store_true')
   del registry
   return p
