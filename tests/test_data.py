@@ -13,8 +13,8 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.data import pipeline, registry, sources
-from vit_jax.data.errors import (DatasetNotPreparedError, UnknownDatasetError,
-                                 UnknownSplitError)
+from vit_jax.data.errors import (DataError, DatasetNotPreparedError,
+                                 UnknownDatasetError, UnknownSplitError)
 from vit_jax.data.memory_source import load
 from conftest import assert_batches_equal, no_cyclic_gc, take
 
@@ -225,7 +225,8 @@ def test_eval_pads_the_last_batch_and_iterates_again():
 
 @pytest.mark.parametrize('kw', [
     dict(), dict(pp_train='finetune', image_size=12, cache=True),
-    dict(mixup=0.5, shuffle_buffer=100)])
+    dict(mixup=0.5, shuffle_buffer=100),
+    dict(mixup=0.5, cutmix=1.0, image_size=8)])
 def test_resume_gives_the_batches_of_an_uninterrupted_run(kw):
   config = _config(batch_size=100, **kw)
   run = pipeline.train_iterator(config, seed=7)
@@ -323,3 +324,62 @@ def test_image_size_is_whole_pixels():
       pipeline.dataset_info(_config(image_size=value))
   assert pipeline.dataset_info(_config(image_size=8.0)).image_shape == (
       8, 8, 3)
+
+
+def _dataset_ops(ds):
+  """The op types of the top-level nodes of `ds`'s graph, in order."""
+  graph = tf.compat.v1.GraphDef.FromString(ds._as_serialized_graph().numpy())
+  return [node.op for node in graph.node]
+
+
+def test_mixing_runs_several_batches_at_once_in_order():
+  """Mixup/CutMix is a batch-level map: run serially it capped the whole
+  pipeline at one core. It runs in parallel; its seed is the batch's own
+  position, so the stream is the same (resume exactness: above)."""
+  it = pipeline.train_iterator(_config(mixup=0.2, cutmix=1.0, image_size=8),
+                               seed=0)
+  kinds = _dataset_ops(it.dataset())
+  assert kinds.count('ParallelMapDatasetV2') == 2, kinds  # pp, then mixing.
+  assert 'MapDataset' not in kinds, kinds
+  assert it.dataset().options().deterministic
+
+
+@pytest.mark.parametrize('pp_eval', ['decode|resize(8)',
+                                     'decode|resize(8)|value_range(0, 1)'])
+def test_an_eval_value_range_other_than_trains_is_refused(pp_eval):
+  """Train images in [-1, 1], eval images in [0, 255] or [0, 1]: the
+  evaluation would be garbage without any error."""
+  with pytest.raises(DataError, match=(
+      r'input.pp_eval=.* gives images in \[0, (255|1)\].*input.pp_train='
+      r".*value_range\(-1,1\)' gives \[-1, 1\].*Fix: end input.pp_eval "
+      r'with value_range\(-1, 1\)')):
+    pipeline.dataset_info(_config(image_size=8, pp_eval=pp_eval))
+
+
+@pytest.mark.parametrize('pp_train,pp_eval', [
+    ('resize', 'decode|resize(8)|value_range(-1, 1, 0, 255, False)'),
+    ('decode|resize(8)', 'decode|resize(8)'),
+    ('decode|value_range(0, 1)|resize(8)', 'decode|resize(8)|value_range(0,1)'),
+])
+def test_same_value_ranges_are_accepted(pp_train, pp_eval):
+  info = pipeline.dataset_info(_config(image_size=8, pp_train=pp_train,
+                                       pp_eval=pp_eval))
+  assert info.image_shape == info.eval_image_shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize('pp_train', [
+    'decode|inception_crop|value_range(-1,1)',
+    'decode|resize_small(8)|value_range(-1,1)'])
+def test_train_images_of_varying_size_are_refused(tmp_path, pp_train):
+  for c in range(2):
+    (tmp_path / f'c{c}').mkdir()
+    for i in range(3):
+      png = tf.io.encode_png(tf.zeros([8 + i, 12, 3], tf.uint8))
+      tf.io.write_file(str(tmp_path / f'c{c}' / f'{i}.png'), png)
+  it = pipeline.train_iterator(ml_collections.ConfigDict(dict(
+      data='folder', data_dir=str(tmp_path), batch_size=2, image_size=8,
+      pp_train=pp_train, eval_split='train')), seed=0)
+  with pytest.raises(DataError, match=(
+      r"train feature 'image' has shape \(None, None, 3\) per example: "
+      r'input.pp_train must produce fixed-size images.*inception_crop\(S\)')):
+    next(it)

@@ -295,3 +295,110 @@ def test_cutmix_pastes_a_box_and_mixes_labels_by_its_area():
   boxes = sum(bool(np.isin(o['image'].numpy()[0], [0, 9]).all())
               for o in both)
   assert 3 <= boxes <= 17  # CutMix on about half the batches, mixup else.
+
+
+@pytest.mark.parametrize('box', [(10, 40, 5, 30), (0, 64, 0, 48),
+                                 (20, 20, 3, 9), (0, 1, 47, 48)])
+@pytest.mark.parametrize('dtype', [np.float32, np.uint8])
+def test_cutmix_paste_copies_the_box_bit_for_bit(box, dtype):
+  images = np.random.default_rng(0).integers(0, 255, (3, 64, 48, 2))
+  images = images.astype(dtype) / (255 if dtype == np.float32 else 1)
+  images = images.astype(dtype)
+  y0, y1, x0, x1 = box
+  expected = images.copy()
+  expected[:, y0:y1, x0:x1] = images[::-1, y0:y1, x0:x1]
+  out = mixup._paste(tf.constant(images), *map(tf.constant, box)).numpy()
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(out, expected)
+
+
+def test_mix_with_both_runs_only_the_chosen_one():
+  """With mixup and CutMix both set, only the method drawn for the batch
+  runs (a conditional), not both with one result thrown away; its result
+  is the chosen method's with the shared seed, as resumed runs rely on."""
+  batch = {'image': tf.random.uniform([4, 16, 12, 3], seed=1),
+           'label': tf.constant([0, 1, 2, 1], tf.int32)}
+  graph = tf.function(lambda b: mixup.mix(b, 0.8, 1.0, 3, _seed(5))
+                      ).get_concrete_function(batch).graph
+  kinds = {op.type for op in graph.get_operations()}
+  assert kinds & {'If', 'StatelessIf'}, sorted(kinds)
+  chosen = set()
+  for i in range(12):
+    out = mixup.mix(batch, 0.8, 1.0, 3, _seed(i))
+    s = tf.random.experimental.stateless_split(_seed(i), 2)
+    cut = bool(tf.random.stateless_uniform([], s[0]) < 0.5)
+    ref = (mixup.cutmix if cut else mixup.mixup)(
+        batch, 1.0 if cut else 0.8, 3, s[1])
+    for k in ('image', 'label'):
+      np.testing.assert_array_equal(out[k].numpy(), ref[k].numpy())
+    chosen.add(cut)
+  assert chosen == {True, False}
+
+
+def test_bare_names_in_arguments_say_quote_them():
+  with pytest.raises(ValueError, match="cannot parse.*bicubic is a bare "
+                     "name.*quote it: method='bicubic'"):
+    preprocess.parse_op('resize(224, method=bicubic)')
+  with pytest.raises(ValueError, match="quote it: 'area'"):
+    preprocess.parse_op('resize_small(224, area)')
+  with pytest.raises(ValueError, match=r"resize\(224, method='bicubic'\)"):
+    preprocess.build("decode|resize(224, 'bicubic')", 224)
+
+
+def test_sizes_as_an_h_w_pair_as_big_vision_writes_them():
+  for op in ('resize', 'central_crop', 'random_crop'):
+    pre = 'decode|resize(300)|' if op != 'resize' else 'decode|'
+    pair = _run(f'{pre}{op}((64, 48))', PNG)['image']
+    assert pair.shape == (64, 48, 3)
+    np.testing.assert_array_equal(pair, _run(f'{pre}{op}(64, 48)',
+                                             PNG)['image'])
+    np.testing.assert_array_equal(_run(f'{pre}{op}([64, 48])', PNG)['image'],
+                                  pair)
+  for bad in ('resize((64, 48), 32)', 'resize((64, 48, 3))'):
+    with pytest.raises(ValueError, match=r'resize\(h, w\), resize\(\(h, w\)'
+                       r'\) or resize\(side\)'):
+      preprocess.build(bad, 224)
+  with pytest.raises(ValueError, match=r'square crops.*inception_crop\(224\)'):
+    preprocess.build('decode|inception_crop((224, 224))', 224)
+  with pytest.raises(ValueError, match=r'one side, not an \(h, w\) pair'):
+    preprocess.build('resize_small((224, 224))', 224)
+
+
+@pytest.mark.parametrize('spec,match', [
+    ('inception_crop(224, aspect_min=4/3, aspect_max=3/4)',
+     'aspect_min=1.33333, aspect_max=0.75: swap them'),
+    ('decode|inception_crop(224, aspect_min=4/3, aspect_max=3/4)',
+     'swap them'),  # The fused op.
+    ('inception_crop(224, aspect_min=0)', '0 < aspect_min <= aspect_max'),
+    ('inception_crop(224, aspect_min=-1, aspect_max=-1/2)', 'width/height'),
+    ("resize(224, method='bicubc')", "method='bicubc' is not one of"),
+    ("resize_small(224, antialias='yes')", 'antialias=True or antialias='),
+    ('value_range(-1, 1, 0, 0)', 'in_min = in_max = 0'),
+])
+def test_bad_op_arguments_are_refused_when_built(spec, match):
+  with pytest.raises(ValueError, match=match):
+    preprocess.build(spec, 224)
+
+
+def test_output_range_reads_the_last_value_range():
+  out = preprocess.output_range
+  assert out('inception', 224) == (0, 255, -1, 1)
+  assert out('decode|resize(8)', 8) == preprocess.PIXELS
+  assert out('decode|value_range(0, 1)|resize(8)|value_range(-1, 1, 0, 1)',
+             8) == (0, 1, -1, 1)
+  assert out('decode|resize(8)|value_range(vmax=2, vmin=0)', 8) == (0, 255,
+                                                                     0, 2)
+
+
+@ops.register('test_data_ops_rescale')
+def _user_rescale() -> ops.OpFn:  # An op of a user's own module.
+  return ops.on_image(lambda image, seed: image / 2)
+
+
+def test_output_range_is_unknown_after_a_users_own_op():
+  assert not ops.is_builtin('test_data_ops_rescale')
+  assert ops.is_builtin('value_range') and ops.is_builtin('randaug')
+  assert preprocess.output_range(
+      'decode|value_range(-1, 1)|test_data_ops_rescale', 8) is None
+  assert preprocess.output_range(
+      'decode|test_data_ops_rescale|value_range(-1, 1)', 8) == (0, 255, -1, 1)

@@ -283,6 +283,23 @@ class _Pixels(nn.Module):
     return jnp.zeros((len(x), 10))
 
 
+def test_fewshot_pp_with_its_own_value_range_is_not_refused():
+  """evals.<name>.pp is the few-shot features' only pipeline: its value
+  range is not compared with the dataset's training augmentation."""
+  model = _Pixels()
+  params = {'unused': jnp.zeros(1)}
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  cfg = ml_collections.ConfigDict(dict(
+      datasets=('digits',), shots=(1,), seeds=1, pool_per_class=2,
+      batch_size=64, pp='decode(1)|resize({size})|value_range(0,1)'))
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=64, data_dir=None))
+  with jax.set_mesh(mesh):
+    out = _fewshot(cfg, inp, model, mesh, sh, image_size=8,
+                   channels=1).run(jax.device_put(params, sh))
+  assert 0 <= out['fewshot/digits/1shot'] <= 1
+
+
 def test_fewshot_equals_direct_regression_on_pixels():
   from vit_jax.data import memory_source
   model = _Pixels()

@@ -15,7 +15,7 @@ CutMix (Yun et al. 2019): one box per batch, of area (1 - r) of the image
 with r ~ Beta(alpha, alpha) and a uniformly drawn centre (clipped at the
 borders), is pasted from the reversed batch; labels are mixed by the pasted
 area actually used. With both alphas set, each batch gets one or the other
-with probability 1/2 (timm's `switch_prob`).
+with probability 1/2 (timm's `switch_prob`); only that one is computed.
 """
 
 from __future__ import annotations
@@ -54,6 +54,21 @@ def mixup(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
           'label': r * labels + (1 - r) * tf.reverse(labels, axis=[0])}
 
 
+def _paste(images: tf.Tensor, y0: tf.Tensor, y1: tf.Tensor, x0: tf.Tensor,
+           x1: tf.Tensor) -> tf.Tensor:
+  """`images` with rows [y0, y1) x columns [x0, x1) of each taken from the
+  reversed batch.
+
+  Built from slices and two concatenations: the pixels are copied, never
+  computed, so any dtype passes bit for bit; it costs one copy of the batch
+  (a broadcast `tf.where` over the full batch took about 3x longer).
+  """
+  strip = tf.reverse(images[:, y0:y1], axis=[0])
+  middle = tf.concat([images[:, y0:y1, :x0], strip[:, :, x0:x1],
+                      images[:, y0:y1, x1:]], axis=2)
+  return tf.concat([images[:, :y0], middle, images[:, y1:]], axis=1)
+
+
 def cutmix(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
            seed: tf.Tensor) -> Dict[str, tf.Tensor]:
   """Pastes one box of the reversed batch into every image (see above)."""
@@ -70,11 +85,8 @@ def cutmix(batch: Dict[str, tf.Tensor], alpha: float, num_classes: int,
   cx = tf.random.stateless_uniform([], s[2], 0, w, dtype=tf.int32)
   y0, y1 = tf.maximum(cy - cut_h // 2, 0), tf.minimum(cy + cut_h // 2, h)
   x0, x1 = tf.maximum(cx - cut_w // 2, 0), tf.minimum(cx + cut_w // 2, w)
-  rows, cols = tf.range(h)[:, None], tf.range(w)[None, :]
-  box = (rows >= y0) & (rows < y1) & (cols >= x0) & (cols < x1)
   pasted = tf.cast((y1 - y0) * (x1 - x0), tf.float32) / (hf * wf)
-  images = tf.where(box[None, :, :, None], tf.reverse(images, axis=[0]),
-                    images)
+  images = _paste(images, y0, y1, x0, x1)
   return {**batch, 'image': images,
           'label': (1 - pasted) * labels + pasted * tf.reverse(labels,
                                                                axis=[0])}
@@ -89,7 +101,8 @@ def mix(batch: Dict[str, tf.Tensor], mixup_alpha: float, cutmix_alpha: float,
     return cutmix(batch, cutmix_alpha, num_classes, seed)
   s = tf.random.experimental.stateless_split(seed, 2)
   use_cutmix = tf.random.stateless_uniform([], s[0]) < 0.5
-  a = cutmix(batch, cutmix_alpha, num_classes, s[1])
-  b = mixup(batch, mixup_alpha, num_classes, s[1])
-  return {k: tf.where(use_cutmix, a[k], b[k]) if k in ('image', 'label')
-          else a[k] for k in a}
+  # Only the chosen branch runs (both share the seed s[1], as before).
+  batch = {**batch, 'image': tf.cast(batch['image'], tf.float32)}
+  return tf.cond(use_cutmix,
+                 lambda: cutmix(batch, cutmix_alpha, num_classes, s[1]),
+                 lambda: mixup(batch, mixup_alpha, num_classes, s[1]))

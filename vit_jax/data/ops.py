@@ -12,9 +12,9 @@ machine, whatever the tf.data parallelism.
 | `decode(channels=3)` | encoded JPEG/PNG/GIF/BMP -> uint8 HxWxC; uint8 input passes (channels adjusted) |
 | `inception_crop(size=None, area_min=0.05, area_max=1.0, aspect_min=0.75, aspect_max=1.333)` | random crop of 5-100% of the area (then resized to `size`) |
 | `decode_jpeg_and_inception_crop(size=None, ...)` | the two above fused: decodes only the crop window of a JPEG |
-| `resize(h, w=h, method='bilinear', antialias=False)` | resize to h x w (float32 out) |
+| `resize(h, w=h, method='bilinear', antialias=False)` | resize to h x w (float32 out); `resize((h, w))` too |
 | `resize_small(size, method='bilinear', antialias=False)` | resize the shorter side to `size`, keep the aspect ratio (big_vision's defaults to `method='area'`) |
-| `random_crop(h, w=h)` | random h x w crop (an image smaller than the crop fails: resize first) |
+| `random_crop(h, w=h)` | random h x w crop (an image smaller than the crop fails: resize first); `(h, w)` too |
 | `central_crop(h, w=h)` | central h x w crop (likewise) |
 | `flip_lr` | random left-right flip |
 | `randaug(num_layers=2, magnitude=10)`, `random_erasing(...)` | RandAugment and random erasing (`randaug.py`) |
@@ -68,6 +68,12 @@ def needs_pixels(name: str) -> bool:
   return _FACTORIES[name][2]
 
 
+def is_builtin(name: str) -> bool:
+  """Whether op `name` is one of this package's (its effect on pixel values
+  is known), not one registered by a user's module."""
+  return _FACTORIES[name][0].__module__.startswith('vit_jax.data.')
+
+
 def make(name: str, *args, **kwargs) -> OpFn:
   """Builds op `name`; errors list the known ops or the op's signature."""
   if name not in _FACTORIES:
@@ -95,6 +101,8 @@ def pixels(value, name: str) -> int:
            and float(value).is_integer() and value >= 1)
   if not whole:
     hint = 'e.g. 224'
+    if isinstance(value, (tuple, list)):
+      hint = 'this argument is one side, not an (h, w) pair'
     if isinstance(value, numbers.Real) and math.isfinite(value) and value > 1:
       hint = f'e.g. {math.floor(value)} or {math.ceil(value)}'
     raise ValueError(f'{name}={value!r} is not a positive whole number of '
@@ -102,7 +110,18 @@ def pixels(value, name: str) -> int:
   return int(value)
 
 
-def _hw(h: int, w: Optional[int], op: str) -> Tuple[int, int]:
+def _hw(h, w: Optional[int], op: str) -> Tuple[int, int]:
+  """(h, w) in pixels from `op(h)`, `op(h, w)` or big_vision's
+  `op((h, w))`."""
+  if isinstance(h, (tuple, list)):
+    if len(h) != 2 or w is not None:
+      raise ValueError(
+          f'pre-processing op {op}: h={h!r}, w={w!r}; give the size as '
+          f'{op}(h, w), {op}((h, w)) or {op}(side), e.g. {op}(224, 224)')
+    h, w = h
+  if isinstance(w, str) and op == 'resize':
+    raise ValueError(f'pre-processing op {op}: w={w!r} is the second side; '
+                     f'a method is a keyword: {op}({h!r}, method={w!r})')
   return (pixels(h, f'pre-processing op {op}: h'),
           pixels(h if w is None else w, f'pre-processing op {op}: w'))
 
@@ -202,10 +221,45 @@ def _keep_channels(crop: tf.Tensor, image: tf.Tensor) -> tf.Tensor:
   return crop
 
 
-def _check_area(area_min: float, area_max: float) -> None:
+def _check_crop_ranges(area_min: float, area_max: float, aspect_min: float,
+                       aspect_max: float) -> None:
+  """The area and aspect ranges an inception crop samples from (an inverted
+  aspect range would otherwise be accepted and sample nonsense)."""
   if not 0 < area_min <= area_max <= 1:
     raise ValueError(f'inception_crop needs 0 < area_min <= area_max <= 1, '
                      f'got ({area_min}, {area_max})')
+  if not 0 < aspect_min <= aspect_max:
+    fix = ('swap them' if 0 < aspect_max < aspect_min else
+           'both are width/height ratios')
+    raise ValueError(
+        f'inception_crop needs 0 < aspect_min <= aspect_max (width / height),'
+        f' got aspect_min={aspect_min:g}, aspect_max={aspect_max:g}: {fix}, '
+        'e.g. aspect_min=3/4, aspect_max=4/3 (the default)')
+
+
+def _crop_side(size, op: str) -> Optional[int]:
+  """The square side an inception crop is resized to (None: not resized)."""
+  if isinstance(size, (tuple, list)):
+    raise ValueError(
+        f'pre-processing op {op}: size={size!r}; it makes square crops: '
+        f'write {op}(224), or {op}() followed by resize(h, w)')
+  if size is None or size == 0:  # 0: as None, as before.
+    return None
+  return pixels(size, f'pre-processing op {op}: size')
+
+
+# tf.image.resize's methods, checked when the op is built (not per image).
+_METHODS = ('area', 'bicubic', 'bilinear', 'gaussian', 'lanczos3', 'lanczos5',
+            'mitchellcubic', 'nearest')
+
+
+def _check_resize_args(op: str, method, antialias) -> None:
+  if method not in _METHODS:
+    raise ValueError(f'pre-processing op {op}: method={method!r} is not one '
+                     f'of {", ".join(map(repr, _METHODS))}')
+  if not isinstance(antialias, bool):
+    raise ValueError(f'pre-processing op {op}: antialias={antialias!r}; '
+                     'write antialias=True or antialias=False')
 
 
 def _resize(image: tf.Tensor, h: int, w: int, method: str = 'bilinear',
@@ -219,8 +273,8 @@ def inception_crop(size: Optional[int] = None, area_min: float = 0.05,
                    area_max: float = 1.0, aspect_min: float = 3 / 4,
                    aspect_max: float = 4 / 3) -> OpFn:
   """A crop covering a random 5-100% of the area ("Inception" crop)."""
-  _check_area(area_min, area_max)
-  size = size and pixels(size, 'pre-processing op inception_crop: size')
+  _check_crop_ranges(area_min, area_max, aspect_min, aspect_max)
+  size = _crop_side(size, 'inception_crop')
 
   def fn(image, seed):
     begin, crop = _sample_crop(tf.shape(image), seed, (area_min, area_max),
@@ -241,9 +295,8 @@ def decode_jpeg_and_inception_crop(
   to JPEG chroma upsampling at its edges. Non-JPEG bytes and decoded images
   take the unfused path.
   """
-  _check_area(area_min, area_max)
-  size = size and pixels(
-      size, 'pre-processing op decode_jpeg_and_inception_crop: size')
+  _check_crop_ranges(area_min, area_max, aspect_min, aspect_max)
+  size = _crop_side(size, 'decode_jpeg_and_inception_crop')
   area, aspect = (area_min, area_max), (aspect_min, aspect_max)
 
   def unfused(image, seed):
@@ -270,7 +323,10 @@ def decode_jpeg_and_inception_crop(
 @register('resize')
 def resize(h: int, w: Optional[int] = None, method: str = 'bilinear',
            antialias: bool = False) -> OpFn:
+  """Resizes to h x w: `resize(224)`, `resize(224, 160)` or `resize((224,
+  160))` (big_vision's form)."""
   h, w = _hw(h, w, 'resize')
+  _check_resize_args('resize', method, antialias)
   return on_image(lambda image, seed: _resize(image, h, w, method, antialias))
 
 
@@ -284,6 +340,7 @@ def resize_small(size: int, method: str = 'bilinear',
   downscale drops: pass `method='area'` for that.
   """
   size = pixels(size, 'pre-processing op resize_small: size')
+  _check_resize_args('resize_small', method, antialias)
 
   def fn(image, seed):
     hw = tf.cast(tf.shape(image)[:2], tf.float32)
@@ -329,6 +386,10 @@ def flip_lr() -> OpFn:
 def value_range(vmin: float = -1.0, vmax: float = 1.0, in_min: float = 0.0,
                 in_max: float = 255.0, clip: bool = True) -> OpFn:
   """Maps [in_min, in_max] affinely onto [vmin, vmax] (float32)."""
+  if in_min == in_max:
+    raise ValueError(f'pre-processing op value_range: in_min = in_max = '
+                     f'{in_min:g} maps nothing; the input range of decoded '
+                     'pixels is in_min=0, in_max=255 (the default)')
   scale = (vmax - vmin) / (in_max - in_min)
 
   def fn(image, seed):

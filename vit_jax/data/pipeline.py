@@ -87,6 +87,19 @@ def _options() -> tf.data.Options:
   return options
 
 
+def _check_fixed_size(ds: tf.data.Dataset, kind: str, pp_field: str) -> None:
+  """Batches need one shape per feature: refuse a pipeline whose images
+  vary in size, naming the field (TensorFlow's batching error would not)."""
+  for name, spec in ds.element_spec.items():
+    if name in (_EPOCH, _INDEX):
+      continue
+    if not spec.shape[1:].is_fully_defined():
+      raise DataError(
+          f'{kind} feature {name!r} has shape {spec.shape[1:]} per example: '
+          f'input.{pp_field} must produce fixed-size images (end it with '
+          'resize(S), central_crop(S), random_crop(S) or inception_crop(S))')
+
+
 def _raise_explained(st: settings_lib.Settings, error: tf.errors.OpError,
                      split: str, process_index: int, process_count: int,
                      pp_field: str):
@@ -189,10 +202,15 @@ class TrainIterator:
     ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
     ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(local, drop_remainder=True)
+    _check_fixed_size(ds, 'train', 'pp_train')
     if st.mixup > 0 or st.cutmix > 0:
-      ds = ds.map(lambda b: mixup_lib.mix(
-          b, st.mixup, st.cutmix, num_classes,
-          _fold(keys['mixup'], b[_EPOCH][0], b[_INDEX][0])))
+      # Several batches at once (each op of it runs on one thread): the
+      # seed is the batch's own (epoch, index), so the output is the same
+      # whatever the parallelism, and `deterministic` keeps the order.
+      def mix(b):
+        return mixup_lib.mix(b, st.mixup, st.cutmix, num_classes,
+                             _fold(keys['mixup'], b[_EPOCH][0], b[_INDEX][0]))
+      ds = ds.map(mix, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.prefetch(st.prefetch).with_options(_options())
 
   def __iter__(self) -> 'TrainIterator':
@@ -330,12 +348,7 @@ class EvalIterable:
     ds = ds.enumerate().map(lambda i, x: _finalize(pp(x, _fold(key, i))),
                             num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(self.local_batch_size)
-    for name, spec in ds.element_spec.items():
-      if not spec.shape[1:].is_fully_defined():
-        raise DataError(
-            f'eval feature {name!r} has shape {spec.shape[1:]} per example: '
-            'input.pp_eval must produce fixed-size images (end with '
-            'resize(S) or central_crop(S))')
+    _check_fixed_size(ds, 'eval', 'pp_eval')
     return ds.prefetch(st.prefetch).with_options(_options())
 
   def __len__(self) -> int:
@@ -461,6 +474,34 @@ def _check_size_used(input_config, field: str, shape) -> None:
         'input.image_size)')
 
 
+def _check_same_range(st: settings_lib.Settings) -> None:
+  """Train and eval images must end in one value range: a pp_eval without
+  the train pipeline's value_range(-1,1) would evaluate on [0, 255] pixels,
+  silently, with garbage results. Pipelines whose range is unknown (an op
+  of the user's own after the last value_range) are not compared."""
+  train = preprocess.output_range(st.pp_train, st.image_size)
+  evaluate = preprocess.output_range(st.pp_eval, st.image_size)
+  if train is None or evaluate is None or train == evaluate:
+    return
+  ops_of = lambda spec: '|'.join(preprocess.expand(spec, st.image_size))
+  if train == preprocess.PIXELS:
+    fix = 'remove value_range from input.pp_eval (as input.pp_train)'
+  else:
+    in_min, in_max, vmin, vmax = train
+    extra = ('' if (in_min, in_max) == (0, 255)
+             else f', in_min={in_min:g}, in_max={in_max:g}')
+    fix = (f'end input.pp_eval with value_range({vmin:g}, {vmax:g}{extra}) '
+           'as input.pp_train does')
+    if train == (0, 255, -1, 1):
+      fix += " (the presets 'eval' and 'resize' do)"
+  raise DataError(
+      f'input.pp_eval={ops_of(st.pp_eval)!r} gives images in '
+      f'{preprocess.describe_range(evaluate)} but input.pp_train='
+      f'{ops_of(st.pp_train)!r} gives {preprocess.describe_range(train)}: '
+      'the model would be evaluated on other values than it is trained on. '
+      f'Fix: {fix}')
+
+
 def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   """Classes, split sizes and the model's input shape for `input_config`.
 
@@ -482,6 +523,7 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   _check_size_used(input_config, 'pp_eval', eval_shape)
   if st.train_split:
     _check_size_used(input_config, 'pp_train', train_shape)
+    _check_same_range(st)
   return DatasetInfo(
       name=st.spec.name, num_classes=source.num_classes,
       num_train_examples=num_train, num_eval_examples=num_eval,

@@ -13,7 +13,9 @@
 
   * an op string, ops joined by `|`, each `name` or `name(args)` with Python
     literal arguments or fractions of two numbers (`4/3`):
-    `"decode|inception_crop(224, area_min=0.08, aspect_max=4/3)|flip_lr"`;
+    `"decode|inception_crop(224, area_min=0.08, aspect_max=4/3)|flip_lr"`
+    (strings quoted: `resize(224, method='area')`; a bare name is refused
+    with that hint);
   * a list of such ops: `["decode", "resize(384)", "value_range(-1, 1)"]`.
 
 Surrounding spaces are ignored (`' inception'`), and a one-item list naming
@@ -28,6 +30,7 @@ decodes only the crop window of a JPEG (same window, ~1.6x faster).
 from __future__ import annotations
 
 import ast
+import inspect
 from typing import List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
@@ -105,6 +108,18 @@ def _argument(node: ast.AST):
   return ast.literal_eval(node)
 
 
+def _check_no_bare_names(call: ast.Call) -> None:
+  """A bare name as an argument (`method=bicubic`) is almost always a string
+  missing its quotes: say so, with the quoted form."""
+  named = [(None, a) for a in call.args] + [(k.arg, k.value)
+                                            for k in call.keywords]
+  for keyword, node in named:
+    if isinstance(node, ast.Name):
+      quoted = f"{keyword + '=' if keyword else ''}'{node.id}'"
+      raise ValueError(f'{node.id} is a bare name, not a literal: if it is '
+                       f'a string, quote it: {quoted}')
+
+
 def parse_op(text: str) -> Parsed:
   """`"resize(224, method='nearest')"` -> ('resize', (224,), {'method': ...}).
 
@@ -119,6 +134,7 @@ def parse_op(text: str) -> Parsed:
       if any(isinstance(a, ast.Starred) for a in node.args) or any(
           k.arg is None for k in node.keywords):
         raise ValueError('no *args or **kwargs')
+      _check_no_bare_names(node)
       args = tuple(_argument(a) for a in node.args)
       kwargs = {k.arg: _argument(k.value) for k in node.keywords}
       return node.func.id, args, kwargs
@@ -183,6 +199,46 @@ class Preprocess:
       else:
         features = fn(features, None)
     return features
+
+
+# What `output_range` returns: (in_min, in_max, vmin, vmax) of the last
+# value_range op; (0, 255, 0, 255) where pixels keep their decoded values.
+ValueMap = Tuple[float, float, float, float]
+PIXELS: ValueMap = (0.0, 255.0, 0.0, 255.0)
+
+
+def output_range(spec: Spec, image_size: int) -> Optional[ValueMap]:
+  """How `spec` maps decoded [0, 255] pixel values: (in_min, in_max, vmin,
+  vmax) of its last `value_range` op (its defaults filled in), `PIXELS`
+  where it has none, or None where that is unknown (an op registered
+  outside this package comes after the last value_range, or with none at
+  all: it may rescale the pixels itself).
+
+  Read from the op strings only, without building or running the ops.
+  """
+  parsed = [parse_op(s) for s in expand(spec, image_size)]
+  value_map = PIXELS
+  for name, args, kwargs in parsed:
+    if name == 'value_range':
+      bound = inspect.signature(ops.value_range).bind(*args, **kwargs)
+      bound.apply_defaults()
+      a = bound.arguments
+      value_map = tuple(float(a[k]) for k in ('in_min', 'in_max', 'vmin',
+                                               'vmax'))
+    elif name in ops.names() and not ops.is_builtin(name):
+      value_map = None
+  return value_map
+
+
+def describe_range(value_map: ValueMap) -> str:
+  """'[-1, 1] (value_range(-1, 1))' or '[0, 255] pixel values (no
+  value_range)', for error messages."""
+  in_min, in_max, vmin, vmax = value_map
+  if value_map == PIXELS:
+    return '[0, 255] pixel values (no value_range op)'
+  extra = ('' if (in_min, in_max) == (0, 255)
+           else f', in_min={in_min:g}, in_max={in_max:g}')
+  return f'[{vmin:g}, {vmax:g}] (value_range({vmin:g}, {vmax:g}{extra}))'
 
 
 def build(spec: Spec, image_size: int) -> Preprocess:

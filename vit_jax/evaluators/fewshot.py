@@ -123,12 +123,15 @@ class FewShot(base.Evaluator):
     # `{size}` is 'H, W' (resize(H, W)); the input's image_size, a square
     # side, stays unset.
     square = isinstance(image_size, int)
+    ops = pp.format(size=image_size if square
+                    else '{}, {}'.format(*image_size))
     self._input = ml_collections.ConfigDict(dict(
         data='',
         data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
         image_size=image_size if square else None,
-        pp_eval=pp.format(size=image_size if square
-                          else '{}, {}'.format(*image_size)),
+        # Both splits' features come from these ops (not the dataset's
+        # training augmentation, whose value range dataset_info compares).
+        pp_train=ops, pp_eval=ops,
         eval_batch_size=batch, batch_size=batch))
     self._classes: Dict[str, int] = {}
     for data, train_split, test_split in self._datasets:  # Fail early.
