@@ -80,6 +80,18 @@ def test_npz_round_trip(tmp_path, vit):
                                 model.apply({'params': params}, x))
 
 
+def test_scanned_params_save_in_the_public_unrolled_layout(tmp_path, vit):
+  """A scan_layers run's parameters are written one encoderblock_<i> each,
+  the layout the reference code (and every public .npz) has."""
+  _, params = vit
+  path = str(tmp_path / 'scanned.npz')
+  checkpoint.save_npz(checkpoint.stack_blocks(jax.device_get(params)), path)
+  with np.load(path, allow_pickle=False) as f:
+    assert 'Transformer/encoderblock_1/MlpBlock_0/Dense_1/kernel' in f.files
+    assert not any('encoderblock/' in k for k in f.files)
+  _assert_trees_equal(checkpoint.load_npz(path), params)
+
+
 def test_bfloat16_params_save_as_float32(tmp_path, vit):
   _, params = vit
   bf = jax.tree.map(lambda p: jnp.asarray(p, jnp.bfloat16), params)

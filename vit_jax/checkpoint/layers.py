@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from vit_jax.checkpoint.npz import CheckpointError
+from vit_jax.checkpoint.errors import CheckpointError
 
 _BLOCK = re.compile(r'^encoderblock_(\d+)$')
 

@@ -38,20 +38,19 @@ from flax import traverse_util
 from flax.training.checkpoints import convert_pre_linen
 
 from vit_jax import outputs
+from vit_jax.checkpoint.errors import CheckpointError, CheckpointNotFoundError
+from vit_jax.checkpoint.layers import is_scanned, unstack_blocks
 
 Params = Dict[str, Any]
 
 
-class CheckpointError(ValueError):
-  """A checkpoint file that cannot be read or does not fit the model."""
-
-
-class CheckpointNotFoundError(FileNotFoundError):
-  """No checkpoint where one was asked for (the message says what to pass)."""
-
-
 def save_npz(params: Mapping[str, Any], path: str) -> None:
-  """Writes `params` as a flat npz, atomically (a crash keeps the old file)."""
+  """Writes `params` as a flat npz, atomically (a crash keeps the old file).
+
+  Scanned encoders (`scan_layers`) are written unrolled, one
+  `encoderblock_<i>` each: the public layout the reference code loads."""
+  if is_scanned(params):
+    params = unstack_blocks(params)
   flat = {'/'.join(k): _to_numpy(v)
           for k, v in traverse_util.flatten_dict(dict(params)).items()}
   directory = os.path.dirname(os.path.abspath(path))
@@ -60,6 +59,8 @@ def save_npz(params: Mapping[str, Any], path: str) -> None:
   try:
     with os.fdopen(fd, 'wb') as f:
       np.savez(f, **flat)
+      f.flush()
+      os.fsync(f.fileno())  # On disk before it replaces the old file.
     outputs.as_created(tmp)  # Not mkstemp's 0600.
     os.replace(tmp, path)
   except BaseException:
