@@ -195,3 +195,20 @@ def test_a_directory_without_a_classifier_is_not_given_a_random_one(
   with pytest.raises(trained.TrainedModelError,
                      match="does not hold a ViTForImageClassification's"):
     trained.load(str(tmp_path / 'mim'), require_head=False)
+
+
+@pytest.mark.parametrize('processor,warned', [
+    (dict(image_mean=[0.5] * 3, image_std=[0.5] * 3), False),
+    (dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.5] * 3), True),
+    (dict(do_normalize=False), True),  # [0, 1] inputs.
+    (dict(rescale_factor=1 / 127.5, image_mean=[1.0] * 3,
+          image_std=[1.0] * 3), True),
+])
+def test_a_processor_feeding_other_values_is_warned_about(
+    tmp_path, caplog, processor, warned):
+  from vit_jax import trained
+  cfg = checkpoint.hf_config('ViT-test', num_classes=10, image_size=16)
+  transformers.ViTForImageClassification(cfg).save_pretrained(str(tmp_path))
+  transformers.ViTImageProcessor(**processor).save_pretrained(str(tmp_path))
+  trained.load(str(tmp_path))
+  assert ('feeds its model other values' in caplog.text) == warned

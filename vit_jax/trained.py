@@ -556,16 +556,25 @@ def _hf_ops(proc: dict, channels: int, size: int) -> str:
 
 
 def _check_hf_processor(path: str, proc: dict) -> None:
+  """Warns where the directory's processor feeds other values than the
+  [-1, 1] images vit_jax feeds (pixel / 255, then (x - 0.5) / 0.5)."""
   if not proc:
     return
-  if (list(proc.get('image_mean', [0.5])) != [0.5] * len(
-      proc.get('image_mean', [0.5]))
-      or list(proc.get('image_std', [0.5])) != [0.5] * len(
-          proc.get('image_std', [0.5]))):
+  mean = list(proc.get('image_mean', [0.5]))
+  std = list(proc.get('image_std', [0.5]))
+  factor = proc.get('rescale_factor', 1 / 255)
+  if (mean != [0.5] * len(mean) or std != [0.5] * len(std)
+      or proc.get('do_normalize', True) is False
+      or proc.get('do_rescale', True) is False
+      or not isinstance(factor, (int, float))
+      or abs(factor * 255 - 1) > 1e-6):
     logging.warning(
-        '%s normalises with mean %s / std %s; vit_jax feeds [-1, 1] '
-        '(mean 0.5, std 0.5) images: its predictions may differ', path,
-        proc.get('image_mean'), proc.get('image_std'))
+        '%s feeds its model other values than vit_jax does (do_rescale=%s, '
+        'rescale_factor=%s, do_normalize=%s, mean %s, std %s; vit_jax feeds '
+        'pixel / 255 normalised with mean 0.5, std 0.5, i.e. [-1, 1]): its '
+        'predictions here may differ from transformers\'', path,
+        proc.get('do_rescale', True), factor, proc.get('do_normalize', True),
+        mean, std)
 
 
 # --- shared ------------------------------------------------------------------
