@@ -18,6 +18,7 @@ from conftest import xla_flags
 from vit_jax import models
 from vit_jax import sharding as shd
 from vit_jax.models import matmul
+from vit_jax.models import platform_switch
 from vit_jax.train import optim
 from vit_jax.train import step as step_lib
 
@@ -107,6 +108,102 @@ def test_cpu_export_keeps_its_cpu_form(bf16_step, monkeypatch):
     assert 'optimization_barrier' in _module(bf16_step, ('cpu',))
   finally:
     matmul.reset_cpu_form()
+
+
+@pytest.fixture
+def cpu_form_undecided(monkeypatch, tmp_path):
+  """A fresh machine whose CPU has bf16 dot instructions: 'auto' would time
+  the CPU matmul forms (no cache yet)."""
+  monkeypatch.delenv(matmul.ENV, raising=False)
+  monkeypatch.setenv(matmul.CACHE_ENV, str(tmp_path / 'cpu_matmul.json'))
+  monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: {'avx512_bf16'})
+  matmul.reset_cpu_form()
+  yield tmp_path / 'cpu_matmul.json'
+  matmul.reset_cpu_form()
+
+
+def _no_cpu_backend(monkeypatch):
+  """As in a process started with JAX_PLATFORMS=tpu (or cuda): jax knows
+  no CPU backend (jax.devices('cpu') raises as xla_bridge does)."""
+  devices = jax.devices
+
+  def without_cpu(backend=None):
+    if backend == 'cpu':
+      raise RuntimeError('Unknown backend cpu requested, but no platforms '
+                         'that are instances of cpu are present.')
+    return devices(backend)
+  monkeypatch.setattr(jax, 'devices', without_cpu)
+
+
+@pytest.mark.parametrize('platform,traced_for', [('tpu', 'tpu'),
+                                                 ('cuda', 'gpu'),
+                                                 ('tpu', None)])
+def test_bf16_step_exports_for_accelerators_without_a_cpu_backend(
+    bf16_step, cpu_form_undecided, monkeypatch, platform, traced_for):
+  """A process with no CPU backend exports the bf16 train step for its
+  accelerator, traced for it (`platform_switch.tracing_for`: no CPU branch
+  traced) or not (the CPU branches take the form 'bf16', unmeasured); it
+  used to fail timing the CPU matmul forms while tracing."""
+  _no_cpu_backend(monkeypatch)
+  with platform_switch.tracing_for(traced_for):
+    text = _module(bf16_step, (platform,))
+  assert len(BF16_DOT.findall(text)) >= 6 * 3 * 2
+  # Decided (unmeasured, uncached) only where a CPU branch was traced.
+  assert matmul._chosen.get('form') == (None if traced_for else 'bf16')
+  assert not matmul.MEASURED and not cpu_form_undecided.exists()
+
+
+@pytest.mark.parametrize('platforms,traced_for', [(('tpu',), 'tpu'),
+                                                  (('cuda',), 'gpu'),
+                                                  (('tpu', 'cuda'),
+                                                   ('tpu', 'cuda'))])
+def test_tracing_for_accelerators_runs_no_cpu_code(
+    bf16_step, cpu_form_undecided, monkeypatch, platforms, traced_for):
+  """Traced for TPUs or GPUs, no CPU branch is traced: the CPU matmul form
+  is never decided (no seconds of timing the CPU on a fresh machine), and
+  the program has the bf16 dots and bias-gradient products of the one
+  traced with every branch."""
+  del cpu_form_undecided
+  decide = matmul._decide
+
+  def refuse():
+    raise AssertionError('a program for TPUs/GPUs decided the CPU form')
+
+  monkeypatch.setattr(matmul, '_decide', refuse)
+  with platform_switch.tracing_for(traced_for):
+    text = _module(bf16_step, platforms)
+  # Every branch traced, for comparison (a CPU form given: not measured).
+  monkeypatch.setattr(matmul, '_decide', decide)
+  monkeypatch.setenv(matmul.ENV, 'f32')
+  everything = _module(bf16_step, platforms)
+  for pattern in (BF16_DOT, BIAS_SUM):
+    assert len(pattern.findall(text)) == len(pattern.findall(everything))
+  assert not F32_DOT.findall(text)
+
+
+def test_multi_platform_export_keeps_the_cpu_branch(bf16_step, monkeypatch):
+  """Traced for CPUs and TPUs, the program keeps both branches: the CPU
+  lowering carries the CPU form's barrier, the TPU one none."""
+  monkeypatch.setenv(matmul.ENV, 'bf16')
+  matmul.reset_cpu_form()
+  try:
+    with platform_switch.tracing_for(('cpu', 'tpu')):
+      text = _module(bf16_step, ('cpu', 'tpu'))
+    assert 'optimization_barrier' in text
+    with platform_switch.tracing_for('tpu'):
+      assert 'optimization_barrier' not in _module(bf16_step, ('tpu',))
+  finally:
+    matmul.reset_cpu_form()
+
+
+def test_tracing_for_names_platforms():
+  with pytest.raises(ValueError, match='give platform names'):
+    with platform_switch.tracing_for(('tpu', 3)):
+      pass
+  with platform_switch.tracing_for('GPU'):
+    assert platform_switch.targets() == ('gpu',)
+    assert platform_switch.target() == 'gpu'
+  assert platform_switch.targets() is None
 
 
 def fsdp_memory(name, mesh, overrides, batch=8, image_size=224):

@@ -218,6 +218,57 @@ def test_cpu_form_auto_measures_inside_a_trace(monkeypatch, tmp_path):
     matmul.reset_cpu_form()
 
 
+def test_cpu_form_auto_measures_only_where_programs_run_on_the_cpu(
+    monkeypatch, tmp_path, caplog):
+  """A process without a CPU backend (JAX_PLATFORMS=tpu) never times its
+  CPU: the CPU branches it traces take 'bf16' (XLA's dots, float32
+  accumulation), cached nowhere; a process whose measurement fails falls
+  back to 'bf16' with a warning instead of failing the trace. JAX's
+  default backend is not consulted."""
+  monkeypatch.delenv(matmul.ENV, raising=False)
+  cache = tmp_path / 'cpu_matmul.json'
+  monkeypatch.setenv(matmul.CACHE_ENV, str(cache))
+  monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: {'avx512_bf16'})
+  measure = matmul._measure_forms
+
+  def refuse():
+    raise AssertionError('measured the CPU forms')
+
+  monkeypatch.setattr(matmul, '_measure_forms', refuse)
+  devices = jax.devices
+
+  def no_cpu(backend=None):
+    if backend == 'cpu':
+      raise RuntimeError('Unknown backend cpu')
+    return devices(backend)
+
+  monkeypatch.setattr(jax, 'devices', no_cpu)
+  monkeypatch.setattr(jax, 'default_backend', refuse)
+  matmul.reset_cpu_form()
+  try:
+    assert matmul.cpu_form() == 'bf16' and not cache.exists()
+    # No bf16 instructions: 'f32', as on a CPU host (no timing either).
+    monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: set())
+    matmul.reset_cpu_form()
+    assert matmul.cpu_form() == 'f32'
+    monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: {'avx512_bf16'})
+    monkeypatch.setattr(jax, 'devices', devices)
+
+    def broken():
+      raise ValueError('the probe broke')
+
+    monkeypatch.setattr(matmul, '_time_forms', broken)
+    monkeypatch.setattr(matmul, '_measure_forms', measure)
+    matmul.reset_cpu_form()
+    with caplog.at_level('WARNING'):
+      assert matmul.cpu_form() == 'bf16'
+    assert 'the probe broke' in caplog.text and 'VIT_JAX_CPU_MATMUL' in (
+        caplog.text)
+    assert not cache.exists()
+  finally:
+    matmul.reset_cpu_form()
+
+
 def test_cpu_form_probe_times_every_form_it_can_run():
   times = matmul._time_forms(m=64, k=32, n=48, repeats=1)
   assert set(times) == {'bf16', 'f32'} | (

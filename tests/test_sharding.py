@@ -81,6 +81,45 @@ def test_scanned_layers_keep_their_axes():
   assert axes[q] == ('layers', 'embed', 'heads', 'kv')
 
 
+def _family_cases():
+  """(variant, overrides, image shape): the first variant of every model
+  family, shrunk as smoke runs shrink it; ViTs with a representation layer,
+  and once with scanned layers."""
+  from vit_jax.models import registry
+  first = {}
+  for name in registry.names():
+    first.setdefault(registry.family(name).name, name)
+  cases = []
+  for family, name in sorted(first.items()):
+    overrides, size = registry.family(name).shrink(registry.spec(name))
+    if 'hidden_size' in overrides:  # The ViT families.
+      overrides['representation_size'] = 16
+    cases.append(pytest.param(name, overrides, (size, size, 3), id=family))
+  vit = 'ViT-Ti/16'
+  overrides, size = registry.family(vit).shrink(registry.spec(vit))
+  cases.append(pytest.param(vit, dict(overrides, scan_layers=True),
+                            (size, size, 3), id='ViT-scan'))
+  return cases
+
+
+@pytest.mark.parametrize('name,overrides,shape', _family_cases())
+def test_every_zoo_parameter_names_its_axes(name, overrides, shape):
+  """Tensor parallelism and config rules see every parameter: each one
+  names its axes (one name or None per dimension, at least one name),
+  LayerNorm / GroupNorm vectors and the representation layer included."""
+  model = models.create(name, num_classes=10, **overrides)
+  axes = traverse_util.flatten_dict(shd.logical_axes(model, shape),
+                                    is_leaf=lambda _, v: isinstance(v, tuple))
+  params = traverse_util.flatten_dict(jax.eval_shape(
+      model.init, jax.random.key(0), jnp.zeros((1, *shape)))['params'])
+  assert set(axes) == set(params)
+  unnamed = ['/'.join(k) for k, names in axes.items()
+             if len(names) != len(params[k].shape) or not any(names)]
+  assert not unnamed, unnamed
+  if overrides.get('representation_size'):
+    assert axes[('pre_logits', 'kernel')] == ('embed', 'mlp')
+
+
 def test_init_returns_plain_arrays():
   # Checkpoints, optimisers and converters never see annotation boxes.
   for name, shape in (('ViT-test', (28, 28, 3)), ('BiT-R50x1', (32, 32, 3))):

@@ -155,6 +155,11 @@ def _pad_rows(x):
   return jnp.pad(x, pad)
 
 
+# The float32 logit of a masked key (jax's XLA attention's); a Python float
+# (weakly typed: keeps the logits' float32).
+_BIG_NEGATIVE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
 def _masked(logits, mask, shape):
   """`logits` (B * N, T', S') whose first (T, S) of `shape` (B, N, T, S) are
   real, the rest padding: keys past S, and those `mask` drops, get a large
@@ -168,8 +173,7 @@ def _masked(logits, mask, shape):
     keep = jnp.arange(logits.shape[2]) < s
   else:
     return logits
-  return jnp.where(keep, logits,
-                   jnp.float32(-0.7 * float(jnp.finfo(jnp.float32).max)))
+  return jnp.where(keep, logits, _BIG_NEGATIVE)
 
 
 def _logits(q, k, mask, shape):
@@ -306,16 +310,39 @@ def _explicit(query, key, value, mask, *, dtype, precision, module,
   `vit_jax.inspect`; the weighted sum of the values in the compute dtype,
   by the project's mixed-precision matmul."""
   dtype = dtype or jnp.result_type(query, key, value)
-  weights = nn.dot_product_attention_weights(
-      query.astype(dtype), key.astype(dtype), mask=mask, dtype=dtype,
-      module=module, force_fp32_for_softmax=True,
-      einsum=functools.partial(jnp.einsum, precision=precision,
-                               preferred_element_type=jnp.float32,
-                               _dot_general=matmul.dot_general),
-      **dropout)
+  weights = _weights(query.astype(dtype), key.astype(dtype), mask,
+                     dtype=dtype, precision=precision, module=module,
+                     **dropout)
   return jnp.einsum('...hqk,...khd->...qhd', weights.astype(dtype),
                     value.astype(dtype), precision=precision,
                     _dot_general=matmul.dot_general)
+
+
+def _weights(query, key, mask, *, dtype, precision, module, dropout_rng,
+             dropout_rate, broadcast_dropout, deterministic):
+  """Softmax weights (..., heads, queries, keys) in float32, as flax's
+  `dot_product_attention_weights(force_fp32_for_softmax=True)` gives them
+  (sown, then attention dropout with flax's masks), except that the
+  1 / sqrt(head_dim) scale multiplies the float32 logits, as "xla" does,
+  rather than the queries in the compute dtype: a bf16 query rounded
+  after scaling by 1 / sqrt(80) (ViT-H/14) put the output 0.91% from
+  float32 attention, against "xla"'s 0.77%."""
+  logits = jnp.einsum('...qhd,...khd->...hqk', query, key,
+                      precision=precision, preferred_element_type=jnp.float32,
+                      _dot_general=matmul.dot_general)
+  logits = logits * _scale(query)
+  if mask is not None:
+    logits = jnp.where(mask, logits, _BIG_NEGATIVE)
+  weights = jax.nn.softmax(logits)
+  if module:
+    module.sow('intermediates', 'attention_weights', weights)
+  if not deterministic and dropout_rate > 0.0:
+    keep_prob = 1.0 - dropout_rate
+    shape = ((1,) * (key.ndim - 2) + weights.shape[-2:] if broadcast_dropout
+             else weights.shape)
+    keep = jax.random.bernoulli(dropout_rng, keep_prob, shape)
+    weights = weights * (keep.astype(dtype) / jnp.asarray(keep_prob, dtype))
+  return weights
 
 
 class MultiHeadDotProductAttention(nn.Module):

@@ -54,6 +54,16 @@ a train step built for a CPU mesh is traced as the CPU program):
     runs the same numerics: a run resumed on a busy machine stays bitwise
     the uninterrupted one (the forms round differently). Delete the file to
     measure again.
+
+    A process without a CPU backend (JAX_PLATFORMS=tpu or cuda) cannot
+    measure: 'auto' takes 'bf16' there (XLA's dots, the same float32
+    accumulation) for the CPU branches of programs traced without naming
+    their platforms; a measurement that fails falls back to 'bf16' with a
+    warning. Nothing is read from `jax.default_backend()`, and a program
+    traced for TPUs or GPUs (`platform_switch.tracing_for`, as the train
+    step and the exports are) traces no CPU branch, so it never asks for
+    the form (an eval_shape of a bf16 model outside it took 11.7 s on a
+    fresh machine, timing the CPU once; later ones read the cache).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import math
 import os
 import threading
@@ -347,7 +358,10 @@ def _several_cpu_devices() -> bool:
   """XLA's SPMD partitioner cannot split a custom call: in a program over
   several CPU devices (simulated ones, or processes) it would gather every
   operand of the oneDNN product onto each device."""
-  return len(jax.devices('cpu')) > 1
+  try:
+    return len(jax.devices('cpu')) > 1
+  except RuntimeError:  # No CPU backend (JAX_PLATFORMS=tpu): no CPU program.
+    return False
 
 
 def _in_portable() -> bool:
@@ -392,15 +406,37 @@ def _decide() -> str:
   flags = cpu_bf16_flags()
   if flags is not None and not flags:
     return 'f32'  # No bf16 dot instructions: bf16 matmuls are upcast anyway.
+  elsewhere = _runs_elsewhere()
+  if elsewhere:
+    logging.info("%s: bf16 matmuls of CPU programs take the CPU form 'bf16' "
+                 'without measuring (set %s to choose)', elsewhere, ENV)
+    return 'bf16'
   ok, what = onednn.available()
   key = f'{_machine_key(flags)}|{what if ok else "no oneDNN"}'
   cached = _read_cache().get(key)
   if cached in CPU_FORMS:
     return cached
-  times = _measure_forms()
+  try:
+    times = _measure_forms()
+  except RuntimeError as e:
+    logging.warning("%s; this process's CPU programs take the form 'bf16'",
+                    e)
+    return 'bf16'
   form = min(times, key=lambda f: (times[f], f != 'f32'))
   _write_cache(key, form)
   return form
+
+
+def _runs_elsewhere() -> Optional[str]:
+  """Why this process cannot run CPU programs (no CPU backend: the module
+  doc), or None where it can. A capability check, not a guess from
+  `jax.default_backend()`: a GPU host's first trace of a CPU branch still
+  measures its CPU once (cached), as that CPU may run the program."""
+  try:
+    jax.devices('cpu')
+  except RuntimeError as e:
+    return f'no CPU backend ({e})'
+  return None
 
 
 def _cache_path() -> str:

@@ -34,9 +34,10 @@ Dtype = Any
 
 class MlpBlock(nn.Module):
   """Dense (`mlp_dim`) -> GELU -> Dense back to the input's width, over the
-  last axis; `axis` is the logical name of that axis."""
+  last axis; `axis` is the logical name of that axis ('length': the tokens,
+  'embed': the channels)."""
   mlp_dim: int
-  axis: Optional[str]
+  axis: str
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -62,7 +63,7 @@ class MixerBlock(nn.Module):
     kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
     y = LayerNorm(**kw, name='LayerNorm_0')(x)
     y = jnp.swapaxes(y, 1, 2)
-    y = MlpBlock(self.tokens_mlp_dim, None, **kw, name='token_mixing')(y)
+    y = MlpBlock(self.tokens_mlp_dim, 'length', **kw, name='token_mixing')(y)
     x = x + jnp.swapaxes(y, 1, 2)
     y = LayerNorm(**kw, name='LayerNorm_1')(x)
     return x + MlpBlock(self.channels_mlp_dim, 'embed', **kw,

@@ -89,8 +89,8 @@ class ResidualUnit(nn.Module):
     conv = lambda f, k, s, name: StdConv(
         f, (k, k), strides=s, use_bias=False, dtype=self.dtype,
         param_dtype=self.param_dtype, name=name)
-    gn = lambda name, **kw: nn.GroupNorm(
-        dtype=self.dtype, param_dtype=self.param_dtype, name=name, **kw)
+    gn = lambda name, **kw: group_norm(self.dtype, self.param_dtype, name,
+                                       **kw)
     nout = self.features * 4
     residual = x
     if x.shape[-1] != nout or tuple(self.strides) != (1, 1):
@@ -99,7 +99,7 @@ class ResidualUnit(nn.Module):
     y = nn.relu(gn('gn1')(conv(self.features, 1, (1, 1), 'conv1')(x)))
     y = nn.relu(gn('gn2')(conv(self.features, 3, self.strides, 'conv2')(y)))
     y = conv(nout, 1, (1, 1), 'conv3')(y)
-    y = gn('gn3', scale_init=nn.initializers.zeros)(y)
+    y = gn('gn3', scale=nn.initializers.zeros)(y)
     return nn.relu(residual + y)
 
 
@@ -114,7 +114,7 @@ def hybrid_stem(x, layers: Sequence[int], width_factor: float = 1.0,
   width = int(64 * width_factor)
   x = StdConv(width, (7, 7), strides=(2, 2), use_bias=False, dtype=dtype,
               param_dtype=param_dtype, name='conv_root')(x)
-  x = nn.GroupNorm(dtype=dtype, param_dtype=param_dtype, name='gn_root')(x)
+  x = group_norm(dtype, param_dtype, 'gn_root')(x)
   x = nn.relu(x)
   x = nn.max_pool(x, (3, 3), strides=(2, 2), padding='SAME')
   for i, units in enumerate(layers):
@@ -141,10 +141,22 @@ class ResNetStage(nn.Module):
     return x
 
 
+def group_norm(dtype, param_dtype, name, scale=nn.initializers.ones,
+               **kw) -> nn.GroupNorm:
+  """flax's GroupNorm (32 groups; the hybrid stem's eps 1e-6 unless `kw`
+  says otherwise) whose scale and bias are per channel of the convolution
+  output it normalises: logical axis 'conv_out', split over the `model`
+  mesh axis with the kernels' output channels."""
+  return nn.GroupNorm(
+      dtype=dtype, param_dtype=param_dtype, name=name,
+      scale_init=with_axes(scale, ('conv_out',)),
+      bias_init=with_axes(nn.initializers.zeros, ('conv_out',)), **kw)
+
+
 def bit_group_norm(dtype, param_dtype, name):
   """BiT's GroupNorm: 32 groups, eps 1e-5, variance of the centred values."""
-  return nn.GroupNorm(epsilon=1e-5, use_fast_variance=False, dtype=dtype,
-                      param_dtype=param_dtype, name=name)
+  return group_norm(dtype, param_dtype, name, epsilon=1e-5,
+                    use_fast_variance=False)
 
 
 class BottleneckV2(nn.Module):

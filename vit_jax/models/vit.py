@@ -87,10 +87,10 @@ class LayerNorm(nn.Module):
   @nn.compact
   def __call__(self, x):
     features = (x.shape[-1],)
-    scale = self.param('scale', nn.initializers.ones, features,
-                       self.param_dtype)
-    bias = self.param('bias', nn.initializers.zeros, features,
-                      self.param_dtype)
+    scale = self.param('scale', with_axes(nn.initializers.ones, ('embed',)),
+                       features, self.param_dtype)
+    bias = self.param('bias', with_axes(nn.initializers.zeros, ('embed',)),
+                      features, self.param_dtype)
     norm = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype,
                         param_dtype=self.param_dtype, parent=None)
     fn = lambda x, s, b: norm.apply({'params': {'scale': s, 'bias': b}}, x)
@@ -355,8 +355,13 @@ class VisionTransformer(Module):
     x = x[:, 0] if self.classifier == 'token' else jnp.mean(x, axis=1)
 
     if self.representation_size:
+      # Named as an MLP's first layer: the representation is split over
+      # the `model` mesh axis under tensor parallelism.
       x = nn.Dense(self.representation_size, dtype=self.dtype,
                    param_dtype=self.param_dtype,
+                   kernel_init=with_axes(nn.initializers.lecun_normal(),
+                                         ('embed', 'mlp')),
+                   bias_init=with_axes(nn.initializers.zeros, ('mlp',)),
                    dot_general=matmul.dot_general, name='pre_logits')(x)
       x = nn.tanh(x)
     # The image representation (few-shot evaluators read it from here).
