@@ -785,8 +785,11 @@ def _pin_repo(runner: Runner, args) -> None:
     return
   want = ref or 'HEAD'
   try:
-    result = runner.run(['git', 'ls-remote', url, want], capture=True,
-                        check=False)
+    # Never a prompt (a private repository's password, an unknown host
+    # key): an answer or a failure, and then the warning below.
+    result = runner.run(['env', 'GIT_TERMINAL_PROMPT=0',
+                         'GIT_SSH_COMMAND=ssh -o BatchMode=yes', 'git',
+                         'ls-remote', url, want], capture=True, check=False)
   except CommandError as e:  # No git here.
     result = e.result
   found = dict(reversed(line.split('\t', 1)) for line in
