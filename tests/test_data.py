@@ -356,6 +356,18 @@ def test_an_eval_value_range_other_than_trains_is_refused(pp_eval):
     pipeline.dataset_info(_config(image_size=8, pp_eval=pp_eval))
 
 
+def test_a_train_range_off_the_usual_names_pp_train_as_the_one_to_fix():
+  """Eval in the models' usual [-1, 1], train in [0, 1]: the fix is the
+  train pipeline's (moving eval to [0, 1] would break MPP's colour targets
+  and every public checkpoint)."""
+  with pytest.raises(DataError, match=(
+      r'Fix: end input.pp_train with value_range\(-1, 1\) as input.pp_eval '
+      'does')):
+    pipeline.dataset_info(_config(
+        image_size=8, pp_train='decode|resize(8)|value_range(0, 1)',
+        pp_eval='resize'))
+
+
 @pytest.mark.parametrize('pp_train,pp_eval', [
     ('resize', 'decode|resize(8)|value_range(-1, 1, 0, 255, False)'),
     ('decode|resize(8)', 'decode|resize(8)'),

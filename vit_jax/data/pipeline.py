@@ -16,9 +16,11 @@ e, i). Batches run across epoch ends, none is dropped. No op reads
 TensorFlow's global seed, so the stream is a pure function of (seed,
 process_index, process_count, config). The shard size S is known (counted
 once for TFRecords), so after B batches of b examples the position is
-(e, i) = divmod(B*b, S) on every process: a resume rebuilds epoch e and
-skips i examples (read, not decoded; blocks before the one holding example
-i are not even shuffled).
+(e, i) = divmod(B*b, S) on every process: a resume rebuilds epoch e from
+the block of `shuffle_buffer` examples holding example i. The source starts
+there (`Source.host_dataset_from`): TFRecord sources open only the files
+still being read at that point, skipping within them; other sources read
+and drop the examples before it (not decoded).
 """
 
 from __future__ import annotations
@@ -180,26 +182,34 @@ class TrainIterator:
     cached = (source.host_dataset(split, pi, pc).cache() if st.cache
               else None)
 
-    def one_epoch(e):
+    def one_epoch(e, start=0):
+      """Epoch `e` (int64) from example `start` (a Python int): the first
+      epoch is built eagerly, so that a resume can skip the source's files
+      before `start` unread; the later ones in `flat_map`."""
       if cached is not None:  # In memory: the block shuffle is the order.
-        ds = cached
+        ds = cached  # Read (and cached) up to `start` on a resume.
+      elif start:
+        order_key = _fold(keys['order'], e)
+
+        def ds(first):  # From the block holding `start`: files skipped.
+          return source.host_dataset_from(split, pi, pc, first,
+                                          order_key=order_key)
       else:
         ds = source.host_dataset(split, pi, pc,
                                  order_key=_fold(keys['order'], e))
-      start = tf.where(tf.equal(e, epoch), tf.constant(index, tf.int64),
-                       tf.constant(0, tf.int64))
       ds = shuffle.block_shuffle(ds, block, _fold(keys['shuffle'], e),
                                  skip=start)
-      return ds.enumerate(start=start).map(
-          lambda i, x: {**x, _EPOCH: e, _INDEX: i})
+      # (e, (i, example)): numbered without a serial map.
+      return tf.data.Dataset.zip((tf.data.Dataset.from_tensors(e).repeat(),
+                                  ds.enumerate(start=start)))
 
-    def process(x):
-      e, i = x[_EPOCH], x[_INDEX]
-      features = {k: v for k, v in x.items() if k not in (_EPOCH, _INDEX)}
+    def process(e, numbered):
+      i, features = numbered
       out = _finalize(pp(features, _fold(keys['pp'], e, i)))
       return {**out, _EPOCH: e, _INDEX: i}
 
-    ds = tf.data.Dataset.range(epoch, 2**62).flat_map(one_epoch)
+    ds = one_epoch(tf.constant(epoch, tf.int64), int(index)).concatenate(
+        tf.data.Dataset.range(epoch + 1, 2**62).flat_map(one_epoch))
     ds = ds.map(process, num_parallel_calls=tf.data.AUTOTUNE)
     ds = ds.batch(local, drop_remainder=True)
     _check_fixed_size(ds, 'train', 'pp_train')
@@ -484,16 +494,23 @@ def _check_same_range(st: settings_lib.Settings) -> None:
   if train is None or evaluate is None or train == evaluate:
     return
   ops_of = lambda spec: '|'.join(preprocess.expand(spec, st.image_size))
-  if train == preprocess.PIXELS:
-    fix = 'remove value_range from input.pp_eval (as input.pp_train)'
+  # The side to change: the one off the models' usual [-1, 1] (the public
+  # checkpoints', the presets', MPP's colour targets'), else pp_eval.
+  standard = (0, 255, -1, 1)
+  if evaluate == standard:
+    wrong, right, target = 'pp_train', 'pp_eval', evaluate
   else:
-    in_min, in_max, vmin, vmax = train
+    wrong, right, target = 'pp_eval', 'pp_train', train
+  if target == preprocess.PIXELS:
+    fix = f'remove value_range from input.{wrong} (as input.{right})'
+  else:
+    in_min, in_max, vmin, vmax = target
     extra = ('' if (in_min, in_max) == (0, 255)
              else f', in_min={in_min:g}, in_max={in_max:g}')
-    fix = (f'end input.pp_eval with value_range({vmin:g}, {vmax:g}{extra}) '
-           'as input.pp_train does')
-    if train == (0, 255, -1, 1):
-      fix += " (the presets 'eval' and 'resize' do)"
+    fix = (f'end input.{wrong} with value_range({vmin:g}, {vmax:g}{extra}) '
+           f'as input.{right} does')
+    if target == standard:
+      fix += " (the presets 'eval', 'resize' and 'inception' do)"
   raise DataError(
       f'input.pp_eval={ops_of(st.pp_eval)!r} gives images in '
       f'{preprocess.describe_range(evaluate)} but input.pp_train='

@@ -17,6 +17,7 @@ parallelism or the machine.
 
 from __future__ import annotations
 
+import operator
 from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
@@ -80,7 +81,7 @@ def _emit_permuted(block, key: tf.Tensor) -> tf.data.Dataset:
       lambda j: tf.nest.map_structure(lambda t: t[j], block))
 
 
-def block_shuffle(ds: tf.data.Dataset, block_size: int, key: tf.Tensor,
+def block_shuffle(ds, block_size: int, key: tf.Tensor,
                   skip=0) -> tf.data.Dataset:
   """`ds` with each block of `block_size` consecutive elements permuted.
 
@@ -88,22 +89,31 @@ def block_shuffle(ds: tf.data.Dataset, block_size: int, key: tf.Tensor,
   `fold(key, b)`; the last block may be shorter.
 
   Args:
-    ds: a finite dataset of dense tensors (nests allowed).
+    ds: a finite dataset of dense tensors (nests allowed); or a function
+      `start -> dataset` giving that dataset from its element `start` (a
+      Python int) on, e.g. a source that skips whole files unread
+      (`Source.host_dataset_from`); `skip` must then be a Python int.
     block_size: elements per block (held in memory while read out).
     key: int64 [2] stateless key (may be a tensor).
-    skip: int64 scalar (may be a tensor): start at this element of the
-      result; whole blocks before it are skipped unshuffled (read, not
-      held), so resuming late in a long pass is cheap.
+    skip: int64 scalar (may be a tensor for a dataset `ds`): start at this
+      element of the result. Whole blocks before it are not shuffled: a
+      dataset skips them by reading them (not held), a function is asked
+      to start at the block holding element `skip`.
 
   Returns:
     The shuffled elements from position `skip` on.
   """
-  skip = tf.cast(skip, tf.int64)
+  if isinstance(ds, tf.data.Dataset):
+    skip = tf.cast(skip, tf.int64)
+    from_element = ds.skip
+  else:
+    skip = operator.index(skip)
+    from_element = ds
   if block_size == 1:
-    return ds.skip(skip)
+    return from_element(skip)
   first = skip // block_size
+  ds = from_element(first * block_size)
   encode, decode = _batchable(ds.element_spec)
-  ds = ds.skip(first * block_size)
   if encode is not None:
     ds = ds.map(encode)
   blocks = tf.data.Dataset.zip((tf.data.Dataset.range(first, _MAX_BLOCKS),

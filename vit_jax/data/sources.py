@@ -111,6 +111,24 @@ class Source(abc.ABC):
       A dataset of example dicts; same order for the same arguments.
     """
 
+  def host_dataset_from(self, split: str, process_index: int,
+                        process_count: int, start: int, *,
+                        order_key: Optional[tf.Tensor] = None
+                        ) -> tf.data.Dataset:
+    """`host_dataset` from its element `start` on: what a resume reads.
+
+    This default reads the first `start` examples and drops them (cheap in
+    memory, not for large shards read from files). The TFRecord sources
+    override it to open only the files that hold examples from `start` on,
+    skipping within them (`tfrecord_source.interleave_resume`). Called
+    eagerly: `start` is a Python int and `order_key` holds values.
+
+    Returns:
+      Exactly `host_dataset(...).skip(start)`, element for element.
+    """
+    return self.host_dataset(split, process_index, process_count,
+                             order_key=order_key).skip(start)
+
   def element_spec(self, split: str):
     """The structure of `host_dataset` elements (reads no data)."""
     return self.host_dataset(split, 0, 1).element_spec

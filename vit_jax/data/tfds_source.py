@@ -4,7 +4,8 @@ Images stay encoded (tfds `SkipDecoding`) until the `decode` op. For the
 usual TFRecord format the process's shard is read from tfds' file
 instructions directly, so that each epoch can read the files in its own
 order (a stateless permutation keyed by a tensor, which tfds' reader cannot
-take).
+take), and so that a resume starts at any example without reading the files
+before it (`host_dataset_from`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ from vit_jax.data.sources import Source, register
 
 # Files read concurrently by one process; the order stays deterministic.
 _CYCLE_LENGTH = 16
+
+
+def _cycle_length(num_files: int) -> int:
+  return max(1, min(_CYCLE_LENGTH, num_files))
 
 
 def default_data_dir() -> str:
@@ -111,6 +116,31 @@ class TfdsSource(Source):
       ds = self.builder.as_dataset(split=sub, shuffle_files=False,
                                    decoders=self._decoders)
       return ds.map(self._select, num_parallel_calls=tf.data.AUTOTUNE)
+    return self._interleave(self._instructions(shard, order_key))
+
+  def host_dataset_from(self, split, process_index, process_count, start, *,
+                        order_key=None) -> tf.data.Dataset:
+    """Skips the files read before `start` unopened (TFRecord format)."""
+    shard = self._shard(split, process_index, process_count)
+    if self.builder.info.file_format != tfds.core.FileFormat.TFRECORD:
+      return super().host_dataset_from(split, process_index, process_count,
+                                        start, order_key=order_key)
+    columns = self._instructions(shard, order_key)
+    names, skips, takes = (c.numpy().tolist() for c in columns)
+    resume = tfrecord_source.interleave_resume(
+        takes, _cycle_length(len(takes)), start)
+    if not resume:  # The whole pass lies before `start`.
+      return self._interleave(columns).take(0)
+    entries = [(names[f], skips[f] + offset, takes[f] - offset)
+               for f, offset in resume]
+    return self._interleave(
+        (tf.constant([n for n, _, _ in entries], tf.string),
+         tf.constant([s for _, s, _ in entries], tf.int64),
+         tf.constant([t for _, _, t in entries], tf.int64)), len(takes))
+
+  def _instructions(self, shard, order_key):
+    """(file names, skips, takes): the shard's file instructions, in the
+    order of `order_key` (a stateless permutation) or as stored."""
     instructions = [f for f in shard.file_instructions if f.take > 0]
     columns = (tf.constant([f.filename for f in instructions], tf.string),
                tf.constant([f.skip for f in instructions], tf.int64),
@@ -118,11 +148,19 @@ class TfdsSource(Source):
     if order_key is not None and len(instructions) > 1:
       order = shuffle.permutation(len(instructions), order_key)
       columns = tuple(tf.gather(c, order) for c in columns)
+    return columns
+
+  def _interleave(self, columns, num_files=None) -> tf.data.Dataset:
+    """The records of `columns` (file, skip, take), interleaved as every
+    pass over `num_files` files (the cycle length; default: as many as
+    `columns` lists) is."""
+    if num_files is None:
+      num_files = int(columns[0].shape[0])
     files = tf.data.Dataset.from_tensor_slices(columns)
     records = files.interleave(
         lambda name, skip, take: tf.data.TFRecordDataset(
             name, buffer_size=8 << 20).skip(skip).take(take),
-        cycle_length=max(1, min(_CYCLE_LENGTH, len(instructions))),
+        cycle_length=_cycle_length(num_files),
         block_length=1, num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True)
     return records.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)

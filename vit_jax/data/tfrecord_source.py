@@ -28,7 +28,8 @@ file's count is cached in
 `DATA_DIR/.record_counts/` (keyed by file name and size; a file whose size
 changed is recounted; where DATA_DIR is read-only the counts are kept in
 memory only, and computed again by the next run). Training needs them to
-turn a batch count into a position, evaluation to pad. `count_records`
+turn a batch count into a position and to resume there without reading the
+files before it (`interleave_resume`), evaluation to pad. `count_records`
 fills the cache ahead of time:
 
     python -c "from vit_jax.data import tfrecord_source as t; \\
@@ -162,6 +163,73 @@ def count_records(data_dir: str, split: str) -> int:
   return sum(record_counts(data_dir, split_files(data_dir, split)))
 
 
+# Continuing an interleave part-way.
+
+
+def interleave_resume(lengths: Sequence[int], cycle_length: int,
+                      start: int) -> List[Tuple[int, int]]:
+  """Where an interleave of files stands after `start` of its elements.
+
+  The files are read as `interleave(cycle_length=cycle_length,
+  block_length=1, deterministic=True)`, file i giving `lengths[i]`
+  elements. tf.data fills the slots lazily in turn; at a slot's turn an
+  open file gives its next element (and the turn passes on), an exhausted
+  one is closed (the turn passes on, no element), and an empty slot opens
+  the next file and reads it in the same turn (passing on once the queue
+  is empty). After `start` elements some files are open at some offset,
+  some are queued and the turn is at some slot.
+
+  Returns:
+    [(file, offset)]: the open files from the slot whose turn is next,
+    round the cycle, each empty slot taking the next queued file (offset
+    0), then the rest of the queue. A fresh interleave of the same
+    cycle length over these files, each from its offset, gives exactly
+    the elements from `start` on (the cycle is round-robin, so rotating
+    it to the next turn changes nothing), without reading the files that
+    were finished. Finished files still open take a turn to close: they
+    are listed with offset == length (read nothing, open nothing).
+
+  Costs O(files x cycle_length) steps: whole rounds are counted at once.
+  """
+  total = sum(lengths)
+  if not 0 <= start <= total:
+    raise ValueError(f'cannot start at element {start} of {total}')
+  slots: List[Optional[List[int]]] = [None] * cycle_length
+  turn, queued, left = 0, 0, start
+  while left:
+    open_ = [s for s in slots if s is not None]
+    if open_ and (queued == len(lengths) or len(open_) == cycle_length):
+      # No slot will open a file this round: every open file gives one
+      # element per round until the first of them is finished.
+      rounds = min(min(lengths[f] - o for f, o in open_),
+                   left // len(open_))
+      if rounds:
+        for s in open_:
+          s[1] += rounds
+        left -= rounds * len(open_)
+        continue
+    slot = slots[turn]
+    if slot is None and queued < len(lengths):
+      slots[turn] = [queued, 0]  # Read in this same turn.
+      queued += 1
+      continue
+    if slot is not None and slot[1] < lengths[slot[0]]:
+      slot[1] += 1
+      left -= 1
+    else:
+      slots[turn] = None
+    turn = (turn + 1) % cycle_length
+  out = []
+  for i in range(cycle_length):
+    slot = slots[(turn + i) % cycle_length]
+    if slot is not None:
+      out.append(tuple(slot))
+    elif queued < len(lengths):
+      out.append((queued, 0))
+      queued += 1
+  return out + [(f, 0) for f in range(queued, len(lengths))]
+
+
 def _records_of_shard(count: int, process_index: int,
                       process_count: int) -> int:
   """len(range(process_index, count, process_count))."""
@@ -250,15 +318,51 @@ class TFRecordSource(Source):
     names = tf.constant(files, tf.string)
     if order_key is not None and len(files) > 1:
       names = tf.gather(names, shuffle.permutation(len(files), order_key))
+    zeros = tf.zeros([len(files)], tf.int64)
+    return self._interleave(names, zeros, zeros - 1, len(files), by_record,
+                            process_index, process_count)
 
-    def read(name):
+  def host_dataset_from(self, split, process_index, process_count, start, *,
+                        order_key=None) -> tf.data.Dataset:
+    """Skips the files read before `start` unopened (counts are cached)."""
+    files, by_record = self._host_files(split, process_index, process_count)
+    counts = record_counts(self.data_dir, files)
+    if by_record:
+      counts = [_records_of_shard(c, process_index, process_count)
+                for c in counts]
+    order = list(range(len(files)))
+    if order_key is not None and len(files) > 1:
+      order = [int(i) for i in shuffle.permutation(len(files), order_key)]
+    cycle = min(_CYCLE_LENGTH, len(files))
+    resume = interleave_resume([counts[i] for i in order], cycle, start)
+    if not resume:  # The whole pass lies before `start`.
+      return self.host_dataset(split, process_index, process_count).take(0)
+    entries = [(files[order[f]], offset, counts[order[f]] - offset)
+               for f, offset in resume]
+    names = tf.constant([n for n, _, _ in entries], tf.string)
+    offsets = tf.constant([o for _, o, _ in entries], tf.int64)
+    takes = tf.constant([t for _, _, t in entries], tf.int64)
+    return self._interleave(names, offsets, takes, len(files), by_record,
+                            process_index, process_count)
+
+  def _interleave(self, names, offsets, takes, num_files, by_record,
+                  process_index, process_count):
+    """The process's records of each file from its offset (records of its
+    shard), `take` of them (-1: all), interleaved as every pass is: over
+    `num_files` files (the cycle length), whatever `names` lists."""
+
+    def read(name, offset, take):
       records = tf.data.TFRecordDataset(name, buffer_size=8 << 20)
-      records = (records.shard(process_count, process_index) if by_record
-                 else records)
-      return records.map(lambda r: (name, r))
+      if by_record:  # Its records process_index, +process_count, ...
+        records = records.skip(offset * process_count).shard(
+            process_count, process_index)
+      else:
+        records = records.skip(offset)
+      return records.take(take).map(lambda r: (name, r))
 
-    ds = tf.data.Dataset.from_tensor_slices(names).interleave(
-        read, cycle_length=min(_CYCLE_LENGTH, len(files)), block_length=1,
+    ds = tf.data.Dataset.from_tensor_slices((names, offsets, takes))
+    ds = ds.interleave(
+        read, cycle_length=min(_CYCLE_LENGTH, num_files), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE)
 
