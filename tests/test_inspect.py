@@ -145,6 +145,54 @@ def test_distance_of_uniform_attention_is_the_mean_pairwise_distance():
                              rtol=1e-6)
 
 
+def test_a_grid_leaving_other_than_0_or_1_leading_tokens_is_refused():
+  """25 tokens are a 5x5 grid or 24 patches and a class token: a grid that
+  leaves 5 of them as "leading tokens" is a wrong grid, not a model with 5
+  class tokens, unless the caller says so."""
+  w = np.full((1, 1, 1, 25, 25), 1 / 25)
+  with pytest.raises(ValueError, match='leaves 5 of the attention.s 25 '
+                     'tokens as leading tokens.*0, or 1 for a class token'):
+    vi.mean_attention_distance(w, (4, 5), 4)
+  assert vi.mean_attention_distance(w, (4, 5), 4, leading_tokens=5).shape == (
+      1, 1)
+  # A 5x5 grid would read a class token as a patch: refused when the
+  # caller says there is one.
+  with pytest.raises(ValueError, match='5x5 patch grid and 1 leading token'):
+    vi.mean_attention_distance(w, (5, 5), 4, leading_tokens=1)
+  np.testing.assert_allclose(
+      vi.mean_attention_distance(w, (4, 6), 4, leading_tokens=1),
+      vi.mean_attention_distance(w, (4, 6), 4))
+  with pytest.raises(ValueError, match='has only 25'):
+    vi.mean_attention_distance(w, (6, 5), 4)
+
+
+def test_summary_takes_the_grid_from_the_images_and_refuses_another():
+  """16x24 images of 4-pixel patches are a 4x6 grid (rows, cols): the
+  transposed (6, 4) has the same token count and would give wrong
+  distances and maps without any other error."""
+  model = models.create('ViT-test', num_classes=5)
+  x = np.random.RandomState(1).uniform(-1, 1, (2, 16, 24, 3)).astype(
+      np.float32)
+  params = perturb(model.init(jax.random.key(0), jnp.asarray(x))['params'],
+                   scale=0.2)
+  with pytest.raises(ValueError, match=r'16x24-pixel images cut into 4x4-'
+                     r'pixel patches make a 4x6 \(rows, cols\) grid; pass '
+                     r'\(4, 6\)'):
+    vi.attention_summary(model, params, x, (6, 4), 4, class_token_row=True)
+  with pytest.raises(ValueError, match="not the model's 4 pixels per token"):
+    vi.attention_summary(model, params, x, (4, 6), 8, class_token_row=True)
+  with pytest.raises(ValueError, match='not divisible by the patch size 4'):
+    vi.attention_summary(model, params, x[:, :15], class_token_row=True)
+  d, maps = vi.attention_summary(model, params, x, class_token_row=True)
+  assert maps.shape == (2, 2, 4, 6)
+  w = vi.attention_weights(model, params, x)
+  np.testing.assert_allclose(d, vi.mean_attention_distance(
+      w, (4, 6), 4, leading_tokens=1), rtol=1e-5)
+  given = vi.attention_summary(model, params, x, (4, 6), 4,
+                               class_token_row=True)
+  np.testing.assert_array_equal(given[0], d)
+
+
 def test_rollout_multiplies_layers_last_on_the_left():
   rng = np.random.RandomState(0)
   w = rng.dirichlet(np.ones(5), size=(3, 1, 2, 5))  # (L, B, H, T, T)
@@ -238,6 +286,28 @@ def test_bad_input_is_a_clear_error_before_compiling(case, smoke_workdir,
     report.run(**kw)
   assert (tmp_path / 'o').is_file() if case == 'out_file' else not (
       tmp_path / 'o').exists()
+
+
+@pytest.mark.parametrize('name,options', [
+    ('Mixer-S/32', dict(hidden_dim=8, num_blocks=1, tokens_mlp_dim=4,
+                        channels_mlp_dim=8)),
+    ('BiT-R50x1', dict())])
+def test_a_model_without_attention_is_refused_before_loading_images(
+    name, options, monkeypatch, tmp_path):
+  """BiT and Mixer have nothing to inspect: said right after the checkpoint
+  is opened, not after a dataset was downloaded or prepared (here an
+  unprepared one, whose error would otherwise come first)."""
+  from vit_jax import trained as trained_lib
+  model = models.create(name, num_classes=5, **options)
+  zeros = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))))
+  t = trained_lib._build(name, options, 5, 32, 'resize', zeros['params'],
+                         'x.npz', 'npz')  # Shapes only: nothing is run.
+  monkeypatch.setattr(trained_lib, 'load', lambda *a, **k: t)
+  with pytest.raises(ValueError, match=f'{name} has no self-attention'):
+    report.run('x.npz', 'mnist', str(tmp_path / 'o'), model=name, images=2,
+               data_dir=str(tmp_path / 'tfds'))
+  assert not (tmp_path / 'o').exists()
 
 
 def test_a_resized_model_reports_its_checkpoints_resolution(tmp_path):

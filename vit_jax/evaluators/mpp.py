@@ -5,9 +5,11 @@ split (`input.eval_split`, or `split` / `data` of its section) is corrupted
 exactly as in training, with a fixed key per batch (so every evaluation of
 every checkpoint sees the same corruption), and the loss and accuracy over
 the selected positions are averaged over all of them. As in training, the
-10% "other patch" replacements are drawn from the whole global batch
-(padding rows of the last one included): numbers are comparable at the same
-`input.eval_batch_size` and process count, not across them.
+corruption of a batch is drawn from one key for the whole global batch (the
+"other patch" of the 10% replacements comes from the same image), so which
+positions an image gets depends on its place in the batch: numbers are
+comparable at the same `input.eval_batch_size` and process count, not
+across them.
 
 Metrics: `{prefix}mpp_loss`, `{prefix}mpp_accuracy` (the fraction of the
 selected positions' predictions that are right; absent for the 'pixels'

@@ -1,4 +1,4 @@
-"""The numbers behind the paper's analysis figures (§4.5; Figs 6, 7, 10, 11, 14).
+"""The numbers behind the paper's analysis figures (§4.5; Figs 6-7, 10-11, 14).
 
 All functions take host or device arrays and return numpy float32 arrays:
 
@@ -23,6 +23,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from vit_jax.models.inputs import check_image_shape
 
 POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
 ATTENTION = ('MultiHeadDotProductAttention_0', 'attention_weights')
@@ -114,14 +116,33 @@ def _check_weights(shape) -> None:
                      f'got shape {tuple(shape)}')
 
 
-def _lead(tokens: int, grid_shape) -> int:
-  """The leading (non-patch) tokens, e.g. 1 for a class token."""
+def _lead(tokens: int, grid_shape, leading_tokens: Optional[int] = None
+          ) -> int:
+  """The leading (non-patch) tokens before the grid's patch tokens.
+
+  Without `leading_tokens`, 0 (no class token) or 1 (a class token): the
+  only counts this repository's models have, so any other count means the
+  grid is not the one the weights were computed on, and is refused rather
+  than reading patches as leading tokens. With it, exactly that many (say
+  so for a model with more, or to refuse a grid that counts the class
+  token as a patch: (5, 5) on 24 patches and a class token)."""
   gh, gw = (int(g) for g in grid_shape)
   lead = tokens - gh * gw
+  fix = 'pass the (rows, cols) grid of the images the weights were computed on'
   if lead < 0:
     raise ValueError(f'a {gh}x{gw} patch grid has {gh * gw} tokens but the '
-                     f'attention has only {tokens}: pass the grid of the '
-                     'images the weights were computed on')
+                     f'attention has only {tokens}: {fix}')
+  if leading_tokens is not None:
+    if lead != leading_tokens:
+      raise ValueError(
+          f'a {gh}x{gw} patch grid and {leading_tokens} leading token(s) '
+          f'make {gh * gw + leading_tokens} tokens, the attention has '
+          f'{tokens}: {fix}')
+  elif lead > 1:
+    raise ValueError(
+        f'a {gh}x{gw} patch grid leaves {lead} of the attention\'s {tokens} '
+        'tokens as leading tokens (expected 0, or 1 for a class token): '
+        f'{fix}, or leading_tokens= for a model with more')
   return lead
 
 
@@ -171,7 +192,9 @@ def _mean_distance(w, distances, lead: int):
 
 
 def mean_attention_distance(weights, grid_shape: Sequence[int],
-                            pixels_per_token: float) -> np.ndarray:
+                            pixels_per_token: float, *,
+                            leading_tokens: Optional[int] = None
+                            ) -> np.ndarray:
   """Attention distance in input pixels, (layers, heads).
 
   For each query patch, the distance to each key patch centre weighted by
@@ -180,18 +203,26 @@ def mean_attention_distance(weights, grid_shape: Sequence[int],
   weights renormalised over the patch keys). Averaged over queries and
   images. The paper's "attention distance", analogous to receptive field
   size in CNNs. Computed in float32.
+
+  `grid_shape` is the images' (rows, cols) of patches; the weights alone
+  cannot tell a transposed grid ((6, 4) for (4, 6)) from the right one, so
+  the caller must get it right (`attention_summary` derives it from the
+  images instead). The leading tokens are what the grid leaves: 0 or 1,
+  else refused; `leading_tokens` states the count (1 for a class token).
   """
   shape = np.shape(weights)
   _check_weights(shape)
-  lead = _lead(shape[-1], grid_shape)
+  lead = _lead(shape[-1], grid_shape, leading_tokens)
   d = pairwise_distances(tuple(int(g) for g in grid_shape), pixels_per_token)
   return np.asarray(_mean_distance(jnp.asarray(weights, jnp.float32),
                                    jnp.asarray(d, jnp.float32), lead),
                     np.float32)
 
 
-def attention_summary(model, params, images, grid_shape: Sequence[int],
-                      pixels_per_token: float, *, class_token_row: bool
+def attention_summary(model, params, images,
+                      grid_shape: Optional[Sequence[int]] = None,
+                      pixels_per_token: Optional[float] = None, *,
+                      class_token_row: bool
                       ) -> Tuple[np.ndarray, np.ndarray]:
   """What the figures need from a batch's attention, reduced on the device
   in float32, so no (layers, batch, heads, T, T) tensor reaches the host:
@@ -205,15 +236,40 @@ def attention_summary(model, params, images, grid_shape: Sequence[int],
   The maps are rows of the rollout: a row vector is multiplied through the
   layers (vector x matrix), never the T x T products, so they cost little
   next to the forward pass and come for every image of the batch.
+
+  The grid and the pixels per token are the images' (size // stride) and
+  the model's `stride`; `grid_shape` and `pixels_per_token`, when given,
+  must equal them (a transposed grid would give wrong distances and maps
+  of the wrong shape without any other error).
   """
   probe = _probe(model)
-  gh, gw = (int(g) for g in grid_shape)
+  (gh, gw), pixels_per_token = _images_grid(probe, np.shape(images),
+                                            grid_shape, pixels_per_token)
   d = jnp.asarray(pairwise_distances((gh, gw), pixels_per_token), jnp.float32)
   distance, maps = _summary(probe, _variables(params), images, d,
                             (gh, gw), class_token_row)
   maps = np.asarray(maps, np.float32)
   return (np.asarray(distance, np.float32),
           maps.reshape(*maps.shape[:2], gh, gw))
+
+
+def _images_grid(model, shape, grid_shape, pixels_per_token):
+  """((rows, cols), pixels per token) `model` cuts images of `shape` into,
+  or a ValueError if the caller's `grid_shape` / `pixels_per_token` say
+  otherwise."""
+  stride = model.stride
+  check_image_shape(shape, stride)
+  grid = (shape[1] // stride, shape[2] // stride)
+  how = (f'{shape[1]}x{shape[2]}-pixel images cut into {stride}x{stride}-'
+         f'pixel patches make a {grid[0]}x{grid[1]} (rows, cols) grid')
+  if grid_shape is not None and tuple(int(g) for g in grid_shape) != grid:
+    raise ValueError(f'grid_shape={tuple(grid_shape)} does not match the '
+                     f'images: {how}; pass {grid} or leave grid_shape out')
+  if pixels_per_token is not None and pixels_per_token != stride:
+    raise ValueError(f'pixels_per_token={pixels_per_token} is not the '
+                     f'model\'s {stride} pixels per token: pass {stride} or '
+                     'leave it out')
+  return grid, stride
 
 
 REDUCED = ('MultiHeadDotProductAttention_0', 'attention_summary')

@@ -195,10 +195,11 @@ def run(init: str, data: str, out: str, *, model: str = None,
         batch: int = 32, rollout_images: int = 8, layer_images: int = 4,
         random_init: bool = False, seed: int = 0,
         raw: bool = False, data_dir: str = None) -> Dict[str, Any]:
-  """`python -m vit_jax.inspect`: open the checkpoint, read the images,
-  check them against the model, then `inspect_model`. With `random_init`,
-  the checkpoint only names the model: a fresh initialisation (`seed`) of
-  it is inspected, the baseline trained figures are compared with. `raw`:
+  """`python -m vit_jax.inspect`: open the checkpoint, check that the model
+  has attention, read the images, check them against the model, then
+  `inspect_model`. With `random_init`, the checkpoint only names the
+  model: a fresh initialisation (`seed`) of it is inspected, the baseline
+  trained figures are compared with. `raw`:
   a run's raw parameters instead of its Polyak averages. `data_dir`: where
   a dataset named by `data` is (as `input.data_dir`)."""
   from vit_jax import outputs, trained as trained_lib
@@ -216,6 +217,9 @@ def run(init: str, data: str, out: str, *, model: str = None,
                              require_head=False, ema=False if raw else None)
   if random_init:
     trained = trained_lib.reinitialised(trained, seed)
+  # Before the images: a dataset may need downloading or preparing first,
+  # work (or an error about it) wasted on a model with nothing to inspect.
+  check_model(trained)
   x, names = images_lib.load(data, images, trained, split, data_dir)
   check_inputs(trained, x)
   result = inspect_model(trained, x, names, out, batch=batch,
@@ -249,13 +253,19 @@ def _output_folder(out: str) -> str:
   return out
 
 
-def check_inputs(trained, images: np.ndarray) -> None:
-  """Clear errors before any compile: a model without attention, or images
-  whose size does not cut into the model's patches."""
+def check_model(trained) -> None:
+  """A clear error for a model without self-attention (BiT, Mixer): there
+  is nothing to inspect, whatever the images."""
   if not hasattr(trained.model(), 'capture_attention'):
     raise ValueError(f'{trained.name} has no self-attention to inspect (a '
                      f'{trained.family} model); pass a ViT or hybrid '
                      '(R50+ViT)')
+
+
+def check_inputs(trained, images: np.ndarray) -> None:
+  """Clear errors before any compile: a model without attention, or images
+  whose size does not cut into the model's patches."""
+  check_model(trained)
   size, ppt = images.shape[1], trained.stride
   if size % ppt:
     raise ValueError(f'--image_size={size} does not cut into the model\'s '

@@ -147,8 +147,8 @@ def _evaluate(config: ml_collections.ConfigDict,
 # (evaluators may be added: their metrics are new keys).
 _SAME = (('input', 'data'), ('input', 'eval_split'), ('input', 'pp_eval'),
          ('eval_ema',), ('objective',), ('mpp',))
-# Masked patch prediction draws its corruption per batch (the "other" patch
-# from the whole batch): its numbers also depend on the eval batch size.
+# Masked patch prediction draws its corruption from one key per global
+# batch: its numbers also depend on the eval batch size.
 _SAME_MPP = (('input', 'eval_batch_size'),)
 
 
