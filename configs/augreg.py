@@ -22,10 +22,15 @@ Where each number comes from:
   big_vision/models/vit.py names them ("howto-i21k-*": aug, weight decay,
   dropout, stochastic depth); sigmoid cross-entropy with head bias -10
   (big_vision's vit_i21k.py).
-  I1K: big_vision's vit_i1k.py per-variant augmentation (its comment: a good
-  average between 30 and 300 epochs), weight decay 0.1 (its wd=0.0001),
-  no dropout or stochastic depth, a pre-logits layer as wide as the model
-  (rep_size=True), softmax cross-entropy.
+  I1K: big_vision's configs/vit_i1k.py as of commit 5f95305c: its
+  per-variant augmentation (its comment: a good average between 30 and 300
+  epochs), weight decay 0.1 (its wd=0.0001), no dropout or stochastic
+  depth, a pre-logits layer as wide as the model (rep_size=True), and
+  sigmoid cross-entropy with head bias -6.9 (its loss='sigmoid_xent',
+  init_head_bias=-6.9: about -log(1000), a prior of 1/1000 per class).
+  Earlier revisions of that file (e.g. 21bd6ebe) had softmax cross-entropy
+  and S/32 at light2; `aug=light2 --config.loss=softmax
+  --config.model.head_bias_init=0` trains that one.
 `python -m vit_jax.accounting --config=configs/augreg.py:...` estimates a
 row's cost (docs/recipes.md lists them).
 """
@@ -54,12 +59,14 @@ I21K = {
 }
 I1K = {
     'Ti/16': ('light1', 0.1, 0.0, 0.0),
-    'S/32': ('light2', 0.1, 0.0, 0.0),
+    'S/32': ('medium1', 0.1, 0.0, 0.0),
     'S/16': ('medium2', 0.1, 0.0, 0.0),
     'B/32': ('medium2', 0.1, 0.0, 0.0),
     'B/16': ('medium2', 0.1, 0.0, 0.0),
     'L/16': ('medium2', 0.1, 0.0, 0.0),
 }
+# data: (loss, head bias init) of big_vision's vit_i1k.py / vit_i21k.py.
+LOSS = {'i1k': ('sigmoid', -6.9), 'i21k': ('sigmoid', -10.0)}
 RECIPES = {'i1k': I1K, 'i21k': I21K}
 EPOCHS, BATCH, LR, WARMUP = 300.0, 4096, 1e-3, 10_000
 
@@ -106,10 +113,8 @@ def get_config(arg=None):
     c.model.dropout_rate = dropout
   if sd:
     c.model.stochastic_depth = sd
-  if args.data == 'i21k':
-    c.loss = 'sigmoid'
-    c.model.head_bias_init = -10.0
-  else:
+  c.loss, c.model.head_bias_init = LOSS[args.data]
+  if args.data == 'i1k':
     c.model.representation_size = models.spec(c.model.name)['hidden_size']
   c.checkpoint_every = 2000
   c.report = dict(model=c.model.name, pretrain=args.data,

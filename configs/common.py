@@ -8,11 +8,13 @@ overridden on the command line (`--config.input.batch_size=256`).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import importlib.util
+import sys
+from typing import Any, Dict, List, Optional, Sequence
 
 import ml_collections
 
-from vit_jax import models, paper
+from vit_jax import models, paper, tables
 from vit_jax.data import registry
 
 
@@ -45,6 +47,60 @@ def parse_arg(arg: Optional[str], **defaults) -> ml_collections.ConfigDict:
                          f'{type(default).__name__}, e.g. {key}={default}'
                          ) from None
   return ml_collections.ConfigDict(out)
+
+
+class ConfigSpecError(ValueError):
+  """A `--config=` spec or `--config.<field>=` override on a command line
+  that names no file, no config row or no field: one line that says so."""
+
+
+def check_command_line(argv: Sequence[str]) -> List[str]:
+  """`argv` with its `--config=<spec>` file found (`configs.config_file`:
+  the installed configs/ outside a checkout), once the config it names has
+  been built and every `--config.<field>=` override checked against it.
+
+  Every entry point that takes `--config` (`vit_jax.main`,
+  `vit_jax.accounting`, `launch.topology`) calls this before absl parses
+  its flags, so that a missing file, a bad `:args` row or a misspelt field
+  is a `ConfigSpecError` naming the problem rather than absl's chained
+  tracebacks (config_flags builds the config again, from the same file).
+  """
+  from vit_jax.configs import config_file, unknown_field
+
+  def found(spec):
+    try:
+      path, arg = config_file(spec)
+    except ValueError as e:  # It names the config files there are.
+      raise ConfigSpecError(str(e)) from None
+    name = '_vit_jax_config_check'
+    loader = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader)
+    sys.modules[name] = module  # As an import would (dataclasses need it).
+    try:
+      loader.loader.exec_module(module)
+      built.append(module.get_config(*([arg[1:]] if arg else [])))
+    except Exception as e:  # pylint: disable=broad-except
+      raise ConfigSpecError(f'--config={spec}: {type(e).__name__}: {e}'
+                            ) from None
+    finally:
+      del sys.modules[name]
+    return path + arg
+
+  built = []  # The config as config_flags will build it.
+  out = list(argv)
+  for i, arg in enumerate(out):
+    if arg.startswith('--config='):
+      out[i] = '--config=' + found(arg[len('--config='):])
+    elif arg == '--config' and i + 1 < len(out):
+      out[i + 1] = found(out[i + 1])
+  if built:
+    for arg in out:
+      if arg.startswith('--config.'):
+        problem = unknown_field(built[-1],
+                                arg[len('--config.'):].split('=', 1)[0])
+        if problem:
+          raise ConfigSpecError(problem)
+  return out
 
 
 def model_section(name: str) -> ml_collections.ConfigDict:
@@ -183,12 +239,30 @@ def table4_optim(c: ml_collections.ConfigDict, lr: float,
                       warmup_steps=warmup_steps))
 
 
+def pretrain_data(name: str) -> str:
+  """The short name (jft, i21k, i1k) of the pre-training data `name` names,
+  in any case and in the other spellings the result tables read
+  (`tables.PRETRAIN_ALIASES`: imagenet21k, jft300m, ...). Anything else is
+  a ValueError: a report naming other data fills no paper table."""
+  key = str(name).strip().lower()
+  key = tables.PRETRAIN_ALIASES.get(key, key)
+  if key not in paper.PRETRAIN_DATA:
+    aliases = ', '.join(sorted(tables.PRETRAIN_ALIASES))
+    raise ValueError(
+        f'pretrain={name!r}: expected {"|".join(paper.PRETRAIN_DATA)} (or '
+        f'{aliases}), the data `init` was pre-trained on, which places the '
+        'run in the paper\'s tables (at run time, a vit_jax workdir '
+        '`init`\'s own report takes precedence)')
+  return key
+
+
 def transfer_report(args, task: str, lr: float) -> dict:
   """`config.report` of a transfer run: the pre-training its `init` is
-  (args `pretrain`, `pretrain_epochs`, `pretrain_opt`) and its task."""
-  epochs = args.pretrain_epochs or paper.default_epochs(args.pretrain,
-                                                        args.model)
-  report = dict(model=args.model, pretrain=args.pretrain,
+  (args `pretrain`, normalised by `pretrain_data`, `pretrain_epochs`,
+  `pretrain_opt`) and its task."""
+  pretrain = pretrain_data(args.pretrain)
+  epochs = args.pretrain_epochs or paper.default_epochs(pretrain, args.model)
+  report = dict(model=args.model, pretrain=pretrain,
                 pretrain_epochs=epochs, pretrain_optimizer=args.pretrain_opt,
                 task=task, lr=lr, sweep=args.sweep, transfer=True)
   if args.get('table2'):  # Table 2's ImageNet fine-tuning (512/518 px).

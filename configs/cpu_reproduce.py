@@ -27,9 +27,10 @@ Steps:
                   same recipe from scratch).
   vit_1ep, bit_1ep
                   equal pre-training compute: the ViT and a small BiT ResNet
-                  (R26, width 0.5, at 64 px: 0.118 vs 0.129 forward GFLOPs
-                  per image; BiT steps scaled to equal total FLOPs), one ViT
-                  epoch of Fashion-MNIST each.
+                  (R26, width 0.5, at 64 px: 0.111 vs 0.129 forward GFLOPs
+                  per image, `accounting.forward_flops`; BiT steps scaled to
+                  equal total FLOPs, 544 for the ViT's 469), one ViT epoch
+                  of Fashion-MNIST each.
 smoke=true shrinks any step to seconds (tests run it): the model family's
 smoke size (a ViT of width 32 and 2 layers at the step's own image size, so
 fine-tuning at 40 px still resizes the position embeddings; the BiT at its
@@ -47,9 +48,20 @@ VIT = dict(name='ViT-Ti/16', patch_size=4, hidden_size=128, mlp_dim=512,
            num_heads=4, num_layers=6, dtype='bfloat16')
 # A small BiT ResNet-v2 of about the ViT's forward FLOPs (at 64 px).
 BIT = dict(name='BiT-R50x1', depth=26, width_factor=0.5, dtype='bfloat16')
-VIT_GFLOPS, BIT_GFLOPS = 0.12877548, 0.117767888  # accounting.forward_flops
 STEPS = ('pretrain', 'finetune_hires', 'finetune_same', 'transfer', 'scratch',
          'few_labels', 'vit_1ep', 'bit_1ep')
+
+
+def equal_compute_steps(vit_steps: int) -> int:
+  """The BiT's steps of the ViT's training compute in `vit_steps` steps
+  of the same batch: each at its own resolution (28 / 64 px), its forward
+  FLOPs as every estimate and `summary.json` count them (the float32
+  model's, whatever it computes in: `accounting.forward_flops`)."""
+  from vit_jax import accounting  # Traces both models: only when asked.
+  vit, bit = (accounting.forward_flops(m['name'], size, 10,
+                                      **accounting.counted_options(m))
+              for m, size in ((VIT, 28), (BIT, 64)))
+  return round(vit_steps * vit / bit)
 
 
 def fewshot() -> ml_collections.ConfigDict:
@@ -132,8 +144,8 @@ def get_config(arg=None):
   else:  # vit_1ep / bit_1ep: one ViT epoch of compute each.
     vit_steps = 469
     _data(c, 'fashion_mnist', 64 if step == 'bit_1ep' else 28)
-    c.total_steps = (vit_steps if step == 'vit_1ep' else
-                     round(vit_steps * VIT_GFLOPS / BIT_GFLOPS))
+    c.total_steps = (vit_steps if step == 'vit_1ep' or args.smoke else
+                     equal_compute_steps(vit_steps))
     _adam(c, warmup=50)
     c.evals.fewshot = fewshot()
   c.init = args.init or None

@@ -31,6 +31,7 @@ from vit_jax import paper
 # data: (steps, LR sweep) from Table 4 (VTAB has its own config).
 TABLE4 = {data: (row['steps'], row['lr_sweep'])
           for data, row in paper.TABLE4.items() if data != 'vtab'}
+RES = 384  # Table 4's fine-tuning resolution (`res=` changes it).
 # Short names accepted for `data`.
 ALIASES = {'imagenet': 'imagenet2012', 'i1k': 'imagenet2012',
            'pets': 'oxford_iiit_pet', 'flowers': 'oxford_flowers102'}
@@ -38,17 +39,24 @@ ALIASES = {'imagenet': 'imagenet2012', 'i1k': 'imagenet2012',
 
 def get_config(arg=None):
   args = common.parse_arg(
-      arg, model='ViT-B/16', data='cifar10', lr=0.0, init='', res=384,
+      arg, model='ViT-B/16', data='cifar10', lr=0.0, init='', res=0,
       steps=0, sweep=False, pretrain='i21k', pretrain_epochs=0.0,
       pretrain_opt='adam', ema=0.0, table2=False, smoke=False)
   data = ALIASES.get(args.data, args.data)
-  res = args.res
+  res = args.res or RES
   if args.table2:
     if args.model not in paper.TABLE2_FINETUNE_RES or data != 'imagenet2012':
       raise ValueError(
           'table2=true is ImageNet fine-tuning of '
           f'{" or ".join(paper.TABLE2_FINETUNE_RES)} (data=imagenet2012); '
           f'got model={args.model}, data={args.data}. Other rows: ema=0.9999')
+    if args.res:  # It would be ignored: Table 2 fixes the resolution.
+      table2 = ', '.join(f'{r} px for {m}'
+                         for m, r in paper.TABLE2_FINETUNE_RES.items())
+      raise ValueError(
+          f'res={args.res} with table2=true: Table 2 fine-tunes at its own '
+          f'resolution ({table2}); drop res=, or drop table2=true (ema=0.9999 '
+          'adds Polyak averaging at any resolution)')
     res = paper.TABLE2_FINETUNE_RES[args.model]
   if data not in TABLE4:
     raise ValueError(f'data={args.data!r}: expected one of '

@@ -79,18 +79,31 @@ def _main(argv):
   if len(argv) != 2:
     raise SystemExit('usage: python -m launch.topology TOPOLOGY '
                      '[--config=SPEC] [--utilization=U]')
-  topo = parse(argv[1])
+  try:
+    topo = parse(argv[1])
+  except ValueError as e:
+    raise SystemExit(f'launch.topology: {e}') from None
   print(f'{topo.name}: {topo.chips} chips, {topo.cores} TensorCores, '
         f'{topo.devices} JAX devices on {topo.hosts} host(s) '
         f'({topo.devices_per_host} per host), {topo.hardware}')
   if f.config is not None:
-    print('\n'.join(estimate(f.config, topo, f.utilization).lines()))
+    try:
+      est = estimate(f.config, topo, f.utilization)
+    except ValueError as e:  # A model, dataset or length the config names.
+      raise SystemExit(f'launch.topology: {e}') from None
+    print('\n'.join(est.lines()))
 
 
 if __name__ == '__main__':
+  import sys
   from absl import app, flags
   from ml_collections import config_flags
+  from vit_jax.configs import common
   config_flags.DEFINE_config_file('config', None, 'Config to estimate.')
   flags.DEFINE_float('utilization', None, 'Share of bf16 peak (default: '
                      'the paper-implied TPUv3 utilisation).')
-  app.run(_main)
+  try:  # configs/... from any directory, checked as vit_jax.main does.
+    argv = common.check_command_line(sys.argv)
+  except common.ConfigSpecError as e:
+    raise SystemExit(f'launch.topology: {e}') from None
+  app.run(_main, argv=argv)

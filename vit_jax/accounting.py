@@ -95,17 +95,33 @@ def _flops(model, params, images) -> float | None:
   return None
 
 
+# Model options that change how the model computes, not what: its FLOPs
+# are those of the float32, unrolled model. XLA's cost analysis misses most
+# bfloat16 dots (`matmul.dot_general`'s per-platform forms: a bfloat16
+# ViT-B/16 counted 0.53 GFLOPs, not 35.3) and counts a scanned stack's body
+# once, not per layer.
+NOT_COUNTED = ('dtype', 'param_dtype', 'scan_layers')
+
+
+def counted_options(options) -> Dict[str, object]:
+  """The model options a FLOP count depends on: `options` (a config's
+  `model` section or keyword overrides) less `name`, unset (None) ones and
+  `NOT_COUNTED`. Every count here goes through it, so that a config's
+  estimate and the trainer's `summary.json` count the same model."""
+  return {k: v for k, v in dict(options).items()
+          if k != 'name' and k not in NOT_COUNTED and v is not None}
+
+
 def forward_flops(name: str, image_size=224, num_classes: int = 1000,
                   **overrides) -> float:
   """Forward FLOPs per image from XLA's cost analysis of the real model.
 
   Counts every HLO op (matmuls with multiply-add = 2, plus normalisations,
   activations and softmax), so it is slightly above `analytic_forward_flops`,
-  which it falls back to where this JAX gives no cost analysis.
+  which it falls back to where this JAX gives no cost analysis. The count
+  is the same whatever the model computes in (`counted_options`).
   """
-  # A scanned stack is one loop body to XLA's cost analysis (counted once,
-  # not per layer); the unrolled model computes the same.
-  overrides.pop('scan_layers', None)
+  overrides = counted_options(overrides)
   flops = _forward_flops(name, image_size, num_classes,
                          tuple(sorted(overrides.items())))
   if flops is None:
@@ -118,13 +134,12 @@ def module_forward_flops(model, image_shape: Sequence[int]) -> float:
   a masked-patch-prediction model, whose per-patch head is part of its
   forward; `image_shape` is (height, width, channels)."""
   images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
-  if getattr(model, 'scan_layers', False):  # As in `forward_flops`.
+  # The float32, unrolled model, as `forward_flops` counts (`NOT_COUNTED`).
+  if getattr(model, 'scan_layers', False):
     model = model.clone(scan_layers=False)
-  # The model's count, whatever it computes in: XLA's cost analysis misses
-  # most bfloat16 dots (`matmul.dot_general`'s per-platform forms), and
-  # `forward_flops` leaves the dtype out alike.
-  if getattr(model, 'dtype', jnp.float32) != jnp.float32:
-    model = model.clone(dtype=jnp.float32)
+  for key in ('dtype', 'param_dtype'):
+    if getattr(model, key, None) not in (None, jnp.float32):
+      model = model.clone(**{key: jnp.float32})
   params = jax.eval_shape(
       lambda x: model.init(jax.random.key(0), x), images)['params']
   flops = _flops(model, params, images)
@@ -151,8 +166,8 @@ def analytic_forward_flops(name: str, image_size=224,
   """Matmul and convolution FLOPs per image, counted by hand (cross-check):
   the model family's registered count (`models.registry.Family.flops`)."""
   h, w = _hw(image_size)
-  return models.family(name).flops(models.options(name, **overrides), h, w,
-                                   num_classes)
+  return models.family(name).flops(
+      models.options(name, **counted_options(overrides)), h, w, num_classes)
 
 
 def training_flops(forward: float, examples_seen: float) -> float:
@@ -311,16 +326,26 @@ class Estimate:
   def lines(self) -> Sequence[str]:
     out = [
         f'model              {self.model} at {self.image_size}px',
-        f'forward            {self.forward_gflops:.2f} GFLOPs / image (XLA)',
+        f'forward            {_figure(self.forward_gflops)} GFLOPs / image '
+        '(XLA)',
         f'examples seen      {self.examples_seen:,.0f}',
-        f'training compute   {self.exaflops:,.3f} exaFLOPs (3 x forward x examples)',
+        f'training compute   {_figure(self.exaflops, 3)} exaFLOPs '
+        '(3 x forward x examples)',
         f'hardware           {self.hardware}, {self.utilization:.1%} of bf16 peak',
-        f'core-days          {self.core_days:,.2f}',
+        f'core-days          {_figure(self.core_days)}',
     ]
     if self.wall_hours is not None:
-      out.append(f'wall-clock         {self.wall_hours:,.2f} h on '
+      out.append(f'wall-clock         {_figure(self.wall_hours)} h on '
                  f'{self.num_devices} devices')
     return out
+
+
+def _figure(x: float, decimals: int = 2) -> str:
+  """`x` with `decimals` places, or 3 significant digits where those would
+  print a CPU-scale run's 0.13 GFLOPs x 420k images as 0.000 exaFLOPs."""
+  if x == 0 or abs(x) >= 10 ** (2 - decimals):
+    return f'{x:,.{decimals}f}'
+  return f'{x:.3g}'
 
 
 def flops_core_days(total_flops: float, hw: Hardware,
@@ -370,13 +395,13 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
     raise ValueError('config sets neither total_steps nor total_epochs: '
                      'set one of them to estimate the cost of the run')
   acc = config.get('accounting', {})
+  options = counted_options(model_cfg)
   forward = None
   if config.get('objective', 'supervised') == 'mpp':
     mpp = config.get('mpp', {})
     forward = mpp_forward_flops(
         name, config.input.image_size, target=mpp.get('target', 'colour'),
-        bits=mpp.get('bits', 3),
-        **{k: v for k, v in model_cfg.items() if v is not None})
+        bits=mpp.get('bits', 3), **options)
   return estimate(
       name, examples, image_size=config.input.image_size,
       hardware_name=hardware_name or acc.get('hardware', 'tpu_v3'),
@@ -385,7 +410,7 @@ def estimate_for_config(config, *, hardware_name: Optional[str] = None,
       num_devices=num_devices or acc.get('num_devices'), forward=forward,
       num_classes=(config.get('num_classes')
                    or registry.get(config.input.data).num_classes or 1000),
-      **{k: v for k, v in model_cfg.items() if v is not None})
+      **options)
 
 
 # --------------------------------------------------------------------------
@@ -429,8 +454,12 @@ def _main(argv):
   if f.table:
     print(table_markdown())
   if f.config is not None:
-    est = estimate_for_config(f.config, hardware_name=f.hardware,
-                              num_devices=f.devices, utilization=f.utilization)
+    try:
+      est = estimate_for_config(f.config, hardware_name=f.hardware,
+                                num_devices=f.devices,
+                                utilization=f.utilization)
+    except ValueError as e:  # A model, dataset or length the config names.
+      raise SystemExit(f'vit_jax.accounting: {e}') from None
     print('\n'.join(est.lines()))
   if not f.table and f.config is None:
     raise SystemExit('nothing to do: pass --table and/or --config=<spec>')
@@ -461,13 +490,9 @@ if __name__ == '__main__':
       '--utilization is a share of the peak in (0, 1], e.g. 0.45 (not a '
       'percentage)')
   import sys
-  from vit_jax.configs import config_file
-
-  def found(arg):  # configs/... from any directory, as vit_jax.main does.
-    if not arg.startswith('--config='):
-      return arg
-    try:
-      return '--config=' + ''.join(config_file(arg[len('--config='):]))
-    except ValueError as e:
-      raise SystemExit(f'vit_jax.accounting: {e}') from None
-  app.run(_main, argv=[found(a) for a in sys.argv])
+  from vit_jax.configs import common
+  try:  # configs/... from any directory, checked as vit_jax.main does.
+    argv = common.check_command_line(sys.argv)
+  except common.ConfigSpecError as e:
+    raise SystemExit(f'vit_jax.accounting: {e}') from None
+  app.run(_main, argv=argv)

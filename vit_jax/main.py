@@ -18,7 +18,6 @@ do).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -102,51 +101,14 @@ def _exit(message: str, code: int):
 
 
 def _find_config(argv):
-  """`argv` with its --config file found (`configs.config_file`: the
-  installed configs/ outside a checkout); a missing one ends the process
-  with the reason, not with absl's chained tracebacks."""
-  from vit_jax.configs import config_file
-
-  def found(spec):
-    try:
-      path, arg = config_file(spec)
-    except ValueError as e:
-      _exit(str(e), EXIT_ERROR)
-    # Built once here, so that a bad `:args` is its own message rather than
-    # absl's chained tracebacks (config_flags builds it again).
-    name = '_vit_jax_config_check'
-    loader = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(loader)
-    sys.modules[name] = module  # As an import would (dataclasses need it).
-    try:
-      loader.loader.exec_module(module)
-      built.append(module.get_config(*([arg[1:]] if arg else [])))
-    except Exception as e:  # pylint: disable=broad-except
-      _exit(f'--config={spec}: {type(e).__name__}: {e}', EXIT_ERROR)
-    finally:
-      del sys.modules[name]
-    return path + arg
-
-  built = []  # The config as config_flags will build it.
-  out = list(argv)
-  for i, arg in enumerate(out):
-    if arg.startswith('--config='):
-      out[i] = '--config=' + found(arg[len('--config='):])
-    elif arg == '--config' and i + 1 < len(out):
-      out[i + 1] = found(out[i + 1])
-  if built:
-    for arg in out:
-      if arg.startswith('--config.'):
-        _check_field(built[-1], arg[len('--config.'):].split('=', 1)[0])
-  return out
-
-
-def _check_field(config, path: str) -> None:
-  """Ends the process naming the field when `--config.<path>` names none."""
-  from vit_jax.configs import unknown_field
-  problem = unknown_field(config, path)
-  if problem:
-    _exit(problem, EXIT_ERROR)
+  """`argv` with its --config file found and the config checked
+  (`configs.common.check_command_line`, shared with the other entry
+  points); a bad spec or field ends the process with one line."""
+  from vit_jax.configs import common
+  try:
+    return common.check_command_line(argv)
+  except common.ConfigSpecError as e:
+    _exit(str(e), EXIT_ERROR)
 
 
 if __name__ == '__main__':
