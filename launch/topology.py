@@ -28,6 +28,15 @@ _GENERATIONS = {
     'v6e': ('tpu_v6e', False, 1, 1, 4, 8),
 }
 _NAME = re.compile(r'^(v2|v3|v4|v5p|v5litepod|v6e)-(\d+)$')
+# The slice sizes (the name's number) Cloud TPU offers: listed, or for v4
+# and v5p any multiple of 8 TensorCores (a host's 4 chips; 3-D shapes).
+_SIZES = {
+    'v2': (8, 32, 128, 256, 512),
+    'v3': (8, 32, 64, 128, 256, 512, 1024, 2048),
+    'v5litepod': (1, 4, 8, 16, 32, 64, 128, 256),
+    'v6e': (1, 4, 8, 16, 32, 64, 128, 256),
+}
+_MULTIPLE = {'v4': 8, 'v5p': 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +67,13 @@ def parse(name: str) -> Topology:
   if rest or chips < 1:
     raise ValueError(f'{name}: {gen} slices count TensorCores, two per chip; '
                      'use an even number')
+  if gen in _SIZES and n not in _SIZES[gen]:
+    raise ValueError(f'{name}: Cloud TPU has no such {gen} slice; sizes: '
+                     + ', '.join(f'{gen}-{k}' for k in _SIZES[gen]))
+  if gen in _MULTIPLE and n % _MULTIPLE[gen]:
+    raise ValueError(f'{name}: {gen} slices have a multiple of '
+                     f'{_MULTIPLE[gen]} TensorCores (4 chips per host), e.g. '
+                     f'{gen}-8, {gen}-16, {gen}-32')
   hosts = 1 if chips <= single else -(-chips // per_host)
   if chips > single and chips % per_host:
     raise ValueError(f'{name}: multi-host {gen} slices have a multiple of '

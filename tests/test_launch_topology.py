@@ -28,6 +28,13 @@ def test_bad_names():
     topology.parse('v9-8')
   with pytest.raises(ValueError, match='even number'):
     topology.parse('v3-9')
+  # Names Cloud TPU does not offer: refused here, not by gcloud at create.
+  for bad, hint in (('v3-16', 'v3-8, v3-32'), ('v2-16', 'v2-8, v2-32'),
+                    ('v5litepod-2', 'v5litepod-1, v5litepod-4'),
+                    ('v5litepod-12', 'v5litepod-16'), ('v6e-2', 'v6e-4'),
+                    ('v4-4', 'multiple of 8'), ('v5p-12', 'multiple of 8')):
+    with pytest.raises(ValueError, match=hint):
+      topology.parse(bad)
 
 
 def test_estimate_core_days_do_not_depend_on_the_slice_size():
