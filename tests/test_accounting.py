@@ -64,12 +64,11 @@ def test_docs_state_the_largest_table6_gap():
 
 
 def _trainer_forward_flops(config, num_classes):
-  """The count `train/loop.py` writes to summary.json: the config's model
-  options less those `loop._overrides` leaves out."""
-  from vit_jax.train import loop
+  """The count `train/loop.py` writes to summary.json (its call)."""
   size = config.input.image_size
-  return accounting.forward_flops(config.model.name, (size, size),
-                                  num_classes, **loop._overrides(config))
+  return accounting.forward_flops(
+      config.model.name, (size, size), num_classes,
+      **accounting.counted_options(config.model))
 
 
 @pytest.mark.parametrize('spec', ['pretrain.py:model=ViT-B/16,data=i21k',

@@ -263,7 +263,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
                            image_shape)
   fwd = (accounting.module_forward_flops(model, image_shape) if mpp else
          accounting.forward_flops(config.model.name, image_shape[:2],
-                                  num_classes, **_overrides(config)))
+                                  num_classes,
+                                  **accounting.counted_options(config.model)))
   heap.release()  # What initialisation or the restore freed.
   return Run(config=config, workdir=workdir, mesh=mesh,
              num_classes=num_classes, steps=steps, image_shape=image_shape,
