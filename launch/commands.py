@@ -154,12 +154,29 @@ def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
   """Starts `python -m vit_jax.main ARGS` in the background (nohup).
 
   Refuses to start a second run while one is going on the worker. The exit
-  status lands in ~/vit_jax_run.exit when the run ends.
+  status lands in ~/vit_jax_run.exit when the run ends (128+N for a run
+  killed by signal N, as the shell counts).
+
+  The wrapper shell (its pid in ~/vit_jax_run.pid: what the idle guard,
+  `status_script` and `logs_script` watch) outlives Python: a SIGTERM to
+  it (a VM shutting down on preemption signals every process; `pkill -f
+  vit_jax.main` matches the wrapper's command line too) is passed on to
+  Python, and the wrapper waits again until Python has saved and exited.
+  Killed with Python still saving, the wrapper would leave no exit status
+  (`up` would take the run as failed instead of resuming it) and the guard
+  would let another run or `setup` start under the saving one.
   """
   words = ['env', *(f'{k}={v}' for k, v in env.items())] if env else []
   cmd = ' '.join([*map(shlex.quote, words), _PYTHON, '-m', 'vit_jax.main',
                   *map(shlex.quote, main_args)])
-  inner = f'cd {_HOME_DIR} && {cmd}; echo $? > {EXIT}'
+  # A trapped signal ends `wait` early (status > 128): `t` says to wait
+  # again; bash keeps a waited child's status, so a second `wait` on one
+  # that has ended gives it too. The trap is set before Python starts.
+  inner = (f'cd {_HOME_DIR} || {{ echo 1 > {EXIT}; exit 1; }}; t=0; '
+           "trap 't=1; kill -TERM $c 2>/dev/null' TERM; "
+           f'{cmd} & c=$!; wait $c; s=$?; '
+           'while [ $t = 1 ]; do t=0; wait $c; s=$?; done; '
+           f'echo $s > {EXIT}')
   return (f'{idle_guard()}; rm -f {EXIT}; nohup bash -c {shlex.quote(inner)} '
           f'> {LOG} 2>&1 < /dev/null & echo $! > {PID}')
 

@@ -28,9 +28,16 @@ def _is_git_checkout(repo: str) -> bool:
 def files(repo: str) -> List[str]:
   """Paths relative to `repo` that the workers get, sorted."""
   if _is_git_checkout(repo):
-    listed = subprocess.run(
-        ['git', '-C', repo, 'ls-files', '-z', '--cached', '--others',
-         '--exclude-standard'], check=True, capture_output=True).stdout
+    argv = ['git', '-C', repo, 'ls-files', '-z', '--cached', '--others',
+            '--exclude-standard']
+    try:
+      listed = subprocess.run(argv, check=True, capture_output=True).stdout
+    except subprocess.CalledProcessError as e:
+      # git's own words say what is wrong and how to fix it (e.g. "detected
+      # dubious ownership ... git config --global --add safe.directory").
+      raise ValueError(
+          f'`{" ".join(argv)}` failed (exit {e.returncode}): '
+          f'{e.stderr.decode(errors="replace").strip()}') from None
     names = {n.rstrip('/') for n in listed.decode().split('\0') if n}
     out = []
     for name in names:
@@ -77,7 +84,7 @@ def main(argv: Sequence[str]) -> int:
   repo, out = argv
   try:
     names = pack(repo, out)
-  except (ValueError, OSError, subprocess.CalledProcessError) as e:
+  except (ValueError, OSError) as e:
     print(f'cannot pack {repo}: {e}', file=sys.stderr)
     return 1
   print(f'packed {len(names)} files of {repo} into {out} '

@@ -457,6 +457,23 @@ def _run_reconnecting(runner: Runner, args, *argvs) -> None:
 
 
 def _start(runner: Runner, args) -> None:
+  """Starts the run on every worker, or on none: every worker is asked
+  first, and a run still going on any of them (a slice's workers stop at
+  different moments) refuses the start, naming them. Each worker's own
+  guard in `run_script` alone would start the run on the idle workers and
+  refuse it on the busy ones: a slice half running, its collectives
+  waiting for peers that never come."""
+  ask = commands.ssh(_tpu(args), commands.status_script())
+  res = runner.run(ask, capture=True)
+  busy = [r for r in commands.parse_status(res.stdout)
+          if r.state == 'running']
+  if busy:
+    raise CommandError(ask, Result(1, stderr=(
+        f'a run is still going on {", ".join(r.host for r in busy)}: '
+        'started nothing. Wait for it to end (python -m launch.tpu logs '
+        f'{_where(args)} --worker=N), or stop it, saving a checkpoint: '
+        f'python -m launch.tpu exec {_where(args)} -- '
+        '\'kill $(cat ~/vit_jax_run.pid)\'')))
   runner.run(commands.ssh(_tpu(args), commands.run_script(
       _main_args(args, remote=True), dict(args.env))))
 

@@ -15,12 +15,14 @@ checked in `test_doc_prepare_flags_exist`); the other commands are listed in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -74,21 +76,25 @@ class FakeRunner(Runner):
   """Records every command; describe answers `states` in turn; the n-th log
   stream answers `streams[n]`; worker 0's run state (`status_script`)
   answers `runs` in turn ('running', 'exited N'; once they are used up,
-  worker 0 does not answer); asked on every worker, it answers `workers`;
+  worker 0 does not answer); asked on every worker, it answers `workers`
+  (or, given, `idle` until a run is started: `_start` asks first too);
   commands matching `fail` exit 1."""
 
-  def __init__(self, states=(), streams=(), fail=None, runs=(), workers=''):
+  def __init__(self, states=(), streams=(), fail=None, runs=(), workers='',
+               idle=None):
     super().__init__(out=io.StringIO())
     self.calls, self.states, self.streams = [], list(states), list(streams)
     self.fail, self.processes, self.runs = fail, [], list(runs)
-    self.workers = workers
+    self.workers, self.idle = workers, idle
 
   def _call(self, argv, capture):
     self.calls.append(argv)
     if 'describe' in argv:
       return Result(0, self.states.pop(0) + '\n')
     if any('$(hostname): $s' in a for a in argv) and '--worker=all' in argv:
-      return Result(0, self.workers)
+      started = any(kind(c) == 'run' for c in self.calls)
+      idle = self.idle is not None and not started
+      return Result(0, self.idle if idle else self.workers)
     if any('$(hostname): $s' in a for a in argv):
       if not self.runs:
         return Result(255, '', 'Connection timed out')
@@ -169,8 +175,8 @@ def test_dry_run_up(topo, flags, create):
   assert code == 0
   cmds = gcloud_lines(lines)
   assert [kind(c) for c in cmds] == [
-      'create', 'pack', 'scp', 'install', 'run', 'logs', 'mkdir',
-      'storage cp', 'delete']
+      'create', 'pack', 'scp', 'install', 'run state', 'run', 'logs',
+      'mkdir', 'storage cp', 'delete']
   assert cmds[0] == create
   zone = ['--zone=us-central2-b'] + [f for f in flags if 'project' in f]
   queued = '--queued' in flags
@@ -180,17 +186,17 @@ def test_dry_run_up(topo, flags, create):
                      archive]
   assert cmds[2] == tpu_vm + ['scp', archive, 'vit:vit_jax_setup.tar.gz',
                               *zone, '--worker=all']
-  for i, worker in zip((3, 4, 5), ('all', 'all', '0')):
+  for i, worker in zip((3, 4, 5, 6), ('all', 'all', 'all', '0')):
     c = cmds[i]
     assert c[:6] + c[-2:-1] == tpu_vm + ['ssh', 'vit', f'--worker={worker}']
     assert c[6:-2] == zone
-  run = cmds[4][-1]
+  run = cmds[5][-1]
   assert ('env TFDS_DATA_DIR=gs://b/tfds $HOME/vit_jax_env/bin/python -m '
-          f'vit_jax.main --config={B16} --workdir=gs://b/run;') in run
+          f'vit_jax.main --config={B16} --workdir=gs://b/run &') in run
   assert 'nohup bash -c' in run and '> $HOME/vit_jax_run.log' in run
-  assert cmds[7] == ['gcloud', 'storage', 'cp', '-r', 'gs://b/run', '../out'] + [
-      f for f in flags if 'project' in f]
-  assert cmds[8] == (
+  assert cmds[8] == ['gcloud', 'storage', 'cp', '-r', 'gs://b/run',
+                     '../out'] + [f for f in flags if 'project' in f]
+  assert cmds[9] == (
       ['gcloud', 'compute', 'tpus', 'queued-resources', 'delete', 'vit',
        '--force', '--quiet', *zone] if queued else
       tpu_vm + ['delete', 'vit', '--quiet', *zone])
@@ -236,7 +242,7 @@ def test_config_overrides_reach_the_estimate_and_the_workers():
   assert f'#   {est.lines()[2]}' in lines  # Examples seen: 1024 x steps.
   run = next(c for c in gcloud_lines(lines) if kind(c) == 'run')[-1]
   assert ('--workdir=gs://b/run --config.input.batch_size=1024 '
-          '--config.accum_steps=2;') in run
+          '--config.accum_steps=2 &') in run
 
 
 def test_git_repo_is_cloned_on_every_worker():
@@ -381,7 +387,7 @@ def _up(runner, *extra):
                         '--poll-seconds=1e-9', *extra], runner=runner)
 
 
-LAUNCH = ['create', 'pack', 'scp', 'install', 'run']
+LAUNCH = ['create', 'pack', 'scp', 'install', 'run state', 'run']
 
 
 def test_preemption_recreates_and_resumes():
@@ -482,6 +488,30 @@ def test_run_that_saved_on_sigterm_is_relaunched():
   kinds = [kind(c) for c in runner.calls]
   first, second = (i for i, k in enumerate(kinds) if k == 'run')
   assert 'delete' in kinds[first:second] and 'create' in kinds[first:second]
+
+
+def test_run_starts_on_every_worker_or_on_none(capsys):
+  """On a slice, a run still going on some workers (they stop at different
+  moments) refuses the start everywhere, naming them: started on the idle
+  workers only, it would wait forever for its busy peers."""
+  argv = ['run', '--name=vit', '--zone=us-central2-b', f'--config={B16}',
+          '--workdir=gs://b/run', '--topology=v4-32', '--yes']
+  runner = FakeRunner(idle='Using ssh batch size of 1.\n'
+                      't1v-n-1-w-0: exited 75 at 2026-11-28T10:04:41Z | x\n'
+                      't1v-n-1-w-1: running, log idle 2s | saving\n'
+                      't1v-n-1-w-2: no run | \n'
+                      't1v-n-1-w-3: running, log idle 9s | saving\n')
+  assert tpu.main(argv, runner=runner) == 1
+  assert [kind(c) for c in runner.calls] == ['run state']
+  assert '--worker=all' in runner.calls[0]
+  err = capsys.readouterr().err
+  assert ('a run is still going on t1v-n-1-w-1, t1v-n-1-w-3: started '
+          'nothing') in err
+  assert "-- 'kill $(cat ~/vit_jax_run.pid)'" in err
+  runner = FakeRunner(idle='t1v-n-1-w-0: exited 75 at 2026-11-28T10:04:41Z '
+                      '| x\nt1v-n-1-w-1: no run | \n')
+  assert tpu.main(argv, runner=runner) == 0
+  assert [kind(c) for c in runner.calls] == ['run state', 'run']
 
 
 def test_a_failed_setup_of_a_recreated_tpu_tries_again():
@@ -670,7 +700,7 @@ def test_a_failed_run_names_the_worker_that_failed_first():
       't1v-n-1-w-2: exited 137 at 2026-11-28T10:02:57Z | Killed\n'
       't1v-n-1-w-3: exited 1 at 2026-11-28T10:04:40Z | same error\n')
   runner = FakeRunner(states=['READY'], streams=[[1]], runs=['exited 1'],
-                      workers=workers)
+                      workers=workers, idle='')
   assert _up(runner) == 1
   out = runner.out.getvalue()
   assert ('first to fail: t1v-n-1-w-2, exit 137 at 2026-11-28T10:02:57Z; '
@@ -704,7 +734,7 @@ def test_a_run_whose_log_stays_idle_fails_as_hung(monkeypatch):
       states=['READY'] * 3, streams=[[None]],
       runs=['running, log idle 600s', 'running, log idle 3660s'],
       workers='w-0: running, log idle 3670s | step 10\n'
-              'w-1: running, log idle 4210s | reading shard 17\n')
+              'w-1: running, log idle 4210s | reading shard 17\n', idle='')
   assert _up(runner, '--hang-minutes=60') == 1
   kinds = [kind(c) for c in runner.calls]
   assert kinds[-8:] == ['logs', 'describe', 'run state', 'describe',
@@ -722,7 +752,8 @@ def test_hang_minutes_0_never_asks(monkeypatch):
   runner = FakeRunner(states=['READY'] * 3, streams=[[None, None, 0]],
                       runs=['running, log idle 99999s'] * 3)
   assert _up(runner, '--hang-minutes=0') == 0
-  assert 'run state' not in [kind(c) for c in runner.calls]
+  kinds = [kind(c) for c in runner.calls]
+  assert 'run state' not in kinds[kinds.index('logs'):]
 
 
 def test_lost_connection_reattaches():
@@ -883,6 +914,67 @@ def test_worker_scripts(tmp_path):
   assert (home / 'vit_jax' / 'b.log').read_text().startswith('ran b in')
 
 
+def test_a_run_sigterm_saves_and_its_exit_status_is_kept(tmp_path):
+  """A VM shutting down (a preemption) signals every process, `pkill -f
+  vit_jax.main` the wrapper shell too: the wrapper passes SIGTERM on and
+  outlives the run's save, so the guard refuses a second run meanwhile,
+  and the exit status (75: resume) is kept for `up`. Killed by a signal,
+  the run's status is 128 + N."""
+  home = tmp_path / 'home'
+  (home / 'vit_jax_env' / 'bin').mkdir(parents=True)
+  (home / 'vit_jax').mkdir()
+  python = home / 'vit_jax_env' / 'bin' / 'python'
+  python.write_text(  # Saves for a second on SIGTERM, then exits 75.
+      '#!/bin/sh\ntrap \'trap "" TERM; echo saving; sleep 1; echo saved; '
+      'exit 75\' TERM\necho started\nwhile :; do sleep 0.05; done\n')
+  python.chmod(0o755)
+  env = dict(os.environ, HOME=str(home))
+
+  def sh(script, **kw):
+    return subprocess.run(['bash', '-c', script], env=env, text=True,
+                          capture_output=True, timeout=60, **kw)
+
+  groups = []
+
+  def start():  # In a process group of its own, as an ssh session.
+    assert sh(commands.run_script(['--workdir=/w'], {}),
+              start_new_session=True).returncode == 0
+    wrapper = int((home / 'vit_jax_run.pid').read_text())
+    groups.append(os.getpgid(wrapper))
+    while 'started' not in (home / 'vit_jax_run.log').read_text():
+      time.sleep(0.05)
+    return wrapper
+
+  def exit_status():  # Once the wrapper has ended, as `status` says.
+    while True:
+      (run,) = commands.parse_status(sh(commands.status_script()).stdout)
+      if run.state != 'running':
+        return run.exit_code
+      time.sleep(0.05)
+
+  try:
+    os.killpg(os.getpgid(start()), signal.SIGTERM)  # Every process.
+    time.sleep(0.3)
+    second = sh(commands.run_script(['--workdir=/w'], {}))
+    assert second.returncode == 1 and 'still going' in second.stdout
+    (saving,) = commands.parse_status(sh(commands.status_script()).stdout)
+    assert saving.state == 'running'
+    logs = sh(commands.logs_script())
+    assert logs.returncode == EXIT_PREEMPTED and 'saved' in logs.stdout
+    assert exit_status() == EXIT_PREEMPTED
+    os.kill(start(), signal.SIGTERM)  # `kill PID` of the wrapper alone.
+    assert exit_status() == EXIT_PREEMPTED
+    wrapper = start()
+    (run,) = subprocess.run(['pgrep', '-P', str(wrapper)], text=True,
+                            capture_output=True).stdout.split()
+    os.kill(int(run), signal.SIGKILL)  # Say, the kernel's OOM killer.
+    assert exit_status() == 128 + signal.SIGKILL
+  finally:  # Nothing left running, whatever failed.
+    for group in groups:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(group, signal.SIGKILL)
+
+
 def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):
   """`setup` copies an archive of the checkout, not the folder: tracked and
   untracked-but-not-ignored files, links as links; `.git`, ignored files
@@ -951,24 +1043,58 @@ def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):
   assert code.returncode == 1 and 'setup.py is not among' in code.stderr
 
 
+def test_a_git_failure_while_packing_says_what_git_said(tmp_path):
+  """`git ls-files` refusing the checkout ("detected dubious ownership",
+  a broken .git): its own message, which names the fix, is shown."""
+  from vit_jax.launch import pack
+  repo = tmp_path / 'repo'
+  repo.mkdir()
+  (repo / 'setup.py').write_text('')
+  (repo / '.git').write_text('not a git file\n')
+  with pytest.raises(ValueError, match=r'ls-files .* failed \(exit 128\): '
+                     'fatal: invalid gitfile format'):
+    pack.files(str(repo))
+  p = subprocess.run([sys.executable, '-m', 'vit_jax.launch.pack', str(repo),
+                      str(tmp_path / 'x.tar.gz')], capture_output=True,
+                     text=True)
+  assert p.returncode == 1 and 'invalid gitfile format' in p.stderr
+
+
 # --------------------------------------------------------------------------
 # --local-processes.
 
 
-def test_local_processes_dry_run():
+def test_local_processes_dry_run(monkeypatch, tmp_path):
+  """The printed script runs as it is, pasted anywhere: it makes the log
+  folder and goes to the checkout first (here with a fake python)."""
+  python = tmp_path / 'python'
+  python.write_text('#!/bin/sh\necho "$PWD $A $*" >> "$RECORD"\n')
+  python.chmod(0o755)
+  monkeypatch.setattr(sys, 'executable', str(python))
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path / 'tmp'))
   code, lines = dry(['run', '--local-processes=2', f'--config={SMOKE}',
                      '--workdir=rel/dir', '--env', 'A=b'])
   assert code == 0
-  background, foreground = gcloud_lines(lines)
-  log = os.path.join(tempfile.gettempdir(), 'vit_jax_local', 'process_1.log')
+  log_dir = str(tmp_path / 'tmp' / 'vit_jax_local')
+  mkdir, cd, background, foreground = gcloud_lines(lines)
+  assert mkdir == ['mkdir', '-p', log_dir] and cd == ['cd', ROOT]
+  log = os.path.join(log_dir, 'process_1.log')
   assert background[-4:] == ['>', log, '2>&1', '&']
   port = re.search(r'--coordinator=127\.0\.0\.1:(\d+)', lines[-1]).group(1)
   for cmd, i in ((background[:-4], 1), (foreground, 0)):
-    assert cmd == ['env', 'JAX_PLATFORMS=cpu', 'A=b', sys.executable, '-m',
+    assert cmd == ['env', 'JAX_PLATFORMS=cpu', 'A=b', str(python), '-m',
                    'vit_jax.main', f'--config={ROOT}/{SMOKE}',
                    f'--workdir={ROOT}/rel/dir',
                    f'--coordinator=127.0.0.1:{port}', '--num_processes=2',
                    f'--process_id={i}']
+  record = tmp_path / 'record'
+  subprocess.run(['bash', '-e'], input='\n'.join(lines + ['wait']),
+                 text=True, check=True, cwd=tmp_path, timeout=30,
+                 env=dict(os.environ, RECORD=str(record)))
+  ran = sorted(record.read_text().splitlines())
+  assert [r.split()[0] for r in ran] == [ROOT, ROOT]
+  assert [r.split()[-1] for r in ran] == ['--process_id=0', '--process_id=1']
+  assert os.path.exists(log)
 
 
 def test_wait_all_stops_the_others_when_one_fails():
@@ -976,6 +1102,104 @@ def test_wait_all_stops_the_others_when_one_fails():
   code = local._wait_all({0: waiting, 1: FakeProcess([7])}, poll_s=0,
                          grace_s=0)
   assert code == (1, 7) and waiting.stopped
+
+
+class LoggingRunner(FakeRunner):
+  """FakeRunner whose background processes write their logs, as real
+  ones do."""
+
+  def _spawn(self, argv, log, cwd):
+    if log:
+      with open(log, 'w') as f:
+        f.write(f'process {argv[-1]} log\n')
+    return super()._spawn(argv, log, cwd)
+
+
+def test_local_exit_status_and_log_folder(monkeypatch, tmp_path):
+  """A process killed by a signal gives 128 + N, as the shell (and the
+  TPU workers' exit file) says: 137 for SIGKILL, not 247; its logs stay,
+  and where is said. A run that ends well leaves no log folder behind."""
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))
+  # Process 1 starts first: its stream is the first.
+  runner = LoggingRunner(streams=[[-9], [None]])
+  assert local.run(runner, 2, [], {}, cwd=ROOT, poll_s=0, grace_s=0) == 137
+  (kept,) = tmp_path.iterdir()
+  out = runner.out.getvalue()
+  assert '# process 1 failed (exit 137)' in out
+  assert f"# the processes' logs are kept in {kept}" in out
+  assert runner.processes[1].stopped  # Process 0, which waited for it.
+  shutil.rmtree(kept)
+  runner = LoggingRunner(streams=[[0], [0]])
+  assert local.run(runner, 2, [], {}, cwd=ROOT, poll_s=0) == 0
+  assert not list(tmp_path.iterdir())
+
+
+# A fake `python -m vit_jax.main ... --process_id=I`: on SIGTERM (or SIGINT)
+# it saves for a second, then exits 75 (130); with $STUBBORN it ignores both.
+FAKE_MAIN = r"""#!/bin/sh
+for a; do id=${a#--process_id=}; done
+save() { trap '' TERM INT; sleep 1; echo "$1" > "$MARK/saved_$id"; exit "$1"; }
+if [ -n "$STUBBORN" ]; then trap '' TERM INT
+else trap 'save 75' TERM; trap 'save 130' INT; fi
+touch "$MARK/started_$id"
+while :; do sleep 0.05; done
+"""
+# The launcher's `local.run` on the fake (sys.executable is what it starts).
+LAUNCHER = """import sys
+from vit_jax.launch import local
+from vit_jax.launch.runner import Runner
+sys.executable, mark, stubborn = sys.argv[1:]
+sys.exit(local.run(Runner(), 2, [], {'MARK': mark, 'STUBBORN': stubborn},
+                   cwd=mark, poll_s=0.05,
+                   stop_grace_s=0.5 if stubborn else 20.0))
+"""
+
+
+@pytest.mark.parametrize('how,stubborn,code', [
+    ('SIGTERM to the launcher', '', 143),  # `timeout`, a CI job's limit.
+    ('Ctrl-C in its terminal', '', 130),  # SIGINT to its process group.
+    ('SIGTERM, processes that ignore it', '1', 143),
+])
+def test_an_interrupted_local_launch_stops_its_processes(tmp_path, how,
+                                                        stubborn, code):
+  """Interrupted, the launcher passes SIGTERM on to its processes (they
+  save a checkpoint), waits for them (killing those that do not end in
+  time) and only then returns, 128 + the signal: nothing goes on training
+  behind it, or printing after the shell's prompt."""
+  fake = tmp_path / 'fake_python'
+  fake.write_text(FAKE_MAIN)
+  fake.chmod(0o755)
+  tmp = tmp_path / 'tmp'
+  tmp.mkdir()
+  launcher = subprocess.Popen(
+      [sys.executable, '-c', LAUNCHER, str(fake), str(tmp_path), stubborn],
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+      env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True)
+  try:
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f'started_{i}').exists() for i in (0, 1)):
+      assert time.monotonic() < deadline and launcher.poll() is None
+      time.sleep(0.05)
+    if how.startswith('Ctrl-C'):
+      os.killpg(launcher.pid, signal.SIGINT)
+    else:
+      launcher.send_signal(signal.SIGTERM)
+    out, _ = launcher.communicate(timeout=30)
+  finally:  # Its processes too (its group), whatever failed.
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(launcher.pid, signal.SIGKILL)
+  assert launcher.returncode == code, out
+  left = subprocess.run(['pgrep', '-f', str(fake)], capture_output=True,
+                        text=True).stdout.split()
+  assert not left, out  # Every process ended before the launcher.
+  assert 'stopping the 2 processes' in out
+  if stubborn:  # Killed: their logs stay, and where is said.
+    assert 'process 0 exit 137, process 1 exit 137' in out
+    (kept,) = tmp.iterdir()
+    assert f"logs are kept in {kept}" in out
+  else:  # Both saved; the log folder is gone.
+    saved = sorted(f.read_text().strip() for f in tmp_path.glob('saved_*'))
+    assert len(saved) == 2 and not list(tmp.iterdir())
 
 
 def _local_env(tmp_path):
@@ -996,6 +1220,8 @@ def test_local_processes_fail(tmp_path):
       timeout=300)
   assert p.returncode != 0
   assert re.search(r'# process \d failed \(exit', p.stdout), p.stdout
+  (kept,) = tmp_path.glob('vit_jax_local_*')  # Kept, and said where.
+  assert f"logs are kept in {kept}" in p.stdout
 
 
 def test_local_processes_train(tmp_path):
@@ -1010,6 +1236,7 @@ def test_local_processes_train(tmp_path):
   summary = json.loads((workdir / 'summary.json').read_text())
   assert summary['num_devices'] == 2 and summary['steps'] == 8
   assert 'eval_accuracy' in p.stdout  # Process 0's output streamed.
+  assert not list(tmp_path.glob('vit_jax_local_*'))  # Logs not left over.
 
 
 # --------------------------------------------------------------------------
