@@ -1202,6 +1202,38 @@ def test_an_interrupted_local_launch_stops_its_processes(tmp_path, how,
     assert len(saved) == 2 and not list(tmp.iterdir())
 
 
+@pytest.mark.skipif(not sys.platform.startswith('linux'),
+                    reason='PR_SET_PDEATHSIG is Linux only')
+def test_a_killed_local_launcher_takes_its_processes_with_it(tmp_path):
+  """A SIGKILL to the launcher (a subprocess timeout, the OOM killer)
+  cannot be passed on by it: each process was started asking the kernel
+  for a SIGTERM when the launcher dies, so they save and stop, not go on
+  orphaned."""
+  fake = tmp_path / 'fake_python'
+  fake.write_text(FAKE_MAIN)
+  fake.chmod(0o755)
+  launcher = subprocess.Popen(
+      [sys.executable, '-c', LAUNCHER, str(fake), str(tmp_path), ''],
+      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+      env=dict(os.environ, TMPDIR=str(tmp_path)), start_new_session=True)
+  try:
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f'started_{i}').exists() for i in (0, 1)):
+      assert time.monotonic() < deadline and launcher.poll() is None
+      time.sleep(0.05)
+    launcher.kill()
+    launcher.wait(10)
+    deadline = time.monotonic() + 20
+    while len(list(tmp_path.glob('saved_*'))) < 2:
+      assert time.monotonic() < deadline, 'the processes went on'
+      time.sleep(0.05)
+    assert sorted(f.read_text().strip()
+                  for f in tmp_path.glob('saved_*')) == ['75', '75']
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(launcher.pid, signal.SIGKILL)
+
+
 def _local_env(tmp_path):
   env = dict(os.environ, TMPDIR=str(tmp_path))  # The processes' logs.
   env['XLA_FLAGS'] = xla_flags()  # One CPU device per process.
