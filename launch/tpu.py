@@ -215,8 +215,9 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
   """The config exactly as vit_jax.main builds it from the same flags."""
   from absl import flags
   from ml_collections import config_flags
-  from vit_jax.configs import unknown_field
+  from vit_jax.configs import common
   from vit_jax.train import config_check
+
   def build(argv):
     fv = flags.FlagValues()
     # The --config.FIELD flags are defined from `sys_argv`, as in main.py.
@@ -229,19 +230,14 @@ def load_config(spec: str, overrides: Sequence[str] = ()):
       raise ValueError(f'{" ".join(argv[1:])}: {type(e).__name__}: {e}'
                        ) from e
 
+  # A missing file, a bad `:args` row or a misspelt field: one message, as
+  # vit_jax.main gives (the same check).
   try:
-    config = build(['launch.tpu', f'--config={spec}', *overrides])
-  except ValueError:
-    # An override naming no field: say which, as vit_jax.main does (the
-    # file alone is built again only on this path).
-    base = build(['launch.tpu', f'--config={spec}'])
-    for arg in overrides:
-      if arg.startswith('--config.'):
-        problem = unknown_field(base,
-                                arg[len('--config.'):].split('=', 1)[0])
-        if problem:
-          raise ValueError(problem) from None
-    raise
+    argv = common.check_command_line(
+        ['launch.tpu', f'--config={spec}', *overrides])
+  except common.ConfigSpecError as e:
+    raise ValueError(str(e)) from None
+  config = build(argv)
   # What vit_jax.main would refuse on the workers, refused before a TPU.
   config_check.check(config)
   return config
