@@ -242,12 +242,12 @@ def table4_optim(c: ml_collections.ConfigDict, lr: float,
 def pretrain_data(name: str) -> str:
   """The short name (jft, i21k, i1k) of the pre-training data `name` names,
   in any case and in the other spellings the result tables read
-  (`tables.PRETRAIN_ALIASES`: imagenet21k, jft300m, ...). Anything else is
+  (`paper.PRETRAIN_ALIASES`: imagenet21k, jft300m, ...). Anything else is
   a ValueError: a report naming other data fills no paper table."""
   key = str(name).strip().lower()
-  key = tables.PRETRAIN_ALIASES.get(key, key)
+  key = paper.PRETRAIN_ALIASES.get(key, key)
   if key not in paper.PRETRAIN_DATA:
-    aliases = ', '.join(sorted(tables.PRETRAIN_ALIASES))
+    aliases = ', '.join(sorted(paper.PRETRAIN_ALIASES))
     raise ValueError(
         f'pretrain={name!r}: expected {"|".join(paper.PRETRAIN_DATA)} (or '
         f'{aliases}), the data `init` was pre-trained on, which places the '

@@ -45,6 +45,9 @@ JFT_IMAGES = registry.get('jft').num_train_examples
 # Pre-training data by the short names of configs/pretrain.py: the registry
 # dataset, and the schedule (epochs) of models without a Table 3 row.
 PRETRAIN_DATA = {'jft': 'jft', 'i21k': 'imagenet21k', 'i1k': 'imagenet2012'}
+# Other spellings of the pre-training names (summaries, config args).
+PRETRAIN_ALIASES = {'jft300m': 'jft', 'jft-300m': 'jft', 'imagenet21k': 'i21k',
+                    'imagenet2012': 'i1k', 'imagenet': 'i1k'}
 PRETRAIN_EPOCHS = {'jft': 7.0, 'i21k': 90.0, 'i1k': 300.0}
 
 

@@ -57,8 +57,7 @@ SHORT_LABELS = {
     'cifar10': 'C10', 'cifar100': 'C100', 'oxford_iiit_pet': 'Pets',
     'oxford_flowers102': 'Flowers'}
 # Other spellings of the pre-training data in `report.pretrain`.
-PRETRAIN_ALIASES = {'jft300m': 'jft', 'jft-300m': 'jft', 'imagenet21k': 'i21k',
-                    'imagenet2012': 'i1k', 'imagenet': 'i1k'}
+PRETRAIN_ALIASES = paper.PRETRAIN_ALIASES
 REPORT_KEYS = ('model', 'pretrain', 'pretrain_epochs', 'task')
 # The cell variant of Table 2's ImageNet fine-tuning (`report.table2`).
 TABLE2 = 'table2'
