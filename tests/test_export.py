@@ -695,6 +695,19 @@ def test_params_choice_is_stated_next_to_the_results(ema_workdir, tmp_path,
     assert json.load(open(report))['params'] == kind
 
 
+def test_init_from_a_run_takes_the_parameters_its_metrics_describe(
+    ema_workdir):
+  """--config.init=<run that set eval_ema=raw>: its raw parameters, as
+  predict and export take (the averages it did not evaluate otherwise)."""
+  import ml_collections
+  from vit_jax.train import loop, orbax_state
+  params, _, _ = loop._init_weights(
+      ml_collections.ConfigDict({'init': ema_workdir}))
+  raw = orbax_state.load_params(ema_workdir, ema=False)
+  for x, y in zip(jax.tree.leaves(params), jax.tree.leaves(raw)):
+    np.testing.assert_array_equal(x, y)
+
+
 def test_params_ema_on_a_run_without_averages_is_a_message(trained,
                                                            tmp_path, capsys):
   assert trained.params_kind == 'raw' and not trained.has_ema

@@ -198,6 +198,23 @@ def test_a_relative_init_loads_and_a_damaged_one_is_a_message(
   assert 'damaged' in err and 'earlier step' in err and 'Traceback' not in err
 
 
+def test_weights_load_without_a_cpu_backend(workdir, monkeypatch):
+  """JAX_PLATFORMS=tpu (or cuda): no CPU backend to restore onto; the
+  weights come onto the first device, not a 'damaged checkpoint' error."""
+  import jax
+  from vit_jax.train import orbax_state
+  devices = jax.local_devices
+
+  def no_cpu(process_index=None, backend=None):
+    if backend == 'cpu':
+      raise RuntimeError('Unknown backend cpu. Available backends: [tpu]')
+    return devices(process_index, backend)
+
+  monkeypatch.setattr(jax, 'local_devices', no_cpu)
+  params = orbax_state.load_params(workdir)
+  assert 'head' in params
+
+
 def test_a_newest_step_without_state_falls_back_to_the_complete_one(
     workdir, tmp_path, caplog):
   """A half-copied workdir (rsync / gsutil stopped): its newest step has no

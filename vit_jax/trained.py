@@ -321,10 +321,9 @@ def _from_workdir(path: str, model: Optional[str],
     raise TrainedModelError(
         f'{source} holds no EMA parameters (its run did not set '
         'optim.ema_decay): load its raw parameters instead')
-  # Default: the parameters the run's metrics describe (its eval_ema: the
-  # averages unless it evaluated the raw ones only).
-  use_ema = averages is not None and (ema if ema is not None else (
-      config.get('eval_ema') or 'ema') != 'raw')
+  if ema is None:  # The parameters the run's metrics describe.
+    ema = run_files.described_params(config)
+  use_ema = averages is not None and ema is not False
   params = averages if use_ema else raw
   if ema is False:
     source += ' (raw parameters)'

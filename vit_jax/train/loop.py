@@ -102,7 +102,11 @@ def _init_weights(config) -> Tuple[Any, str, Optional[Tuple[int, int]]]:
     return load_npz(source), (source if '://' in source
                               else os.path.abspath(source)), None
   step_dir = orbax_state.resolve(source)
-  return (orbax_state.load_params(step_dir), step_dir,
+  # The parameters the run's metrics describe (its Polyak averages unless
+  # it evaluated only its raw ones), as predict and export take.
+  recorded = run_files.read_config(step_dir.rstrip('/').rsplit('/', 2)[0])
+  ema = run_files.described_params(recorded.get('config') or {})
+  return (orbax_state.load_params(step_dir, ema=ema), step_dir,
           orbax_state.patch_grid(step_dir))
 
 

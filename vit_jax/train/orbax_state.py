@@ -387,11 +387,14 @@ def _restore_on_host(state_dir: str,
   read (not the optimizer's moments: 3x the parameters' bytes with Adam),
   onto the CPU, so serving a ViT-H does not fill the first accelerator's
   memory."""
+  try:  # The CPU; a process without a CPU backend: its first device.
+    host = jax.local_devices(backend='cpu')[0]
+  except RuntimeError:  # JAX_PLATFORMS=tpu or cuda.
+    host = jax.local_devices()[0]
   try:
     with _reading_an_item():
       meta = ocp.StandardCheckpointer().metadata(state_dir).item_metadata.tree
-      cpu = jax.sharding.SingleDeviceSharding(
-          jax.local_devices(backend='cpu')[0])
+      cpu = jax.sharding.SingleDeviceSharding(host)
       target = {k: jax.tree.map(
           lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=cpu),
           meta[k]) for k in (meta if keys is None else keys) if k in meta}
@@ -425,9 +428,9 @@ def load_params(path: str, ema: Optional[bool] = None) -> Any:
   (see `resolve`). Returns a nested dict of host arrays.
 
   A run with `optim.ema_decay` saved Polyak averages beside its parameters:
-  `ema=None` returns the averages when there are any (what fine-tuning,
-  prediction and export start from), True requires them, False returns the
-  raw parameters.
+  `ema=None` returns the averages when there are any, True requires them,
+  False returns the raw parameters (fine-tuning, prediction and export
+  take those the run's metrics describe: `run_files.described_params`).
   """
   params, averages = load_weights(path)
   if ema is False or (ema is None and averages is None):

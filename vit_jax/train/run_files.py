@@ -85,6 +85,15 @@ def read_config(workdir: str) -> Dict[str, Any]:
   return content if isinstance(content, dict) else {}
 
 
+def described_params(config: Dict[str, Any]) -> Optional[bool]:
+  """The `ema=` of `orbax_state.load_params` / `trained.load` that gives the
+  parameters a run's metrics describe, from its recorded `config`: False
+  (the raw ones) where it evaluated only those (`eval_ema='raw'`), else
+  None (its Polyak averages where it has any). What predict, export,
+  inspect and `init=` read by default."""
+  return False if (config.get('eval_ema') or 'ema') == 'raw' else None
+
+
 def read_summary(workdir: str, *, own: bool = True) -> Dict[str, Any]:
   """`workdir/summary.json` as a dict ({} if absent). An unreadable one
   (edited by hand, a foreign file) is never silently dropped: in the run's
