@@ -13,6 +13,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 import ml_collections
+from absl import logging
 
 from vit_jax import models, paper, tables
 from vit_jax.data import registry
@@ -242,17 +243,18 @@ def table4_optim(c: ml_collections.ConfigDict, lr: float,
 def pretrain_data(name: str) -> str:
   """The short name (jft, i21k, i1k) of the pre-training data `name` names,
   in any case and in the other spellings the result tables read
-  (`paper.PRETRAIN_ALIASES`: imagenet21k, jft300m, ...). Anything else is
-  a ValueError: a report naming other data fills no paper table."""
+  (`paper.PRETRAIN_ALIASES`: imagenet21k, jft300m, ...). Other data (your
+  own pre-training) is recorded as given, lower case, with a warning: such
+  a run fills no paper table."""
   key = str(name).strip().lower()
   key = paper.PRETRAIN_ALIASES.get(key, key)
   if key not in paper.PRETRAIN_DATA:
     aliases = ', '.join(sorted(paper.PRETRAIN_ALIASES))
-    raise ValueError(
-        f'pretrain={name!r}: expected {"|".join(paper.PRETRAIN_DATA)} (or '
-        f'{aliases}), the data `init` was pre-trained on, which places the '
-        'run in the paper\'s tables (at run time, a vit_jax workdir '
-        '`init`\'s own report takes precedence)')
+    logging.warning(
+        'pretrain=%r is none of %s (or %s): recorded as given; the run '
+        'fills no paper table (the tables place runs by their pre-training '
+        'data; a vit_jax workdir `init`\'s own report takes precedence at '
+        'run time)', name, '|'.join(paper.PRETRAIN_DATA), aliases)
   return key
 
 

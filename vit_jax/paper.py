@@ -47,7 +47,9 @@ JFT_IMAGES = registry.get('jft').num_train_examples
 PRETRAIN_DATA = {'jft': 'jft', 'i21k': 'imagenet21k', 'i1k': 'imagenet2012'}
 # Other spellings of the pre-training names (summaries, config args).
 PRETRAIN_ALIASES = {'jft300m': 'jft', 'jft-300m': 'jft', 'imagenet21k': 'i21k',
-                    'imagenet2012': 'i1k', 'imagenet': 'i1k'}
+                    'imagenet-21k': 'i21k', 'in21k': 'i21k',
+                    'imagenet2012': 'i1k', 'imagenet': 'i1k',
+                    'imagenet-1k': 'i1k', 'in1k': 'i1k'}
 PRETRAIN_EPOCHS = {'jft': 7.0, 'i21k': 90.0, 'i1k': 300.0}
 
 
