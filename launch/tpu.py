@@ -794,14 +794,16 @@ def _pin_repo(runner: Runner, args) -> None:
   TPU `up` recreates clones the code the run started with, not a branch
   that moved on (`git ls-remote` here; unresolved: a warning)."""
   _, url, ref = _repo(args.repo)
-  if not url or (ref and re.fullmatch(r'[0-9a-f]{40}', ref)):
-    return
+  if not url or (ref and re.fullmatch(r'[0-9a-fA-F]{7,40}', ref)):
+    return  # A commit already (a branch named like a sha would be too).
   want = ref or 'HEAD'
+  # Never a prompt (a private repository's password, an unknown host key):
+  # an answer or a failure, and then the warning below. Your own
+  # GIT_SSH_COMMAND (a key) is kept, in batch mode.
+  ssh = os.environ.get('GIT_SSH_COMMAND') or 'ssh'
   try:
-    # Never a prompt (a private repository's password, an unknown host
-    # key): an answer or a failure, and then the warning below.
     result = runner.run(['env', 'GIT_TERMINAL_PROMPT=0',
-                         'GIT_SSH_COMMAND=ssh -o BatchMode=yes', 'git',
+                         f'GIT_SSH_COMMAND={ssh} -o BatchMode=yes', 'git',
                          'ls-remote', url, want], capture=True, check=False)
   except CommandError as e:  # No git here.
     result = e.result

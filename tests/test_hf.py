@@ -201,8 +201,12 @@ def test_a_directory_without_a_classifier_is_not_given_a_random_one(
     (dict(image_mean=[0.5] * 3, image_std=[0.5] * 3), False),
     (dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.5] * 3), True),
     (dict(do_normalize=False), True),  # [0, 1] inputs.
+    # x / 127.5 - 1: the same map, written otherwise.
     (dict(rescale_factor=1 / 127.5, image_mean=[1.0] * 3,
-          image_std=[1.0] * 3), True),
+          image_std=[1.0] * 3), False),
+    (dict(rescale_factor=1 / 127.5, image_mean=[0.5] * 3,
+          image_std=[0.5] * 3), True),
+    (dict(do_rescale=False), True),
 ])
 def test_a_processor_feeding_other_values_is_warned_about(
     tmp_path, caplog, processor, warned):

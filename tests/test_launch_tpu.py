@@ -577,7 +577,7 @@ class GitRunner(FakeRunner):
 SHA = 'b' * 40
 
 
-def test_up_pins_a_git_branch_to_its_commit_for_every_tpu():
+def test_up_pins_a_git_branch_to_its_commit_for_every_tpu(monkeypatch):
   """`--repo=URL#v1` is resolved once: the TPU recreated after a
   preemption installs the commit the run started with, not a branch that
   moved on."""
@@ -589,6 +589,13 @@ def test_up_pins_a_git_branch_to_its_commit_for_every_tpu():
   assert runner.calls[0][-4:] == ['git', 'ls-remote',
                                  'https://github.com/me/vit.git', 'v1']
   assert 'GIT_TERMINAL_PROMPT=0' in runner.calls[0]  # Never a prompt.
+  monkeypatch.setenv('GIT_SSH_COMMAND', 'ssh -i ~/.ssh/deploy')  # Kept.
+  runner = GitRunner(f'{SHA}\trefs/heads/v1\n', states=['READY'],
+                     streams=[[0]])
+  assert _up(runner, '--repo=git@github.com:me/vit.git#v1') == 0
+  assert ('GIT_SSH_COMMAND=ssh -i ~/.ssh/deploy -o BatchMode=yes'
+          in runner.calls[0])
+  monkeypatch.delenv('GIT_SSH_COMMAND')
   installs = [c for c in runner.calls if kind(c) == 'install']
   assert len(installs) == 2
   for argv in installs:
@@ -600,9 +607,11 @@ def test_up_pins_a_git_branch_to_its_commit_for_every_tpu():
   runner = GitRunner(f'{SHA}\tHEAD\n', states=['READY'], streams=[[0]])
   assert _up(runner, '--repo=https://github.com/me/vit.git') == 0
   assert any(f'checkout -q {SHA}' in a for c in runner.calls for a in c)
-  runner = GitRunner('', states=['READY'], streams=[[0]])
-  assert _up(runner, f'--repo=https://github.com/me/vit.git#{SHA}') == 0
-  assert not any('ls-remote' in c for c in runner.calls)
+  for commit in (SHA, '1a2b3c4', SHA.upper()):  # Short or upper case too.
+    runner = GitRunner('', states=['READY'], streams=[[0]])
+    assert _up(runner, f'--repo=https://github.com/me/vit.git#{commit}') == 0
+    assert not any('ls-remote' in c for c in runner.calls)
+    assert 'could not resolve' not in runner.out.getvalue()
 
 
 def test_an_unresolvable_git_ref_warns_and_is_cloned_as_given():

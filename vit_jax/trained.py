@@ -556,24 +556,32 @@ def _hf_ops(proc: dict, channels: int, size: int) -> str:
 
 def _check_hf_processor(path: str, proc: dict) -> None:
   """Warns where the directory's processor feeds other values than the
-  [-1, 1] images vit_jax feeds (pixel / 255, then (x - 0.5) / 0.5)."""
+  [-1, 1] images vit_jax feeds: pixel x becomes x * 2/255 - 1. The
+  processor's x * rescale_factor, then (. - mean) / std, is compared as the
+  one affine map it is (rescale 1/127.5 with mean 1, std 1 is the same)."""
   if not proc:
     return
-  mean = list(proc.get('image_mean', [0.5]))
-  std = list(proc.get('image_std', [0.5]))
   factor = proc.get('rescale_factor', 1 / 255)
-  if (mean != [0.5] * len(mean) or std != [0.5] * len(std)
-      or proc.get('do_normalize', True) is False
-      or proc.get('do_rescale', True) is False
-      or not isinstance(factor, (int, float))
-      or abs(factor * 255 - 1) > 1e-6):
+  mean = proc.get('image_mean', [0.5])
+  std = proc.get('image_std', [0.5])
+  try:
+    factor = float(factor) if proc.get('do_rescale', True) else 1.0
+    mean = [float(m) for m in (mean if isinstance(mean, list) else [mean])]
+    std = [float(d) for d in (std if isinstance(std, list) else [std])]
+    if proc.get('do_normalize', True) is False:
+      mean, std = [0.0], [1.0]
+    same = all(abs(factor / d - 2 / 255) < 1e-6 and abs(m / d - 1) < 1e-6
+               for m, d in zip(mean, std))
+  except (TypeError, ValueError, ZeroDivisionError):
+    same = False
+  if not same:
     logging.warning(
         '%s feeds its model other values than vit_jax does (do_rescale=%s, '
         'rescale_factor=%s, do_normalize=%s, mean %s, std %s; vit_jax feeds '
-        'pixel / 255 normalised with mean 0.5, std 0.5, i.e. [-1, 1]): its '
-        'predictions here may differ from transformers\'', path,
-        proc.get('do_rescale', True), factor, proc.get('do_normalize', True),
-        mean, std)
+        'pixel * 2/255 - 1, i.e. [-1, 1]): its predictions here may differ '
+        'from transformers\'', path, proc.get('do_rescale', True),
+        proc.get('rescale_factor', 1 / 255), proc.get('do_normalize', True),
+        proc.get('image_mean'), proc.get('image_std'))
 
 
 # --- shared ------------------------------------------------------------------
