@@ -589,13 +589,6 @@ def test_up_pins_a_git_branch_to_its_commit_for_every_tpu(monkeypatch):
   assert runner.calls[0][-4:] == ['git', 'ls-remote',
                                  'https://github.com/me/vit.git', 'v1']
   assert 'GIT_TERMINAL_PROMPT=0' in runner.calls[0]  # Never a prompt.
-  monkeypatch.setenv('GIT_SSH_COMMAND', 'ssh -i ~/.ssh/deploy')  # Kept.
-  runner = GitRunner(f'{SHA}\trefs/heads/v1\n', states=['READY'],
-                     streams=[[0]])
-  assert _up(runner, '--repo=git@github.com:me/vit.git#v1') == 0
-  assert ('GIT_SSH_COMMAND=ssh -i ~/.ssh/deploy -o BatchMode=yes'
-          in runner.calls[0])
-  monkeypatch.delenv('GIT_SSH_COMMAND')
   installs = [c for c in runner.calls if kind(c) == 'install']
   assert len(installs) == 2
   for argv in installs:
@@ -612,6 +605,13 @@ def test_up_pins_a_git_branch_to_its_commit_for_every_tpu(monkeypatch):
     assert _up(runner, f'--repo=https://github.com/me/vit.git#{commit}') == 0
     assert not any('ls-remote' in c for c in runner.calls)
     assert 'could not resolve' not in runner.out.getvalue()
+  monkeypatch.setenv('GIT_SSH_COMMAND', 'ssh -i ~/.ssh/deploy')  # Kept.
+  runner = GitRunner(f'{SHA}\trefs/heads/v1\n', states=['READY'],
+                     streams=[[0]])
+  assert _up(runner, '--repo=git@github.com:me/vit.git#v1') == 0
+  assert ('GIT_SSH_COMMAND=ssh -i ~/.ssh/deploy -o BatchMode=yes'
+          in runner.calls[0])
+  monkeypatch.delenv('GIT_SSH_COMMAND')
 
 
 def test_an_unresolvable_git_ref_warns_and_is_cloned_as_given():
