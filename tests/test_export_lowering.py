@@ -202,7 +202,6 @@ def test_tracing_for_names_platforms():
       pass
   with platform_switch.tracing_for('GPU'):
     assert platform_switch.targets() == ('gpu',)
-    assert platform_switch.target() == 'gpu'
   assert platform_switch.targets() is None
 
 

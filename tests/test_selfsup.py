@@ -337,7 +337,10 @@ def test_mpp_images_must_be_in_minus_one_to_one():
   c = _cfg()
   loop._check_mpp_value_range(c.input)  # The config's own: fine.
   for pp, message in (('decode|resize(28)|value_range(0,1)', r'\[0, 1\]'),
-                      ('decode|resize(28)', 'no value_range op')):
+                      ('decode|resize(28)', 'no value_range op'),
+                      # [-1, 1], but from pixels in [0, 1]: saturated.
+                      ('decode|resize(28)|value_range(-1, 1, 0, 1)',
+                       'in_min=0, in_max=1')):
     c.input.pp_train = pp
     with pytest.raises(ValueError, match=r'input.pp_train=.*' + message):
       loop._check_mpp_value_range(c.input)

@@ -60,8 +60,9 @@ a train step built for a CPU mesh is traced as the CPU program):
     accumulation) for the CPU branches of programs traced without naming
     their platforms; a measurement that fails falls back to 'bf16' with a
     warning. Nothing is read from `jax.default_backend()`, and a program
-    traced for TPUs or GPUs (`platform_switch.tracing_for`, as the train
-    step and the exports are) traces no CPU branch, so it never asks for
+    traced for TPUs or GPUs only (`platform_switch.tracing_for`, as the
+    train step on a TPU or GPU mesh is) traces no CPU branch, so it never
+    asks for
     the form (an eval_shape of a bf16 model outside it took 11.7 s on a
     fresh machine, timing the CPU once; later ones read the cache).
 """

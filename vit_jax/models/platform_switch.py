@@ -58,12 +58,6 @@ def targets() -> Optional[Tuple[str, ...]]:
   return getattr(_local, 'platforms', None)
 
 
-def target() -> Optional[str]:
-  """The one platform this thread traces for, else None."""
-  platforms = targets()
-  return platforms[0] if platforms and len(platforms) == 1 else None
-
-
 @contextlib.contextmanager
 def tracing_for(platforms: Union[None, str, Sequence[str]]):
   """Traces inside (this thread) are for `platforms`: a platform or several

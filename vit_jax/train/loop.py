@@ -15,7 +15,6 @@ checkpoint that restores completely (see `orbax_state.py`).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -28,7 +27,7 @@ from absl import logging
 
 from vit_jax import accounting, evaluators, heap, models, paper, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.data import ops, pipeline, prepare, preprocess, registry
+from vit_jax.data import pipeline, prepare, preprocess, registry
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, eval_run, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
@@ -67,28 +66,22 @@ def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
 
 def _check_mpp_value_range(input_config) -> None:
   """MPP's colour targets (colour, downsized; not pixels, a regression)
-  quantise pixel values in [-1, 1]: images of
-  another range (value_range(0,1), or none: 0-255) would train on a few
-  levels or one constant class without any error."""
+  quantise pixel values in [-1, 1]: images of another range
+  (value_range(0,1), or none: 0-255, or in_min/in_max that saturate) would
+  train on a few levels or one constant class without any error. A
+  pipeline whose range is unknown (an op of the user's own after its last
+  value_range) is not refused."""
   for field in ('pp_train', 'pp_eval'):
     spec = input_config.get(field)
     if not spec:
       continue
-    ranges = []
-    for name, args, kw in map(preprocess.parse_op, preprocess.expand(
-        spec, input_config.get('image_size') or 0)):
-      if name == 'value_range':  # Its own defaults fill what is not given.
-        bound = inspect.signature(ops.value_range).bind(*args, **kw)
-        bound.apply_defaults()
-        ranges.append((float(bound.arguments['vmin']),
-                       float(bound.arguments['vmax'])))
-    if not ranges or ranges[-1] != (-1.0, 1.0):
-      raise ValueError(
-          f'objective=mpp predicts colours of pixels in [-1, 1], but '
-          f'input.{field}={spec!r} '
-          + (f'maps pixels to [{ranges[-1][0]:g}, {ranges[-1][1]:g}]'
-             if ranges else 'has no value_range op (pixels stay 0-255)')
-          + ': end it with value_range(-1,1)')
+    found = preprocess.output_range(spec, input_config.get('image_size') or 0)
+    if found is None or found == (0.0, 255.0, -1.0, 1.0):
+      continue
+    raise ValueError(
+        f'objective=mpp predicts colours of pixels in [-1, 1], but '
+        f'input.{field}={spec!r} gives '
+        f'{preprocess.describe_range(found)}: end it with value_range(-1,1)')
 
 
 def _init_weights(config) -> Tuple[Any, str, Optional[Tuple[int, int]]]:
