@@ -218,11 +218,14 @@ def fewshot(datasets, shots, seeds: int = 3,
   docs/evaluation.md), with `l2_reg` listed so that
   `--config.evals.fewshot.l2_reg=...` can set it on the command line
   (ml_collections adds no field there). `l2_reg` None: the evaluator's
-  default, big_vision's 2**10. `data_dir` and `batch_size` likewise (None:
-  the run's `input.data_dir`, `input.eval_batch_size`). `fields`: `pool_per_class`, `every`, ..."""
+  default, big_vision's 2**10. `pp`, `data_dir` and `batch_size` likewise
+  (None: `decode|resize({size})|value_range(-1,1)`, the run's
+  `input.data_dir`, `input.eval_batch_size`). `fields`: `pool_per_class`,
+  `every`, ..."""
   c = ml_collections.ConfigDict(dict(type='fewshot', datasets=tuple(datasets),
                                      shots=tuple(shots), seeds=seeds))
   c.l2_reg = ml_collections.FieldReference(None, field_type=float)
+  c.pp = ml_collections.FieldReference(None, field_type=str)
   c.data_dir = ml_collections.FieldReference(None, field_type=str)
   c.batch_size = ml_collections.FieldReference(None, field_type=int)
   c.update(fields)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -415,7 +416,7 @@ def test_cached_eval_splits_are_read_once_across_evaluations(
   assert ev.run(params) == first
 
 
-def test_mode_eval_evaluates_a_finished_run(tmp_path):
+def test_mode_eval_evaluates_a_finished_run(tmp_path, monkeypatch):
   """Train briefly, then `mode=eval` with a few-shot evaluator added:
   metrics merge into summary.json, the trained head is kept. (In-process;
   main.py's dispatch to eval_run runs in the test below.)"""
@@ -463,13 +464,32 @@ def test_mode_eval_evaluates_a_finished_run(tmp_path):
   assert not os.path.exists(os.path.join(workdir, 'summary.json'))
   with open(os.path.join(workdir, 'summary.json'), 'w') as f:
     json.dump(summary, f)
+  # A section the run did not have, measuring few-shot another way, does
+  # not replace the few-shot numbers merged above.
+  other = config(',fewshot=digits', mode='eval')
+  other.evals.fewshot.l2_reg = 1e-3
+  eval_run.evaluate_run(other, workdir)
+  assert json.load(open(os.path.join(workdir, 'summary.json'))) == summary
+  # Every evaluation is in eval_history.jsonl with its settings, whether
+  # merged, and why not.
+  history = [json.loads(line) for line in open(
+      os.path.join(workdir, 'eval_history.jsonl'))]
+  assert [h['merged'] for h in history] == [True] + [False] * 5
+  assert [h['eval_ema'] for h in history[1:4]] == ['ema', 'ema', 'raw']
+  assert history[1]['image_size'] == 24 and history[0]['step'] == 30
+  assert history[2]['eval_split'] == 'train[:64]'
+  assert 'no summary.json' in history[4]['not_merged_because']
+  assert history[5]['settings']['evals']['fewshot']['l2_reg'] == 1e-3
+  assert "writes 'fewshot/digits/" in history[5]['not_merged_because']
+  assert history[5]['fewshot/digits/5shot'] != summary['fewshot/digits/5shot']
 
   # No checkpoint in a new workdir: config.init is evaluated, into
   # eval_summary.json only (it is not that workdir's run).
   fresh = os.path.join(workdir, 'new')
   eval_run.evaluate_run(config(',fewshot=digits', mode='eval',
                                init=workdir), fresh)
-  assert sorted(os.listdir(fresh)) == ['eval_summary.json']
+  assert sorted(os.listdir(fresh)) == ['eval_history.jsonl',
+                                       'eval_summary.json']
   assert json.load(open(os.path.join(fresh, 'eval_summary.json')))[
       'eval_accuracy'] == pytest.approx(trained['eval_accuracy'])
 
@@ -477,6 +497,14 @@ def test_mode_eval_evaluates_a_finished_run(tmp_path):
   with pytest.raises(ValueError, match='is a checkpoint of model'):
     eval_run.evaluate_run(config(',fewshot=digits', mode='eval',
                                  model__name='ViT-Ti/16'), workdir)
+  # A bad evaluator setting fails before the weights are read.
+  bad = config(',fewshot=digits', mode='eval')
+  bad.evals.fewshot.datasets = ('imagenet2012_real',)
+  def load(*args, **kwargs):
+    raise AssertionError('the weights were read first')
+  monkeypatch.setattr(eval_run, '_load', load)
+  with pytest.raises(ValueError, match='has no train split'):
+    eval_run.evaluate_run(bad, workdir)
 
 
 def test_mode_eval_without_checkpoint_explains(tmp_path):
@@ -672,18 +700,131 @@ def test_settings_an_older_record_lacks_are_not_compared(tmp_path):
   other = config.copy_and_resolve_references()
   other.input.pp_eval = 'decode|resize(20)|central_crop(16)|value_range(-1,1)'
   assert 'input.pp_eval' in eval_run.differs_from_run(other, str(tmp_path))
-  # Nor an option an evaluator gained since (its record lacks the key);
-  # a value the record has still counts.
+  # An option an evaluator gained since (its record lacks the key) counts
+  # as its default: no difference where the config keeps the default, one
+  # where it sets another value; a value the record has still counts.
   config = smoke.get_config('data=digits,steps=10,batch=32,fewshot=digits')
   run_files.write_config(str(tmp_path), config, command='test')
   record = json.load(open(tmp_path / 'config.json'))
-  name = sorted(config.evals)[0]
-  for key in list(record['config']['evals'][name])[:1]:
-    del record['config']['evals'][name][key]
-    (tmp_path / 'config.json').write_text(json.dumps(record))
-    assert eval_run.differs_from_run(config, str(tmp_path)) is None
-  key = sorted(record['config']['evals'][name])[-1]
-  record['config']['evals'][name][key] = 'something else'
+  for key in ('pp', 'l2_reg', 'batch_size'):
+    del record['config']['evals']['fewshot'][key]
   (tmp_path / 'config.json').write_text(json.dumps(record))
-  assert (f'config.evals.{name}.{key} is' in
+  assert eval_run.differs_from_run(config, str(tmp_path)) is None
+  config.evals.fewshot.l2_reg = 1.0
+  assert 'config.evals.fewshot.l2_reg is 1.0' in eval_run.differs_from_run(
+      config, str(tmp_path))
+  config.evals.fewshot.l2_reg = None
+  record['config']['evals']['fewshot']['seeds'] = 7
+  (tmp_path / 'config.json').write_text(json.dumps(record))
+  assert ("config.evals.fewshot.seeds is 3, the run's was 7" in
           eval_run.differs_from_run(config, str(tmp_path)))
+
+
+def test_two_sections_keep_both_their_results(digits_model):
+  """Two few-shot sections (another regulariser, say) each keep their
+  numbers: a section not named `fewshot` writes `fewshot/<name>/...`;
+  sections that would still write one metric are refused when built."""
+  from vit_jax.configs import common
+  a = common.fewshot(('digits',), (1, 5), seeds=1, pool_per_class=10)
+  b = common.fewshot(('digits',), (1, 5), seeds=1, pool_per_class=10)
+  b.l2_reg = 1e-3
+  config, model, params, mesh, sh = _digits_run(digits_model, fewshot=a,
+                                                fs_b=b)
+  built = evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  with jax.set_mesh(mesh):
+    out = evaluators.run_all(built[1:], jax.device_put(params, sh))
+  assert sorted(k for k in out if not k.endswith('_std')) == [
+      'fewshot/digits/1shot', 'fewshot/digits/5shot',
+      'fewshot/fs_b/digits/1shot', 'fewshot/fs_b/digits/5shot']
+  assert out['fewshot/digits/5shot'] != out['fewshot/fs_b/digits/5shot']
+  # A top-1 section with the built-in one's prefix: refused by name.
+  config.evals.x = dict(type='classification', prefix='eval_')
+  with pytest.raises(ValueError, match=r"config.evals.x and the run's top-1 "
+                     r"evaluation \(eval_\*\) would both write 'eval_"):
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  # ReaL-only sections: `real_accuracy` for the one named real (the
+  # tables'), `<name>_real_accuracy` for another.
+  real_only = ml_collections.ConfigDict(dict(real_only=True))
+  assert classification._prefix('real', real_only) == ''  # pylint: disable=protected-access
+  assert classification._prefix('real2', real_only) == 'real2_'  # pylint: disable=protected-access
+  with pytest.raises(ValueError, match='names a dataset twice'):
+    _fewshot_on(*digits_model, 16, datasets=('digits', 'digits:train:test'),
+                shots=(1,), batch_size=60)
+
+
+def test_fewshot_images_have_the_runs_value_range(digits_model):
+  """A run trained on [0, 1] images gets [0, 1] few-shot images or a
+  refusal naming the pp to set, never [-1, 1] ones silently; `pp` is a
+  field of `common.fewshot`, so the command line can set it."""
+  from vit_jax.configs import common
+  section = common.fewshot(('digits',), (1,), seeds=1, pool_per_class=2)
+  config, model, _, mesh, sh = _digits_run(digits_model, fewshot=section)
+  config.input.pp_train = config.input.pp_eval = (
+      'decode|resize(16)|value_range(0,1)')
+  with pytest.raises(ValueError, match=re.escape(
+      "[0, 1] (value_range(0, 1)) (input.pp_train): set --config.evals."
+      "fewshot.pp='decode|resize({size})|value_range(0, 1)'")):
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  config.lock()  # As --config.evals.fewshot.pp=... sets it.
+  config.evals.fewshot.pp = 'decode|resize({size})|value_range(0, 1)'
+  evaluators.build(config, model, mesh, sh, (16, 16, 3))
+
+
+def test_fewshot_never_draws_its_shots_from_the_split_it_scores(
+    digits_model):
+  """A dataset with no train split (ImageNet ReaL: validation only) would
+  draw its k-shot images from the split it scores: refused unless a train
+  split is named."""
+  with pytest.raises(ValueError, match=r"'imagenet2012_real' has no train "
+                     r'split .* imagenet2012_real:TRAIN:TEST'):
+    _fewshot_on(*digits_model, 16, datasets=('imagenet2012_real',),
+                shots=(1,), batch_size=60)
+  with pytest.raises(DatasetNotPreparedError):  # Past that check.
+    _fewshot_on(*digits_model, 16, datasets=(
+        'imagenet2012_real:validation[:100]:validation[100:]',),
+                shots=(1,), batch_size=60)
+
+
+def test_an_evaluation_measured_otherwise_is_not_the_runs(tmp_path):
+  """`mode=eval` replaces none of a run's results with numbers measured
+  another way: an evaluator option its record lacks counts as its default
+  (a plain-dict section records only what it sets), the loss is compared,
+  and a new section may not write a metric the run already has."""
+  from configs import smoke
+  from vit_jax.train import eval_run, run_files
+  workdir = str(tmp_path)
+  config = smoke.get_config('data=digits,steps=10,batch=32')
+  config.evals.fewshot = dict(type='fewshot', datasets=('digits',),
+                              shots=(1, 5), pool_per_class=20)
+  run_files.write_config(workdir, config, command='test')
+  record = json.load(open(tmp_path / 'config.json'))
+  del record['config']['loss']  # Recorded before `loss` existed: softmax.
+  (tmp_path / 'config.json').write_text(json.dumps(record))
+  run_files.write_summary(workdir, {'steps': 10, 'image_size': 16,
+                                    'fewshot/digits/5shot': 0.24})
+  same = lambda c, m=None: eval_run._not_the_runs_evaluation(  # pylint: disable=protected-access
+      c, workdir, 10, 16, m)
+  now = config.copy_and_resolve_references()
+  now.evals.fewshot.l2_reg = float(fewshot.L2_REG)  # The default, written.
+  now.evals.fewshot.shots = (5, 1)
+  assert same(config) is None and same(now) is None
+  for field, value, why in (
+      ('pp', 'decode|resize({size})|value_range(0,1)',
+       "config.evals.fewshot.pp is 'decode|resize({size})|value_range(0,1)'"
+       ", the run's was 'decode|resize({size})|value_range(-1,1)'"),
+      ('l2_reg', 1.0, 'config.evals.fewshot.l2_reg is 1.0'),
+      ('seeds', 5, 'config.evals.fewshot.seeds is 5, the run\'s was 3')):
+    other = config.copy_and_resolve_references()
+    other.evals.fewshot[field] = value
+    assert why in same(other), field
+  sigmoid = config.copy_and_resolve_references()
+  sigmoid.loss = 'sigmoid'
+  assert "config.loss is 'sigmoid', the run's was 'softmax'" in same(sigmoid)
+  # A new section: its new metrics may join the run's, never replace one.
+  new = config.copy_and_resolve_references()
+  new.evals.fs_l2 = dict(type='fewshot', datasets=('digits',), l2_reg=1.0)
+  assert same(new, {'eval': {'eval_accuracy': 0.3},
+                    'fs_l2': {'fewshot/fs_l2/digits/5shot': 0.4}}) is None
+  assert "config.evals.fs_l2 is not one of the run's evaluators (fewshot) " \
+      "but writes 'fewshot/digits/5shot'" in same(
+          new, {'fs_l2': {'fewshot/digits/5shot': 0.44}})

@@ -3,6 +3,7 @@ merged summaries, and an unreadable summary kept aside, never lost."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -101,6 +102,35 @@ def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
       other.optim.lr = value
     with pytest.raises(app.UsageError, match='other settings'):
       vtab._finished(str(tmp_path), other)  # pylint: disable=protected-access
+
+
+def test_vtab_refuses_a_task_trained_with_other_set_values(tmp_path):
+  """A finished task whose config.json records other settings than this
+  command's (`--set=input.batch_size=...`, an optimizer field) is an error
+  naming the field, not a silent skip; where the data lives is no
+  setting."""
+  from absl import app
+  from vit_jax import vtab
+  from vit_jax.configs import vtab as vtab_config
+  workdir = str(tmp_path)
+  config = vtab_config.get_config('task=dtd,smoke=true')
+  run_files.write_config(workdir, config, command='test')
+  run_files.write_summary(workdir, {
+      'steps': config.total_steps, 'eval_accuracy': 0.5, 'init': config.init,
+      'image_size': config.input.image_size,
+      'report': {**config.report.to_dict(), 'lr': float(config.optim.lr)}})
+  assert vtab._finished(workdir, config) is True  # pylint: disable=protected-access
+  moved = config.copy_and_resolve_references()
+  vtab.override(moved, 'input.data_dir=/data/elsewhere')
+  assert vtab._finished(workdir, moved) is True  # pylint: disable=protected-access
+  for item, field in (('input.batch_size=7', 'input.batch_size: '),
+                      ('optim.weight_decay=0.5', 'optim.weight_decay: '),
+                      ('seed=3', 'seed: 0 there, 3 now')):
+    other = config.copy_and_resolve_references()
+    vtab.override(other, item)
+    with pytest.raises(app.UsageError, match=re.escape(
+        f'other settings ({field}')):
+      vtab._finished(workdir, other)  # pylint: disable=protected-access
 
 
 def test_reading_a_workdir_loads_no_tensorflow(tmp_path):

@@ -16,6 +16,7 @@ re-running trains only what is missing.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -101,8 +102,46 @@ def _finished(workdir: str, config) -> bool:
         f'{workdir} holds a VTAB run with other settings ({", ".join(changed)}'
         f': {[theirs.get(k) for k in changed]} there, '
         f'{[ours[k] for k in changed]} now); use a new --workdir')
+  # Every other setting (`--set=input.batch_size=...`, an optimizer field)
+  # as the task's config.json recorded it.
+  recorded = run_files.read_config(workdir).get('config') or {}
+  why = _changed(recorded, json.loads(config.to_json_best_effort()))
+  if why:
+    raise app.UsageError(
+        f'{workdir} holds a VTAB run with other settings ({why}); use a new '
+        '--workdir, or the --set values it was trained with')
   return summary.get('steps') == config.total_steps and (
       'eval_accuracy' in summary)
+
+
+# Config fields that change where data lives, what is logged, saved or
+# profiled, or the device layout, not a task's result. `report` is compared
+# above (with the init run's own pre-training fields).
+_NOT_RESULTS = frozenset((
+    'data_dir', 'mode', 'report', 'accounting', 'log_every', 'eval_every',
+    'checkpoint_every', 'keep_checkpoints', 'async_checkpoints', 'profile',
+    'mesh', 'fsdp_min_size', 'sharding_rules', 'sharding_overrides',
+    'input.prefetch', 'input.cache', 'input.eval_batch_size',
+    'input.prepare'))
+
+
+def _changed(then, now, path: str = ''):
+  """The first setting where config `now` differs from the recorded `then`
+  ('FIELD: A there, B now'), else None. Fields in `_NOT_RESULTS` (a
+  `data_dir` at any depth) and fields the record lacks (an earlier
+  version's, written before the field existed) are not compared."""
+  if isinstance(then, dict) and isinstance(now, dict):
+    for key in sorted(then):
+      field = f'{path}.{key}' if path else key
+      if field in _NOT_RESULTS or key == 'data_dir':
+        continue
+      why = _changed(then[key], now.get(key), field)
+      if why:
+        return why
+    return None
+  if then != now:
+    return f'{path}: {then!r} there, {now!r} now'
+  return None
 
 
 def main(argv):

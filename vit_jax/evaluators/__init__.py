@@ -49,7 +49,25 @@ def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
       raise ValueError(f'config.evals.{name}.kind is now called type: '
                        f"config.evals.{name}.type={cfg.kind!r}")
     out.append(get(cfg.get('type'), name)(name, cfg, context))
+  _check_distinct_metrics(out)
   return out
+
+
+def _check_distinct_metrics(evaluators: List[Evaluator]) -> None:
+  """Two evaluators writing one metric would overwrite each other's numbers
+  in metrics.jsonl and summary.json, silently: refused, naming both."""
+  written: Dict[str, str] = {}
+  for evaluator in evaluators:
+    for key in sorted(evaluator.metric_names() or ()):
+      if key in written:
+        first = written[key]
+        where = ('the run\'s top-1 evaluation (eval_*)' if first == 'eval'
+                 else f'config.evals.{first}')
+        raise ValueError(
+            f'config.evals.{evaluator.name} and {where} would both write '
+            f'{key!r}, one over the other: give config.evals.'
+            f'{evaluator.name} another prefix (or name), or drop one')
+      written[key] = evaluator.name
 
 
 def run_all(evaluators: List[Evaluator], params: Any) -> Dict[str, float]:

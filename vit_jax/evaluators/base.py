@@ -22,7 +22,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import difflib
-from typing import Any, Callable, Dict, Tuple, Type, Union
+from typing import (Any, Callable, Dict, FrozenSet, Optional, Tuple, Type,
+                    Union)
 
 import jax
 import ml_collections
@@ -69,10 +70,32 @@ class Evaluator(abc.ABC):
   def run(self, params: Any) -> Dict[str, float]:
     """Metrics of `params` (a sharded parameter tree)."""
 
+  def metric_names(self) -> Optional[FrozenSet[str]]:
+    """The names `run` may return (`build` refuses two evaluators that
+    would write the same one), or None where unknown until it runs."""
+    return None
+
+  @classmethod
+  def settings(cls, cfg: Dict[str, Any], config: Dict[str, Any]
+               ) -> Dict[str, Any]:
+    """What this evaluator's numbers depend on, its defaults filled in, from
+    its section `cfg` and the run's whole `config` (plain dicts, as a run's
+    config.json records them). `--config.mode=eval` merges an evaluation
+    into a run's summary only where these equal the run's own (an option
+    missing from an older record counts as its default), and records them
+    in eval_history.jsonl. This default: the section as written, less what
+    changes no number (`every`, `data_dir`); override it where the section
+    has defaults."""
+    del config  # Unused here.
+    return {k: v for k, v in cfg.items() if k not in _NOT_SETTINGS}
+
   def due(self, step: int, total_steps: int) -> bool:
     """Whether to run after `step` (the final step is handled by the loop)."""
     return bool(self.every) and step % self.every == 0 and step < total_steps
 
+
+# Section keys that change where or when an evaluator runs, not its numbers.
+_NOT_SETTINGS = ('every', 'data_dir')
 
 TYPES: Dict[str, Type[Evaluator]] = {}
 

@@ -70,7 +70,9 @@ class Classification(base.Evaluator):
   class is one of the image's labels), `{prefix}loss` (the run's `config.loss`:
   softmax, or sigmoid summed over classes), `{prefix}examples`, and with
   ReaL labels `{prefix}real_accuracy`, `{prefix}real_examples`; with
-  `real_only` just `real_accuracy` and `real_examples`.
+  `real_only` just `{prefix}real_accuracy` and `{prefix}real_examples`,
+  where a section named `real` has no prefix (`real_accuracy`, what the
+  tables read) unless it sets one: two sections never share a metric.
   The dataset and split are checked when the evaluator is built, so a bad
   setting fails before training, not after it.
   """
@@ -78,9 +80,9 @@ class Classification(base.Evaluator):
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
-    self.prefix = cfg.get('prefix', f'{name}_')
-    self._split: Optional[str] = cfg.get('split')
     self._real_only = bool(cfg.get('real_only', False))
+    self.prefix = _prefix(name, cfg)
+    self._split: Optional[str] = cfg.get('split')
     self._mesh = context.mesh
     inp = base.eval_input(cfg, context)
     self._input = inp
@@ -111,11 +113,11 @@ class Classification(base.Evaluator):
       raise ValueError(f'evals.{self.name}: split {self._split!r} of '
                        f'{self._input.data} has no examples')
     sums = {k: float(v) for k, v in jax.device_get(sums).items()}
-    if self._real_only:
-      return {'real_accuracy': sums['real_correct'] /
-              max(sums['real_count'], 1.0), 'real_examples':
-              sums['real_count']}
     p = self.prefix
+    if self._real_only:
+      return {f'{p}real_accuracy': sums['real_correct'] /
+              max(sums['real_count'], 1.0), f'{p}real_examples':
+              sums['real_count']}
     metrics = {f'{p}accuracy': sums['correct'] / sums['count'],
                f'{p}loss': sums['loss'] / sums['count'],
                f'{p}examples': sums['count']}
@@ -124,3 +126,29 @@ class Classification(base.Evaluator):
                                       max(sums['real_count'], 1.0))
       metrics[f'{p}real_examples'] = sums['real_count']
     return metrics
+
+  def metric_names(self):
+    real = {f'{self.prefix}real_accuracy', f'{self.prefix}real_examples'}
+    return frozenset(real if self._real_only else real | {
+        f'{self.prefix}{k}' for k in ('accuracy', 'loss', 'examples')})
+
+  @classmethod
+  def settings(cls, cfg, config):
+    """The data, split and pre-processing it reads (the run's where the
+    section names none) and `real_only`; the loss is the run's."""
+    inp = config.get('input') or {}
+    same_data = cfg.get('data') in (None, inp.get('data'))
+    return {'data': cfg.get('data') or inp.get('data'),
+            'split': cfg.get('split') or (inp.get('eval_split') if same_data
+                                          else None),
+            'pp': cfg.get('pp') or inp.get('pp_eval'),
+            'real_only': bool(cfg.get('real_only', False))}
+
+
+def _prefix(name: str, cfg) -> str:
+  """The section's metric prefix: `prefix`, else `<name>_`; none for a
+  `real_only` section named `real` (its `real_accuracy` is what the result
+  tables read)."""
+  if cfg.get('prefix') is not None:
+    return cfg.prefix
+  return '' if name == 'real' and cfg.get('real_only') else f'{name}_'

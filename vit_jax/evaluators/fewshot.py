@@ -90,18 +90,24 @@ class FewShot(base.Evaluator):
   """k-shot linear accuracy of the frozen representation on some datasets.
 
   Config section (`config.evals.<name>`, `configs/common.fewshot`):
-  `datasets` (registry names, or `name:train_split:test_split`), `shots`,
-  `seeds`, `l2_reg` (None or absent: `L2_REG`),
-  `pool_per_class`, `pp` (pre-processing; `{size}` is replaced with the
-  model's input size, `H, W` for a non-square one), `batch_size` (default `input.eval_batch_size`),
-  `every`, `data_dir` (None: `input.data_dir`, the run's).
-  Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`.
+  `datasets` (registry names, or `name:train_split:test_split`; a dataset
+  without a train split in the registry must name one), `shots`, `seeds`,
+  `l2_reg` (None or absent: `L2_REG`), `pool_per_class`, `pp`
+  (pre-processing, None: `DEFAULT_PP`; `{size}` is replaced with the
+  model's input size, `H, W` for a non-square one; its value range must be
+  the run's `input.pp_train`'s), `batch_size` (default
+  `input.eval_batch_size`), `every`, `data_dir` (None: `input.data_dir`,
+  the run's).
+  Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`;
+  a section not named `fewshot` writes `fewshot/<name>/<dataset>/...`, so
+  that two sections never overwrite each other's numbers.
   """
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
     input_config, image_size = context.config.input, context.image_size
+    self._key = metric_prefix(name)
     model, mesh = context.model, context.mesh
     params_sharding = context.params_sharding
     self.shots = tuple(sorted(int(k) for k in cfg.get('shots',
@@ -115,16 +121,22 @@ class FewShot(base.Evaluator):
                        f'the largest shot count {self.shots[-1]}')
     self._mesh = mesh
     self._datasets = [_parse_dataset(d) for d in cfg.datasets]
+    names = [data for data, _, _ in self._datasets]
+    if len(set(names)) < len(names):  # Their metrics would share names.
+      raise ValueError(f'evals.{name}.datasets={tuple(cfg.datasets)} names '
+                       'a dataset twice; evaluate its other splits in a '
+                       'section of their own (config.evals.<other name>)')
     self._pipelines: Dict[Tuple[str, str], pipeline.EvalIterable] = {}
     batch = int(cfg.get('batch_size') or input_config.eval_batch_size)
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
-    pp = cfg.get('pp', DEFAULT_PP)
+    pp = cfg.get('pp') or DEFAULT_PP
     # A non-square model input (`Context.image_size` is then (H, W)):
     # `{size}` is 'H, W' (resize(H, W)); the input's image_size, a square
     # side, stays unset.
     square = isinstance(image_size, int)
     ops = pp.format(size=image_size if square
                     else '{}, {}'.format(*image_size))
+    _check_run_range(name, pp, ops, context, default=not cfg.get('pp'))
     self._input = ml_collections.ConfigDict(dict(
         data='',
         data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
@@ -135,6 +147,12 @@ class FewShot(base.Evaluator):
         eval_batch_size=batch, batch_size=batch))
     self._classes: Dict[str, int] = {}
     for data, train_split, test_split in self._datasets:  # Fail early.
+      if not (train_split or registry.get(data).train_split):
+        raise ValueError(
+            f'evals.{name}: few-shot dataset {data!r} has no train split in '
+            'the registry (it is for evaluation only): its k-shot images '
+            'would be drawn from the split it scores. Name a train split '
+            f'the test split does not overlap: {data}:TRAIN:TEST')
       cfg_ = ml_collections.ConfigDict(self._input.to_dict())
       cfg_.data = data
       if train_split:
@@ -261,17 +279,85 @@ class FewShot(base.Evaluator):
                              self.l2_reg)
           accs[shots].append(float(np.mean(pred == y_test)))
       for shots, values in accs.items():
-        out[f'fewshot/{data}/{shots}shot'] = float(np.mean(values))
-        out[f'fewshot/{data}/{shots}shot_std'] = float(np.std(values))
+        out[f'{self._key}{data}/{shots}shot'] = float(np.mean(values))
+        out[f'{self._key}{data}/{shots}shot_std'] = float(np.std(values))
     return out
 
+  def metric_names(self):
+    return frozenset(f'{self._key}{data}/{k}shot{std}'
+                     for data, _, _ in self._datasets for k in self.shots
+                     for std in ('', '_std'))
 
-def _parse_dataset(item: str) -> Tuple[str, str, str]:
+  @classmethod
+  def settings(cls, cfg, config):
+    """Datasets, shots, seeds, regulariser, pool and pre-processing, with
+    the evaluator's defaults (its batch size changes no number)."""
+    del config  # The image size and value range are the run's own.
+    l2_reg = cfg.get('l2_reg')
+    return {'datasets': [list(_split_dataset(d))
+                         for d in cfg.get('datasets', ())],
+            'shots': sorted(int(k) for k in cfg.get('shots', (1, 5, 10, 25))),
+            'seeds': int(cfg.get('seeds', 3)),
+            'l2_reg': L2_REG if l2_reg is None else float(l2_reg),
+            'pool_per_class': int(cfg.get('pool_per_class', 100)),
+            'pp': cfg.get('pp') or DEFAULT_PP}
+
+
+def metric_prefix(name: str) -> str:
+  """`fewshot/` for the section named `fewshot` (what the result tables
+  read), `fewshot/<name>/` for any other."""
+  return 'fewshot/' if name == 'fewshot' else f'fewshot/{name}/'
+
+
+def _check_run_range(name: str, pp: str, ops: str, context: base.Context,
+                     default: bool = False) -> None:
+  """Few-shot images must have the value range the model was trained on
+  (the run's `input.pp_train`'s): [-1, 1] images for a model trained on
+  [0, 1] ones give meaningless numbers, silently. Ranges that are unknown
+  (an op of the user's own after the last value_range) are not compared."""
+  inp = context.config.get('input') or {}
+  train_pp = inp.get('pp_train') or (
+      registry.get(inp.data).pp_train if inp.get('data') else None)
+  if not train_pp:
+    return
+  # Only a preset's ops depend on the size, never their value range.
+  size = context.image_size
+  size = size if isinstance(size, int) else size[0]
+  try:
+    trained = preprocess.output_range(train_pp, size)
+  except ValueError:  # The run's own checks name a bad pp_train.
+    return
+  ours = preprocess.output_range(ops, size)
+  if trained is None or ours is None or trained == ours:
+    return
+  kept = [op for op in preprocess.PRESETS.get(pp.strip(), pp).split('|')
+          if op.strip() and not op.strip().startswith('value_range')]
+  if trained != preprocess.PIXELS:
+    in_min, in_max, vmin, vmax = trained
+    extra = ('' if (in_min, in_max) == (0, 255)
+             else f', in_min={in_min:g}, in_max={in_max:g}')
+    kept.append(f'value_range({vmin:g}, {vmax:g}{extra})')
+  raise ValueError(
+      f'evals.{name}.pp={pp!r}{" (its default)" if default else ""} '
+      'gives few-shot images in '
+      f'{preprocess.describe_range(ours)} but the model was trained on '
+      f'{preprocess.describe_range(trained)} (input.pp_train): set '
+      f"--config.evals.{name}.pp='{'|'.join(kept)}'")
+
+
+def _split_dataset(item: str) -> Tuple[str, str, str]:
+  """(name, train split, test split) of `NAME` ('' splits: the registry's)
+  or `NAME:TRAIN:TEST`."""
   # Colons inside split expressions ('train[:30]') are not separators.
   parts = re.split(r':(?![^\[]*\])', item)
   if len(parts) not in (1, 3):
     raise ValueError(f'few-shot dataset {item!r}: expected NAME or '
                      'NAME:TRAIN_SPLIT:TEST_SPLIT')
-  registry.get(parts[0])  # Unknown names fail, with suggestions.
   return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (
       parts[0], '', '')
+
+
+def _parse_dataset(item: str) -> Tuple[str, str, str]:
+  parsed = _split_dataset(item)
+  registry.get(parsed[0])  # Unknown names fail, with suggestions.
+  return parsed

@@ -5,26 +5,34 @@ model than the config's — with top-1 on `input.eval_split` and every
 `config.evals` evaluator. Without a checkpoint in `workdir`, `config.init`
 (an .npz file or another run's workdir) is evaluated instead.
 
-Every evaluation writes `workdir/eval_summary.json`. Its metrics are also
-merged into the run's `summary.json` (where the result tables read them)
-only when they describe that run (`_not_the_runs_evaluation`): its own
-final checkpoint, evaluated as it was (data, split, pre-processing, EMA
-mode, resolution, its evaluators; new ones may be added). So re-evaluating
-another way, an unfinished run, or `init` never replaces a run's results.
-The head is kept; position embeddings are resized when the resolution
-differs.
+Every evaluation writes `workdir/eval_summary.json` (the latest) and adds a
+line to `workdir/eval_history.jsonl` (every one, with what it was: step,
+resolution, split, EMA mode, each evaluator's settings, merged or why not).
+Its metrics are also merged into the run's `summary.json` (where the
+result tables read them) only when they describe that run
+(`_not_the_runs_evaluation`): its own final checkpoint, evaluated as it was
+(data, split, pre-processing, loss, EMA mode, resolution, and each of its
+evaluators with the same settings, defaults filled in; new evaluators may
+be added, as long as they write no metric the run already has). So
+re-evaluating another way, an unfinished run, or `init` never replaces a
+run's results. The head is kept; position embeddings are resized when the
+resolution differs.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
-from typing import Any, Dict, Tuple
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
+from etils import epath
 
 from vit_jax import evaluators, models, selfsup
 from vit_jax.checkpoint import CheckpointNotFoundError, load_pretrained
@@ -59,10 +67,10 @@ def _source(config, workdir: str) -> Tuple[str, bool]:
   return source, True
 
 
-def _load(config, source: str, model, image_shape, mesh, ema: bool):
-  """(params, Polyak averages or None, their shardings) of `source` on the
-  mesh; the averages only with `ema` and where the checkpoint has them
-  (never for .npz files)."""
+def _shardings(config, model, image_shape, mesh):
+  """(abstract parameters, their shardings on `mesh`): shapes only, so that
+  the evaluators are built (and their data checked) before the weights are
+  read."""
   init = functools.partial(model.init, train=False)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
                             jnp.zeros((1, *image_shape), jnp.float32))
@@ -71,12 +79,18 @@ def _load(config, source: str, model, image_shape, mesh, ema: bool):
       axes=shd.logical_axes(model, image_shape),
       rules=config.get('sharding_rules', ()),
       overrides=config.get('sharding_overrides', ()))
+  return abstract['params'], params_sh
+
+
+def _load(source: str, model, image_shape, abstract, params_sh, ema: bool):
+  """(params, Polyak averages or None) of `source` placed as `params_sh`;
+  the averages only with `ema` and where the checkpoint has them (never for
+  .npz files)."""
   npz = source.endswith('.npz')
   loaded, averages = ((source, None) if npz
                       else orbax_state.load_weights(source))
   source_grid = None if npz else orbax_state.patch_grid(source)
-  host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype),
-                      abstract['params'])
+  host = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), abstract)
 
   def place(tree):
     return jax.device_put(load_pretrained(
@@ -84,7 +98,7 @@ def _load(config, source: str, model, image_shape, mesh, ema: bool):
         grid=models.patch_grid(model, image_shape),
         source_grid=source_grid), params_sh)
   return (place(loaded), place(averages) if ema and averages is not None
-          else None, params_sh)
+          else None)
 
 
 def evaluate_run(config: ml_collections.ConfigDict,
@@ -116,24 +130,38 @@ def _evaluate(config: ml_collections.ConfigDict,
   model = selfsup.model_from_config(config, num_classes,
                                      shd.platform(mesh))
   image_shape = tuple(info.eval_image_shape)
-  mode = config.get('eval_ema', 'ema')
-  params, averages, params_sh = _load(config, source, model, image_shape,
-                                      mesh, ema=mode != 'raw')
-  logging.info('evaluating %s at %s', source, image_shape)
+  abstract, params_sh = _shardings(config, model, image_shape, mesh)
+  # Before the (possibly long) load: a bad evaluator setting fails first.
   evals = evaluators.build(config, model, mesh, params_sh, image_shape)
+  mode = config.get('eval_ema', 'ema')
+  params, averages = _load(source, model, image_shape, abstract, params_sh,
+                           ema=mode != 'raw')
+  logging.info('evaluating %s at %s', source, image_shape)
+  by_evaluator = {}
   with jax.set_mesh(mesh):
-    metrics = evaluators.run_with_ema(evals, params, averages, mode)
+    for evaluator in evals:
+      by_evaluator[evaluator.name] = evaluators.run_with_ema(
+          [evaluator], params, averages, mode)
+  metrics = {k: v for out in by_evaluator.values() for k, v in out.items()}
   last = source.rstrip('/').rsplit('/', 1)[-1]
   step = int(last) if last.isdigit() else 0
   result = {'evaluated_checkpoint': source, 'image_size': image_shape[0],
             'data': config.input.data, 'eval_split': info.eval_split,
             'eval_ema': mode, **metrics}
   run_files.write_json(workdir, run_files.EVAL_SUMMARY, result)
-  why_not = _not_the_runs_evaluation(config, workdir, step, image_shape[0]) \
-      if own else 'it evaluated config.init, not this run'
+  why_not = (_not_the_runs_evaluation(config, workdir, step, image_shape[0],
+                                      by_evaluator)
+             if own else 'it evaluated config.init, not this run')
+  _append_history(workdir, {
+      'time': datetime.datetime.now(datetime.timezone.utc).isoformat(
+          timespec='seconds'),
+      'step': step, **result, 'image_shape': list(image_shape),
+      'settings': evaluation_settings(config),
+      'merged': not why_not, 'not_merged_because': why_not})
   if why_not:
-    logging.info('metrics written to %s/%s only, not merged into the run\'s '
-                 'summary.json: %s', workdir, run_files.EVAL_SUMMARY, why_not)
+    logging.info('metrics written to %s/%s (and %s) only, not merged into '
+                 'the run\'s summary.json: %s', workdir,
+                 run_files.EVAL_SUMMARY, EVAL_HISTORY, why_not)
   else:
     run_files.write_summary(workdir, metrics)
     writer = reporting.make_writer(workdir)
@@ -143,23 +171,51 @@ def _evaluate(config: ml_collections.ConfigDict,
   return result
 
 
-# What an evaluation must share with the run's own to stand in its summary
-# (evaluators may be added: their metrics are new keys).
-_SAME = (('input', 'data'), ('input', 'eval_split'), ('input', 'pp_eval'),
-         ('eval_ema',), ('objective',), ('mpp',))
-# Masked patch prediction draws its corruption from one key per global
-# batch: its numbers also depend on the eval batch size.
-_SAME_MPP = (('input', 'eval_batch_size'),)
+# Every `mode=eval` evaluation of a workdir, one JSON object a line.
+EVAL_HISTORY = 'eval_history.jsonl'
+
+
+def _append_history(workdir: str, entry: Dict[str, Any]) -> None:
+  """Adds `entry` as a line of `workdir/eval_history.jsonl` (process 0),
+  written whole through a temporary file and a rename as metrics.jsonl
+  is (object stores cannot append): a killed write leaves the old file."""
+  if jax.process_index() != 0:
+    return
+  path = epath.Path(workdir) / EVAL_HISTORY
+  before = path.read_text() if path.exists() else ''
+  if before and not before.endswith('\n'):
+    before += '\n'
+  run_files.write_text(os.fspath(path), before + json.dumps(
+      entry, sort_keys=True, default=str) + '\n')
+
+
+def evaluation_settings(config: ml_collections.ConfigDict) -> Dict[str, Any]:
+  """What an evaluation's numbers depend on besides the checkpoint and the
+  resolution: the `_SAME` settings (defaults filled in) and each
+  evaluator's `settings` (with its `type`)."""
+  now = _as_recorded(config)
+  out = {'.'.join(keys): _get(now, keys, default)
+         for keys, default in _same(now)}
+  out = {k: (None if v is _MISSING else v) for k, v in out.items()}
+  out['evals'] = {name: {'type': section.get('type'),
+                         **_settings(name, section, now)}
+                  for name, section in sorted((now.get('evals') or {})
+                                              .items())}
+  return out
 
 
 def _not_the_runs_evaluation(config, workdir: str, step: int,
-                             image_size: int):
+                             image_size: int,
+                             metrics: Optional[Dict[str, Dict[str, float]]]
+                             = None):
   """Why metrics of `workdir`'s checkpoint `step` do not describe the
   run's results (summary.json, where the tables read them), else None: the
   run must have finished at that step, and the evaluation be the one it
-  ran (its data, split, pre-processing, EMA mode, resolution, objective and
-  its settings (for MPP also the eval batch size and the process count),
-  and each of its evaluators as it was; new evaluators may be added).
+  ran (its data, split, pre-processing, loss, EMA mode, resolution,
+  objective and its settings (for MPP also the eval batch size and the
+  process count), and each of its evaluators with the same settings). An
+  evaluator the run did not have may be added unless it writes a metric
+  the run's summary already has (`metrics`: each evaluator's, by name).
   """
   run = run_files.read_summary(workdir)
   if not run:
@@ -176,37 +232,95 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
       and ran != jax.process_count()):
     return (f'MPP evaluated on {jax.process_count()} processes, the run on '
             f'{ran}: its batches, and so its corruption, differ')
-  return differs_from_run(config, workdir)
+  why = differs_from_run(config, workdir)
+  if why:
+    return why
+  recorded = (run_files.read_config(workdir).get('config') or {}).get(
+      'evals') or {}
+  for name, out in sorted((metrics or {}).items()):
+    if name == 'eval' or name in recorded:
+      continue  # The run's own: compared above.
+    taken = sorted(set(out) & set(run))
+    if taken:
+      return (f'config.evals.{name} is not one of the run\'s evaluators '
+              f'({", ".join(sorted(recorded)) or "none recorded"}) but '
+              f'writes {taken[0]!r}, a result the run already has')
+  return None
 
 
 def differs_from_run(config, workdir: str):
   """Why `config` does not evaluate as the run of `workdir` did (its
   config.json), else None: the `_SAME` settings and each of the run's
-  evaluators (new evaluators may be added). Settings the run's record
-  lacks, at any depth (runs of earlier versions, recorded before a field
-  such as `objective` or an evaluator option existed), are not compared."""
+  evaluators that `config` also has (by name; new ones may be added), as
+  their `settings` resolve them (defaults filled in: an option a record of
+  an earlier version lacks counts as its default). A `_SAME` setting the
+  record lacks and that has no known default (recorded before the field
+  existed) is not compared."""
   trained = run_files.read_config(workdir).get('config') or {}
   if not trained:
     return None
-  now = config.to_dict()
-  same = _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
-  for keys in same:
-    then, value = trained, now
-    for key in keys:
-      then = then.get(key, _MISSING) if isinstance(then, dict) else _MISSING
-      value = value.get(key) if isinstance(value, dict) else None
-    why = _difference('.'.join(keys), then, value)
+  now = _as_recorded(config)
+  for keys, default in _same(now):
+    then = _get(trained, keys, default)
+    if then is _MISSING:
+      continue
+    why = _difference('.'.join(keys), then, _get(now, keys, None))
     if why:
       return why
   before, after = trained.get('evals') or {}, now.get('evals') or {}
   for name in sorted(set(before) & set(after)):
-    why = _difference(f'evals.{name}', before[name], after[name])
-    if why:
-      return why
+    kinds = before[name].get('type'), after[name].get('type')
+    if kinds[0] != kinds[1]:
+      return (f'config.evals.{name}.type is {kinds[1]!r}, the run\'s was '
+              f'{kinds[0]!r}')
+    then = _settings(name, before[name], trained)
+    value = _settings(name, after[name], now)
+    for key in sorted(set(then) | set(value)):
+      if (orbax_state.as_saved(then.get(key)) !=
+          orbax_state.as_saved(value.get(key))):
+        return (f'config.evals.{name}.{key} is {value.get(key)!r}, the '
+                f'run\'s was {then.get(key)!r} (defaults filled in)')
   return None
 
 
 _MISSING = object()  # A key the run's record lacks (an older version's).
+
+# What an evaluation must share with the run's own to stand in its summary
+# (evaluators may be added: their metrics are new keys), with the value a
+# record that lacks it had (_MISSING: unknown, not compared). The loss is
+# eval_loss's; label smoothing changes training only.
+_SAME = ((('input', 'data'), _MISSING), (('input', 'eval_split'), _MISSING),
+         (('input', 'pp_eval'), _MISSING), (('eval_ema',), 'ema'),
+         (('objective',), 'supervised'), (('loss',), 'softmax'))
+# Masked patch prediction: its objective's settings, and its corruption is
+# drawn from one key per global batch, so its numbers also depend on the
+# eval batch size.
+_SAME_MPP = ((('mpp',), _MISSING), (('input', 'eval_batch_size'), _MISSING))
+
+
+def _same(now: Dict[str, Any]):
+  return _SAME + (_SAME_MPP if now.get('objective') == 'mpp' else ())
+
+
+def _as_recorded(config) -> Dict[str, Any]:
+  """`config` as config.json records it (tuples become lists)."""
+  return json.loads(config.to_json_best_effort())
+
+
+def _get(tree: Dict[str, Any], keys, default):
+  for key in keys:
+    tree = tree.get(key, _MISSING) if isinstance(tree, dict) else _MISSING
+  return default if tree is _MISSING else tree
+
+
+def _settings(name: str, section: Dict[str, Any],
+              config: Dict[str, Any]) -> Dict[str, Any]:
+  """The `settings` of evaluator section `name` (an unregistered type's:
+  the section as written, as `Evaluator.settings` gives it)."""
+  kind = section.get('type')
+  cls = (evaluators.base.TYPES.get(kind, evaluators.Evaluator)
+         if isinstance(kind, str) else evaluators.Evaluator)
+  return cls.settings(section, config)
 
 
 def _difference(path: str, then, now):

@@ -150,7 +150,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
 
 def _check_finished_run(config, workdir: str, step: int) -> None:
   """A finished run started again evaluates again, into its summary.json:
-  only with its own evaluation settings (`eval_run.SAME`), else its results
+  only with its own evaluation settings (`eval_run._SAME`), else its results
   would be replaced by another evaluation's."""
   why = eval_run.differs_from_run(config, workdir)
   if why:
