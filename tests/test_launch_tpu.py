@@ -1164,6 +1164,25 @@ sys.exit(local.run(Runner(), 2, [], {'MARK': mark, 'STUBBORN': stubborn},
 """
 
 
+def _fake_local_launch(tmp_path, tmp, stubborn, stdout):
+  """`local.run` of 2 fake processes (FAKE_MAIN) in its own session, once
+  both have started; their logs go to `tmp`."""
+  fake = tmp_path / 'fake_python'
+  fake.write_text(FAKE_MAIN)
+  fake.chmod(0o755)
+  launcher = subprocess.Popen(
+      [sys.executable, '-c', LAUNCHER, str(fake), str(tmp_path), stubborn],
+      stdout=stdout, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+      env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True)
+  deadline = time.monotonic() + 30
+  while not all((tmp_path / f'started_{i}').exists() for i in (0, 1)):
+    if time.monotonic() > deadline or launcher.poll() is not None:
+      os.killpg(launcher.pid, signal.SIGKILL)
+      raise AssertionError('the fake processes did not start')
+    time.sleep(0.05)
+  return launcher
+
+
 @pytest.mark.parametrize('how,stubborn,code', [
     ('SIGTERM to the launcher', '', 143),  # `timeout`, a CI job's limit.
     ('Ctrl-C in its terminal', '', 130),  # SIGINT to its process group.
@@ -1176,19 +1195,10 @@ def test_an_interrupted_local_launch_stops_its_processes(tmp_path, how,
   time) and only then returns, 128 + the signal: nothing goes on training
   behind it, or printing after the shell's prompt."""
   fake = tmp_path / 'fake_python'
-  fake.write_text(FAKE_MAIN)
-  fake.chmod(0o755)
   tmp = tmp_path / 'tmp'
   tmp.mkdir()
-  launcher = subprocess.Popen(
-      [sys.executable, '-c', LAUNCHER, str(fake), str(tmp_path), stubborn],
-      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-      env=dict(os.environ, TMPDIR=str(tmp)), start_new_session=True)
+  launcher = _fake_local_launch(tmp_path, tmp, stubborn, subprocess.PIPE)
   try:
-    deadline = time.monotonic() + 30
-    while not all((tmp_path / f'started_{i}').exists() for i in (0, 1)):
-      assert time.monotonic() < deadline and launcher.poll() is None
-      time.sleep(0.05)
     if how.startswith('Ctrl-C'):
       os.killpg(launcher.pid, signal.SIGINT)
     else:
@@ -1218,18 +1228,8 @@ def test_a_killed_local_launcher_takes_its_processes_with_it(tmp_path):
   cannot be passed on by it: each process was started asking the kernel
   for a SIGTERM when the launcher dies, so they save and stop, not go on
   orphaned."""
-  fake = tmp_path / 'fake_python'
-  fake.write_text(FAKE_MAIN)
-  fake.chmod(0o755)
-  launcher = subprocess.Popen(
-      [sys.executable, '-c', LAUNCHER, str(fake), str(tmp_path), ''],
-      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-      env=dict(os.environ, TMPDIR=str(tmp_path)), start_new_session=True)
+  launcher = _fake_local_launch(tmp_path, tmp_path, '', subprocess.DEVNULL)
   try:
-    deadline = time.monotonic() + 30
-    while not all((tmp_path / f'started_{i}').exists() for i in (0, 1)):
-      assert time.monotonic() < deadline and launcher.poll() is None
-      time.sleep(0.05)
     launcher.kill()
     launcher.wait(10)
     deadline = time.monotonic() + 20
