@@ -1154,7 +1154,10 @@ touch "$MARK/started_$id"
 while :; do sleep 0.05; done
 """
 # The launcher's `local.run` on the fake (sys.executable is what it starts).
-LAUNCHER = """import sys
+LAUNCHER = """import signal, sys
+# Ctrl-C reaches it as in a terminal, even where this test runs with SIGINT
+# ignored (a background job of a non-interactive shell passes SIG_IGN on).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from vit_jax.launch import local
 from vit_jax.launch.runner import Runner
 sys.executable, mark, stubborn = sys.argv[1:]
