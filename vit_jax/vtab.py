@@ -105,43 +105,29 @@ def _finished(workdir: str, config) -> bool:
   # Every other setting (`--set=input.batch_size=...`, an optimizer field)
   # as the task's config.json recorded it.
   recorded = run_files.read_config(workdir).get('config') or {}
-  why = _changed(recorded, json.loads(config.to_json_best_effort()))
-  if why:
+  found = run_files.first_difference(
+      recorded, json.loads(config.to_json_best_effort()),
+      skip=_NOT_RESULTS, skip_keys=frozenset({'data_dir'}))
+  if found:
+    field, then, now = found
     raise app.UsageError(
-        f'{workdir} holds a VTAB run with other settings ({why}); use a new '
+        f'{workdir} holds a VTAB run with other settings ({field}: '
+        f'{then!r} there, {now!r} now); use a new '
         '--workdir, or the --set values it was trained with')
   return summary.get('steps') == config.total_steps and (
       'eval_accuracy' in summary)
 
 
-# Config fields that change where data lives, what is logged, saved or
-# profiled, or the device layout, not a task's result. `report` is compared
-# above (with the init run's own pre-training fields).
+# Config fields that change where data lives (`data_dir` at any depth too),
+# what is logged, saved or profiled, or the device layout, not a task's
+# result. `report` is compared above (with the init run's own pre-training
+# fields).
 _NOT_RESULTS = frozenset((
     'data_dir', 'mode', 'report', 'accounting', 'log_every', 'eval_every',
     'checkpoint_every', 'keep_checkpoints', 'async_checkpoints', 'profile',
     'mesh', 'fsdp_min_size', 'sharding_rules', 'sharding_overrides',
     'input.prefetch', 'input.cache', 'input.eval_batch_size',
     'input.prepare'))
-
-
-def _changed(then, now, path: str = ''):
-  """The first setting where config `now` differs from the recorded `then`
-  ('FIELD: A there, B now'), else None. Fields in `_NOT_RESULTS` (a
-  `data_dir` at any depth) and fields the record lacks (an earlier
-  version's, written before the field existed) are not compared."""
-  if isinstance(then, dict) and isinstance(now, dict):
-    for key in sorted(then):
-      field = f'{path}.{key}' if path else key
-      if field in _NOT_RESULTS or key == 'data_dir':
-        continue
-      why = _changed(then[key], now.get(key), field)
-      if why:
-        return why
-    return None
-  if then != now:
-    return f'{path}: {then!r} there, {now!r} now'
-  return None
 
 
 def main(argv):

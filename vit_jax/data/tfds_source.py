@@ -127,16 +127,11 @@ class TfdsSource(Source):
                                         start, order_key=order_key)
     columns = self._instructions(shard, order_key)
     names, skips, takes = (c.numpy().tolist() for c in columns)
-    resume = tfrecord_source.interleave_resume(
-        takes, _cycle_length(len(takes)), start)
-    if not resume:  # The whole pass lies before `start`.
+    resumed = tfrecord_source.resume_columns(
+        names, skips, takes, _cycle_length(len(takes)), start)
+    if resumed is None:  # The whole pass lies before `start`.
       return self._interleave(columns).take(0)
-    entries = [(names[f], skips[f] + offset, takes[f] - offset)
-               for f, offset in resume]
-    return self._interleave(
-        (tf.constant([n for n, _, _ in entries], tf.string),
-         tf.constant([s for _, s, _ in entries], tf.int64),
-         tf.constant([t for _, _, t in entries], tf.int64)), len(takes))
+    return self._interleave(resumed, len(takes))
 
   def _instructions(self, shard, order_key):
     """(file names, skips, takes): the shard's file instructions, in the

@@ -230,6 +230,20 @@ def interleave_resume(lengths: Sequence[int], cycle_length: int,
   return out + [(f, 0) for f in range(queued, len(lengths))]
 
 
+def resume_columns(names: Sequence[str], skips: Sequence[int],
+                   lengths: Sequence[int], cycle_length: int, start: int):
+  """(file names, skips, takes) tensors of the files an interleave of
+  `names` (file i from its record `skips[i]` on, `lengths[i]` records)
+  still reads after `start` records, each from where it then stands
+  (`interleave_resume`); None where the pass ends before `start`."""
+  resume = interleave_resume(lengths, cycle_length, start)
+  if not resume:
+    return None
+  return (tf.constant([names[f] for f, _ in resume], tf.string),
+          tf.constant([skips[f] + o for f, o in resume], tf.int64),
+          tf.constant([lengths[f] - o for f, o in resume], tf.int64))
+
+
 def _records_of_shard(count: int, process_index: int,
                       process_count: int) -> int:
   """len(range(process_index, count, process_count))."""
@@ -333,17 +347,13 @@ class TFRecordSource(Source):
     order = list(range(len(files)))
     if order_key is not None and len(files) > 1:
       order = [int(i) for i in shuffle.permutation(len(files), order_key)]
-    cycle = min(_CYCLE_LENGTH, len(files))
-    resume = interleave_resume([counts[i] for i in order], cycle, start)
-    if not resume:  # The whole pass lies before `start`.
+    columns = resume_columns(
+        [files[i] for i in order], [0] * len(files),
+        [counts[i] for i in order], min(_CYCLE_LENGTH, len(files)), start)
+    if columns is None:  # The whole pass lies before `start`.
       return self.host_dataset(split, process_index, process_count).take(0)
-    entries = [(files[order[f]], offset, counts[order[f]] - offset)
-               for f, offset in resume]
-    names = tf.constant([n for n, _, _ in entries], tf.string)
-    offsets = tf.constant([o for _, o, _ in entries], tf.int64)
-    takes = tf.constant([t for _, _, t in entries], tf.int64)
-    return self._interleave(names, offsets, takes, len(files), by_record,
-                            process_index, process_count)
+    return self._interleave(*columns, len(files), by_record, process_index,
+                            process_count)
 
   def _interleave(self, names, offsets, takes, num_files, by_record,
                   process_index, process_count):

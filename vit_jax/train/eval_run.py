@@ -326,14 +326,9 @@ def _settings(name: str, section: Dict[str, Any],
 def _difference(path: str, then, now):
   """Where `now` differs from the recorded `then` (keys `then` lacks are
   skipped), as a message, else None."""
-  if then is _MISSING:
-    return None
-  if isinstance(then, dict) and isinstance(now, dict):
-    for key in sorted(then):
-      why = _difference(f'{path}.{key}', then[key], now.get(key))
-      if why:
-        return why
-    return None
-  if orbax_state.as_saved(then) != orbax_state.as_saved(now):
+  found = None if then is _MISSING else run_files.first_difference(
+      then, now, path)
+  if found:
+    path, then, now = found
     return f'config.{path} is {now!r}, the run\'s was {then!r}'
   return None

@@ -85,6 +85,29 @@ def read_config(workdir: str) -> Dict[str, Any]:
   return content if isinstance(content, dict) else {}
 
 
+def first_difference(then: Any, now: Any, path: str = '', *,
+                     skip: frozenset = frozenset(),
+                     skip_keys: frozenset = frozenset()):
+  """The first field where config values `now` differ from the recorded
+  `then`, as (dotted path, then, now), else None. Dicts are compared over
+  the keys `then` has (a record of an earlier version, written before a
+  field existed, lacks it: not compared); fields whose path is in `skip`,
+  or whose own key is in `skip_keys` at any depth, are not compared.
+  Values compare as JSON gives them back (tuples equal lists)."""
+  if isinstance(then, dict) and isinstance(now, dict):
+    for key in sorted(then):
+      field = f'{path}.{key}' if path else key
+      if field in skip or key in skip_keys:
+        continue
+      found = first_difference(then[key], now.get(key), field, skip=skip,
+                               skip_keys=skip_keys)
+      if found:
+        return found
+    return None
+  as_json = lambda v: json.loads(json.dumps(v, default=str))
+  return None if as_json(then) == as_json(now) else (path, then, now)
+
+
 def described_params(config: Dict[str, Any]) -> Optional[bool]:
   """The `ema=` of `orbax_state.load_params` / `trained.load` that gives the
   parameters a run's metrics describe, from its recorded `config`: False
