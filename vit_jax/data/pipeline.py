@@ -496,7 +496,7 @@ def _check_same_range(st: settings_lib.Settings) -> None:
   ops_of = lambda spec: '|'.join(preprocess.expand(spec, st.image_size))
   # The side to change: the one off the models' usual [-1, 1] (the public
   # checkpoints', the presets', MPP's colour targets'), else pp_eval.
-  standard = (0, 255, -1, 1)
+  standard = preprocess.MINUS_ONE_TO_ONE
   if evaluate == standard:
     wrong, right, target = 'pp_train', 'pp_eval', evaluate
   else:
@@ -504,10 +504,7 @@ def _check_same_range(st: settings_lib.Settings) -> None:
   if target == preprocess.PIXELS:
     fix = f'remove value_range from input.{wrong} (as input.{right})'
   else:
-    in_min, in_max, vmin, vmax = target
-    extra = ('' if (in_min, in_max) == (0, 255)
-             else f', in_min={in_min:g}, in_max={in_max:g}')
-    fix = (f'end input.{wrong} with value_range({vmin:g}, {vmax:g}{extra}) '
+    fix = (f'end input.{wrong} with {preprocess.value_range_op(target)} '
            f'as input.{right} does')
     if target == standard:
       fix += " (the presets 'eval', 'resize' and 'inception' do)"

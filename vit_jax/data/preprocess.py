@@ -205,6 +205,8 @@ class Preprocess:
 # value_range op; (0, 255, 0, 255) where pixels keep their decoded values.
 ValueMap = Tuple[float, float, float, float]
 PIXELS: ValueMap = (0.0, 255.0, 0.0, 255.0)
+# value_range(-1, 1): the models' usual inputs (public checkpoints, presets).
+MINUS_ONE_TO_ONE: ValueMap = (0.0, 255.0, -1.0, 1.0)
 
 
 def output_range(spec: Spec, image_size: int) -> Optional[ValueMap]:
@@ -233,12 +235,19 @@ def output_range(spec: Spec, image_size: int) -> Optional[ValueMap]:
 def describe_range(value_map: ValueMap) -> str:
   """'[-1, 1] (value_range(-1, 1))' or '[0, 255] pixel values (no
   value_range)', for error messages."""
-  in_min, in_max, vmin, vmax = value_map
   if value_map == PIXELS:
     return '[0, 255] pixel values (no value_range op)'
+  _, _, vmin, vmax = value_map
+  return f'[{vmin:g}, {vmax:g}] ({value_range_op(value_map)})'
+
+
+def value_range_op(value_map: ValueMap) -> str:
+  """The op making `value_map`: 'value_range(-1, 1)', with in_min / in_max
+  where they are not 0 / 255."""
+  in_min, in_max, vmin, vmax = value_map
   extra = ('' if (in_min, in_max) == (0, 255)
            else f', in_min={in_min:g}, in_max={in_max:g}')
-  return f'[{vmin:g}, {vmax:g}] (value_range({vmin:g}, {vmax:g}{extra}))'
+  return f'value_range({vmin:g}, {vmax:g}{extra})'
 
 
 def build(spec: Spec, image_size: int) -> Preprocess:

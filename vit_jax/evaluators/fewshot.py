@@ -333,10 +333,7 @@ def _check_run_range(name: str, pp: str, ops: str, context: base.Context,
   kept = [op for op in preprocess.PRESETS.get(pp.strip(), pp).split('|')
           if op.strip() and not op.strip().startswith('value_range')]
   if trained != preprocess.PIXELS:
-    in_min, in_max, vmin, vmax = trained
-    extra = ('' if (in_min, in_max) == (0, 255)
-             else f', in_min={in_min:g}, in_max={in_max:g}')
-    kept.append(f'value_range({vmin:g}, {vmax:g}{extra})')
+    kept.append(preprocess.value_range_op(trained))
   raise ValueError(
       f'evals.{name}.pp={pp!r}{" (its default)" if default else ""} '
       'gives few-shot images in '

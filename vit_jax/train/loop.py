@@ -76,7 +76,7 @@ def _check_mpp_value_range(input_config) -> None:
     if not spec:
       continue
     found = preprocess.output_range(spec, input_config.get('image_size') or 0)
-    if found is None or found == (0.0, 255.0, -1.0, 1.0):
+    if found is None or found == preprocess.MINUS_ONE_TO_ONE:
       continue
     raise ValueError(
         f'objective=mpp predicts colours of pixels in [-1, 1], but '
