@@ -628,30 +628,32 @@ def test_evaluator_types_say_what_is_known(digits_model):
 
 def test_an_mpp_evaluation_with_other_settings_is_not_the_runs(tmp_path):
   """`mode=eval` merges into summary.json only the run's own evaluation:
-  for MPP also its objective settings (rate, representation, ...) and the
-  eval batch size, which its per-batch corruption depends on."""
+  for MPP also its objective settings (rate, representation, ...) and its
+  corruption's version; not the eval batch size (corruption per image)."""
   from configs import mpp as mpp_config
   from vit_jax.train import eval_run, run_files
   config = mpp_config.get_config('data=cpu,smoke=true')
   workdir = str(tmp_path)
   run_files.write_config(workdir, config, command='test')
-  run_files.write_summary(workdir, {'steps': 10, 'image_size': 28})
+  summary = {'steps': 10, 'image_size': 28, 'num_processes': 2,
+             'mpp_eval_corruption': 'per_image'}
+  run_files.write_summary(workdir, summary)
   same = lambda c: eval_run._not_the_runs_evaluation(c, workdir, 10, 28)
-  assert same(config) is None
+  assert same(config) is None  # Another process count is the same.
   for field, value in (('mpp.rate', 0.25), ('mpp.representation', 'gap'),
-                       ('input.eval_batch_size', 64),
                        ('objective', 'supervised')):
     other = config.copy_and_resolve_references()
     section, _, key = field.rpartition('.')
     setattr(other.get(section) if section else other, key, value)
     assert same(other) and field.split('.')[0] in same(other), field
-  # Nor on another process count: each global batch holds each process's
-  # next examples, so the corruption differs (a run recorded before the
-  # count was recorded is not compared).
-  run_files.write_summary(workdir, {'num_processes': 2})
-  assert 'MPP evaluated on 1 processes, the run on 2' in same(config)
-  run_files.write_summary(workdir, {'num_processes': 1})
-  assert same(config) is None
+  bigger = config.copy_and_resolve_references()
+  bigger.input.eval_batch_size = 64
+  assert same(bigger) is None
+  # A run of an earlier version drew its corruption per global batch: its
+  # numbers are not this version's.
+  del summary['mpp_eval_corruption']
+  run_files.write_json(workdir, run_files.SUMMARY, summary)
+  assert 'drew its corruption per global batch' in same(config)
   # A supervised run's accuracy does not depend on the eval batch size.
   from configs import smoke
   supervised = smoke.get_config('data=digits,steps=10,batch=32')

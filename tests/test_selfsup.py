@@ -230,6 +230,36 @@ def _mpp_model(**kw):
   return selfsup.from_vit(models.create('ViT-test', num_classes=0), **kw)
 
 
+def test_the_evaluation_corrupts_an_image_the_same_in_any_batch():
+  """The held-out MPP evaluation draws each image's corruption from its
+  pixels: its sums do not depend on the eval batch size, the image's place
+  in the batch or the padding."""
+  from vit_jax.evaluators import mpp as mpp_eval
+  model = _mpp_model(rate=0.25)
+  images = np.random.default_rng(0).uniform(-1, 1, (6, 28, 28, 3)).astype(
+      np.float32)
+  params = model.init(jax.random.key(0), images[:1])['params']
+  params = jax.tree.map(  # A head that predicts something.
+      lambda x: x + 0.05 * jax.random.normal(jax.random.key(1), x.shape),
+      params)
+  sums = lambda im, mask: mpp_eval.batch_sums(
+      params, {'image': jnp.asarray(im), 'mask': jnp.asarray(mask)},
+      jax.random.key(7), model=model)
+  whole = sums(images, np.ones(6, bool))
+  first = sums(images[3::-1], np.ones(4, bool))  # Reversed.
+  padded = np.concatenate([images[4:], np.zeros_like(images[:2])])
+  rest = sums(padded, np.array([1, 1, 0, 0], bool))
+  assert float(whole['count']) == float(first['count'] + rest['count']) > 0
+  for key in ('loss', 'correct', 'examples'):
+    assert float(whole[key]) == pytest.approx(
+        float(first[key] + rest[key]), rel=1e-5), key
+  keys = selfsup.image_keys(jax.random.key(7), jnp.asarray(images))
+  again = selfsup.image_keys(jax.random.key(7), jnp.asarray(images[::-1]))
+  data = jax.random.key_data
+  np.testing.assert_array_equal(data(keys), data(again)[::-1])
+  assert len({tuple(np.asarray(k).ravel()) for k in data(keys)}) == 6
+
+
 def test_mpp_params_initialise_a_classifier_without_head_or_mask(caplog):
   images = jnp.zeros((2, 28, 28, 3))
   params = _mpp_model().init(jax.random.key(0), images)['params']

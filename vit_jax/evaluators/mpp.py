@@ -2,14 +2,14 @@
 
 The run's `eval` evaluator when `config.objective='mpp'`: every image of the
 split (`input.eval_split`, or `split` / `data` of its section) is corrupted
-exactly as in training, with a fixed key per batch (so every evaluation of
-every checkpoint sees the same corruption), and the loss and accuracy over
-the selected positions are averaged over all of them. As in training, the
-corruption of a batch is drawn from one key for the whole global batch (the
-"other patch" of the 10% replacements comes from the same image), so which
-positions an image gets depends on its place in the batch: numbers are
-comparable at the same `input.eval_batch_size` and process count, not
-across them.
+as in training, but with its own key drawn from `seed` and its pixels
+(`selfsup.image_keys`), and the loss and accuracy over the selected
+positions are averaged over all of them. An image gets the same corruption
+in every evaluation of every checkpoint, whatever the eval batch size, its
+place in the batch or the process count, so the numbers compare across all
+of them. Runs record this as `mpp_eval_corruption: 'per_image'` in
+summary.json (`CORRUPTION`); earlier versions drew one key per global batch
+and their numbers differ.
 
 Metrics: `{prefix}mpp_loss`, `{prefix}mpp_accuracy` (the fraction of the
 selected positions' predictions that are right; absent for the 'pixels'
@@ -31,13 +31,17 @@ from vit_jax.data import pipeline
 from vit_jax.evaluators import base
 from vit_jax import sharding as shd
 
+CORRUPTION = 'per_image'  # What summary.json's `mpp_eval_corruption` says.
+
 
 def batch_sums(params: Any, batch: Dict[str, jax.Array], key: jax.Array, *,
                model: nn.Module) -> Dict[str, jax.Array]:
-  """Sums over the selected positions of the real rows of one batch."""
+  """Sums over the selected positions of the real rows of one batch, each
+  image corrupted with its own key (`selfsup.image_keys(key, ...)`)."""
+  keys = selfsup.image_keys(key, batch['image'])
   with nn.logical_axis_rules(shd.ACTIVATION_RULES):
     outputs, selected = model.apply({'params': params}, batch['image'],
-                                    train=False, rngs={'mpp': key})
+                                    train=False, corruption_keys=keys)
   out = selfsup.sums(outputs, selected, batch['image'], target=model.target,
                      stride=model.stride, bits=model.bits,
                      weights=batch['mask'])
@@ -74,10 +78,9 @@ class MaskedPatchEval(base.Evaluator):
   def run(self, params: Any) -> Dict[str, float]:
     sums = None
     key = jax.random.PRNGKey(self._seed)
-    for i, batch in enumerate(self._batches):
+    for batch in self._batches:
       batch = {'image': batch['image'], 'mask': batch['mask']}
-      out = self._sums(params, shd.global_batch(batch, self._mesh),
-                       jax.random.fold_in(key, i))
+      out = self._sums(params, shd.global_batch(batch, self._mesh), key)
       sums = out if sums is None else jax.tree.map(jnp.add, sums, out)
     if sums is None:
       raise ValueError(f'evals.{self.name}: split {self._split!r} of '

@@ -12,7 +12,8 @@ see configs/mpp.py and docs/selfsup.md.
 """
 
 from vit_jax import models
-from vit_jax.selfsup.corruption import corrupt, num_selected
+from vit_jax.selfsup.corruption import (corrupt, corrupt_each, image_keys,
+                                         num_selected)
 from vit_jax.selfsup.model import (PARAMS, REPRESENTATIONS, TARGETS,
                                    MaskedPatchPrediction, check_options,
                                    from_vit, output_shape)
@@ -44,7 +45,8 @@ def model_from_config(config, num_classes: int, platform: str = None):
 
 __all__ = ['MaskedPatchPrediction', 'OBJECTIVES', 'PARAMS',
            'REPRESENTATIONS', 'TARGETS', 'check_options', 'corrupt',
-           'downsized_targets', 'from_vit', 'loss_and_metrics',
+           'corrupt_each', 'downsized_targets', 'from_vit', 'image_keys',
+           'loss_and_metrics',
            'make_targets', 'model_from_config', 'num_classes',
            'num_selected', 'output_shape', 'patch_colour_targets',
            'pixel_targets', 'quantise', 'sums']

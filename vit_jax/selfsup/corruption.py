@@ -13,6 +13,11 @@ its own rows without communication, and its memory does not grow with the
 global batch (drawing from the whole batch gathered every device's patch
 embeddings onto each device: 5 GB per device at ViT-B/16, batch 4096;
 docs/selfsup.md).
+
+Training draws one key per step (`corrupt`). The held-out evaluation draws
+one key per image from the image's pixels (`image_keys`, `corrupt_each`):
+an image is corrupted the same way whatever batch, batch size or process
+count it is evaluated in, so its numbers compare across all of them.
 """
 
 from __future__ import annotations
@@ -36,6 +41,37 @@ def num_selected(num_patches: int, rate: float) -> int:
   up, unlike Python's round), at least one."""
   check_rate(rate)
   return min(num_patches, max(1, int(rate * num_patches + 0.5)))
+
+
+def image_keys(key: jax.Array, images: jax.Array) -> jax.Array:
+  """One key per image of `images` (batch, ...): `key` folded with a hash
+  of the image's float32 bits, so a function of `key` and the pixels only.
+
+  The hash is a sum of the bits times fixed odd multipliers in uint32
+  (wrapping): integer arithmetic, exact in any order, so the same on every
+  batch size, sharding and platform.
+  """
+  bits = jax.lax.bitcast_convert_type(images.astype(jnp.float32), jnp.uint32)
+  bits = bits.reshape(images.shape[0], -1)
+  mult = jax.random.bits(jax.random.PRNGKey(0), bits.shape[1:], jnp.uint32)
+  digest = jnp.sum(bits * (mult | 1), axis=1, dtype=jnp.uint32)
+  return jax.vmap(lambda d: jax.random.fold_in(key, d))(digest)
+
+
+def corrupt_each(keys: jax.Array, tokens: jax.Array, mask_token: jax.Array,
+                 rate: float = 0.5) -> Tuple[jax.Array, jax.Array]:
+  """`corrupt` of each image of `tokens` (batch, N, D) with its own key of
+  `keys` (batch keys, e.g. `image_keys`): the same image and key give the
+  same corruption in any batch."""
+  if tokens.ndim != 3 or keys.shape[0] != tokens.shape[0]:
+    raise ValueError(f'expected one key per image: {keys.shape[0]} keys for '
+                     f'tokens {tuple(tokens.shape)}')
+
+  def one(key, row):
+    out, selected = corrupt(key, row[None], mask_token, rate)
+    return out[0], selected[0]
+
+  return jax.vmap(one)(keys, tokens)
 
 
 def corrupt(rng: jax.Array, tokens: jax.Array, mask_token: jax.Array,

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from vit_jax.models import dense, vit
 from vit_jax.models.partitioning import with_axes
 from vit_jax.selfsup import targets as targets_lib
-from vit_jax.selfsup.corruption import check_rate, corrupt
+from vit_jax.selfsup.corruption import check_rate, corrupt, corrupt_each
 
 TARGETS = ('colour', 'downsized', 'pixels')
 REPRESENTATIONS = ('token', 'gap')
@@ -75,9 +75,12 @@ class MaskedPatchPrediction(vit.VisionTransformer):
   representation: str = 'token'
 
   @nn.compact
-  def __call__(self, images, *, train: bool = False):
+  def __call__(self, images, *, train: bool = False, corruption_keys=None):
     """(predictions, selected): float32 (batch, N, *output_shape) and the
-    bool (batch, N) corrupted positions (all False without an `mpp` rng)."""
+    bool (batch, N) corrupted positions (all False without an `mpp` rng or
+    `corruption_keys`). `corruption_keys` (one key per image, e.g.
+    `corruption.image_keys`) corrupts each image with its own key instead
+    of the `mpp` rng's one key for the batch."""
     check_options(self.target, self.bits, self.rate, self.representation)
     if self.representation == 'token' and self.classifier != 'token':
       raise ValueError("mpp representation='token' needs a class token: "
@@ -87,7 +90,10 @@ class MaskedPatchPrediction(vit.VisionTransformer):
         'mask_token', with_axes(nn.initializers.normal(stddev=0.02),
                                 ('embed',)),
         (tokens.shape[-1],), self.param_dtype)
-    if self.has_rng('mpp'):
+    if corruption_keys is not None:
+      tokens, selected = corrupt_each(corruption_keys, tokens, mask_token,
+                                      self.rate)
+    elif self.has_rng('mpp'):
       tokens, selected = corrupt(self.make_rng('mpp'), tokens, mask_token,
                                  self.rate)
     else:

@@ -212,8 +212,8 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
   run's results (summary.json, where the tables read them), else None: the
   run must have finished at that step, and the evaluation be the one it
   ran (its data, split, pre-processing, loss, EMA mode, resolution,
-  objective and its settings (for MPP also the eval batch size and the
-  process count), and each of its evaluators with the same settings). An
+  objective and its settings (for MPP also how its corruption is drawn:
+  runs before 2026-11-29 drew it per global batch), and each of its evaluators with the same settings). An
   evaluator the run did not have may be added unless it writes a metric
   the run's summary already has (`metrics`: each evaluator's, by name).
   """
@@ -225,13 +225,11 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
             f'({run.get("steps")})')
   if run.get('image_size', image_size) != image_size:
     return f'image size {image_size}, the run\'s is {run["image_size"]}'
-  # MPP corrupts patches per global batch, which holds each process's next
-  # examples: its numbers change with the process count (not the mesh).
-  ran = run.get('num_processes')
-  if (config.get('objective') == 'mpp' and ran is not None
-      and ran != jax.process_count()):
-    return (f'MPP evaluated on {jax.process_count()} processes, the run on '
-            f'{ran}: its batches, and so its corruption, differ')
+  if (config.get('objective') == 'mpp' and run.get('mpp_eval_corruption')
+      != evaluators.mpp.CORRUPTION):
+    return ('the run\'s MPP evaluation drew its corruption per global batch '
+            '(a version before 2026-11-29); this one draws it per image, so '
+            'its numbers differ')
   why = differs_from_run(config, workdir)
   if why:
     return why
@@ -292,10 +290,9 @@ _MISSING = object()  # A key the run's record lacks (an older version's).
 _SAME = ((('input', 'data'), _MISSING), (('input', 'eval_split'), _MISSING),
          (('input', 'pp_eval'), _MISSING), (('eval_ema',), 'ema'),
          (('objective',), 'supervised'), (('loss',), 'softmax'))
-# Masked patch prediction: its objective's settings, and its corruption is
-# drawn from one key per global batch, so its numbers also depend on the
-# eval batch size.
-_SAME_MPP = ((('mpp',), _MISSING), (('input', 'eval_batch_size'), _MISSING))
+# Masked patch prediction: its objective's settings (its corruption is drawn
+# per image, the same at any eval batch size or process count).
+_SAME_MPP = ((('mpp',), _MISSING),)
 
 
 def _same(now: Dict[str, Any]):

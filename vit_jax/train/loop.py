@@ -455,6 +455,8 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'forward_gflops': run.forward_flops / 1e9,
       'exaflops': examples * 3 * run.forward_flops / 1e18,
       'objective': config.get('objective', 'supervised'),
+      **({'mpp_eval_corruption': evaluators.mpp.CORRUPTION}
+         if config.get('objective') == 'mpp' else {}),
       'report': _report(config, run.saved.get('init_objective'),
                         run.saved.get('init_report'),
                         ran=(run.steps, run.image_shape)),
