@@ -504,6 +504,12 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
     with pytest.raises(ValueError, match=f"--config.{key}='{value}' cannot "
                        'work; expected'):
       config_check.check(bad)
+  # An option the model's family lacks (a ResNet has no remat).
+  bit = config.copy_and_resolve_references()
+  bit.model.name, bit.model.remat = 'BiT-R50x1', True
+  with pytest.raises(ValueError, match='--config.model.remat=True: BiT-R50x1 '
+                     r'\(BiT\) has no option remat; its options: depth, '):
+    config_check.check(bit)
   # 0 switches clipping off, and lets total_epochs set the length.
   off = config.copy_and_resolve_references()
   off.optim.grad_clip_norm, off.total_steps, off.total_epochs = 0.0, 0, 1.0

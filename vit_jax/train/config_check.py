@@ -116,7 +116,8 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
   name = _get(config, 'model.name')
   try:
     if name is not None:
-      models.spec(name)
+      cls = models.spec(name)['cls']
+      yield from _option_problems(config, name, cls)
   except ValueError as e:  # Names the close ones and every known one.
     yield f'--config.model.name={name!r}: {e}'
   if (config.get('mode', 'train') == 'train' and not config.get('total_steps')
@@ -129,6 +130,17 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
     problem = optim.warmup_problem(warmup, steps)  # Epoch runs: at setup.
     if problem:
       yield problem
+
+
+def _option_problems(config: ml_collections.ConfigDict, name: str,
+                     cls: type) -> Iterator[str]:
+  """Model options the config sets (not None) that `name`'s family lacks,
+  e.g. `model.remat` on a BiT ResNet (ViT options are not universal)."""
+  fields = set(cls.__dataclass_fields__) - {'parent', 'name', 'num_classes'}
+  for key, value in sorted(config.get('model', {}).items()):
+    if key != 'name' and value is not None and key not in fields:
+      yield (f'--config.model.{key}={value!r}: {name} ({cls.__name__}) has '
+             f'no option {key}; its options: {", ".join(sorted(fields))}')
 
 
 def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
