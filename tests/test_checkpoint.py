@@ -271,6 +271,23 @@ def test_load_pretrained_keep_head(vit):
   _assert_trees_equal(new, params)
 
 
+def test_load_pretrained_keep_head_refuses_a_new_pre_logits_layer():
+  """A fine-tuned checkpoint without pre_logits into a model with one of the
+  same width: the shapes fit, but the kept head would read a new random
+  layer's outputs (other logits), so it is refused."""
+  source = models.create('ViT-test', num_classes=5)
+  params = perturb(_init(source, (1, 28, 28, 3)))
+  target = models.create('ViT-test', num_classes=5, representation_size=32)
+  init = _init(target, (1, 28, 28, 3))
+  with pytest.raises(CheckpointError, match=r'no pre_logits layer, the target '
+                     r'model has one .*without representation_size.*'
+                     r'keep_head=False'):
+    checkpoint.load_pretrained(params, init, keep_head=True)
+  # A new head (fine-tuning) starts with the fresh pre_logits, as before.
+  new = checkpoint.load_pretrained(params, init)
+  _assert_trees_equal(new['pre_logits'], init['pre_logits'])
+
+
 def test_load_pretrained_takes_the_targets_dtypes(tmp_path, vit):
   """A float32 .npz starting a bfloat16-parameter model gives bfloat16
   parameters everywhere (not float32 weights beside a bfloat16 head)."""
@@ -304,6 +321,41 @@ def test_load_pretrained_names_missing_key(vit):
                      match=r'missing key embedding/kernel \(expected shape '
                      r'\(4, 4, 3, 32\)\)'):
     checkpoint.load_pretrained(params, _init(target, (1, 28, 28, 3)))
+
+
+@pytest.mark.parametrize('prefix,others', [
+    ('params/', {}),  # big_vision.
+    ('opt/target/', {'opt/state/step': np.int64(7)}),  # Flax optimizer.
+])
+def test_training_checkpoints_load_without_their_prefix(tmp_path, vit, caplog,
+                                                        prefix, others):
+  """The model's arrays under a training checkpoint's prefix load as the
+  model; the optimizer's state beside them is dropped."""
+  model, params = vit
+  path = str(tmp_path / 'train.npz')
+  _write_flat(path, {**{prefix + k: v for k, v in _flat(params).items()},
+                     **others})
+  with caplog.at_level('INFO'):
+    _assert_trees_equal(checkpoint.load_npz(path), params)
+  assert f'loading its {prefix}* arrays' in caplog.text
+  new = checkpoint.load_pretrained(path, _init(model, (1, 28, 28, 3)),
+                                   keep_head=True)
+  _assert_trees_equal(new, params)
+
+
+def test_mismatch_error_shows_missing_and_unexpected_keys(tmp_path, vit):
+  """Every key under an unknown prefix: the error shows the unexpected keys
+  (the cause) beside the missing ones, not 20 missing keys alone."""
+  model, params = vit
+  path = str(tmp_path / 'odd.npz')
+  _write_flat(path, {'model/' + k: v for k, v in _flat(params).items()})
+  with pytest.raises(CheckpointError) as e:
+    checkpoint.load_pretrained(path, _init(model, (1, 28, 28, 3)))
+  text = str(e.value)
+  assert 'missing key Transformer/' in text
+  assert 'unexpected key model/Transformer/' in text
+  assert re.search(r'\.\.\. and \d+ more missing', text)
+  assert re.search(r'\.\.\. and \d+ more unexpected', text)
 
 
 def test_npz_on_an_object_store(tmp_path, vit, monkeypatch):

@@ -172,6 +172,52 @@ def test_from_hf_wrong_model_is_a_clear_error():
     checkpoint.from_hf(hf.state_dict(), 'ViT-Ti/16', num_layers=0)
 
 
+def _four_heads():
+  """A ViT-test-shaped HF model (hidden 32, 2 layers) with 4 heads, not 2."""
+  torch.manual_seed(0)
+  cfg = checkpoint.hf_config('ViT-test', num_classes=5, image_size=28,
+                             num_heads=4)
+  cfg.initializer_range = 0.3
+  return transformers.ViTForImageClassification(cfg).eval()
+
+
+def test_a_wrong_head_count_is_refused_not_loaded():
+  """The weights fit any head count dividing the width: loaded as ViT-test
+  (2 heads) a 4-head model would give other logits, so it is refused, and
+  the override the error names gives the HF model's logits."""
+  hf = _four_heads()
+  with pytest.raises(CheckpointError, match=r'num_attention_heads=4, '
+                     r'ViT-test has num_heads=2.*overrides num_heads=4'):
+    checkpoint.from_hf_model(hf, 'ViT-test')
+  with pytest.raises(CheckpointError, match='num_attention_heads=4'):
+    checkpoint.from_hf(hf.state_dict(), 'ViT-test', config=hf.config)
+  model, params = checkpoint.from_hf_model(hf, 'ViT-test', num_heads=4)
+  x = _images(2, 28)
+  theirs = _hf_logits(hf, x)
+  assert np.abs(theirs).max() > 0.1
+  np.testing.assert_allclose(np.asarray(model.apply({'params': params}, x)),
+                             theirs, atol=TOL, rtol=0)
+
+
+def test_a_directory_of_other_dimensions_than_model_is_refused(tmp_path):
+  """predict --init=<HF dir> --model=NAME: a NAME of other dimensions is
+  refused, naming the --model that fits, or the Python call where none
+  does."""
+  from vit_jax import trained
+  _four_heads().save_pretrained(str(tmp_path / 'heads'))
+  with pytest.raises(trained.TrainedModelError,
+                     match=r"num_attention_heads=4, ViT-test has num_heads=2.*"
+                     r"from_hf_model\(hf_model, 'ViT-test', num_heads=4\)"):
+    trained.load(str(tmp_path / 'heads'), model='ViT-test')
+  cfg = checkpoint.hf_config('ViT-test', num_classes=5, image_size=28)
+  transformers.ViTForImageClassification(cfg).save_pretrained(
+      str(tmp_path / 'test'))
+  with pytest.raises(trained.TrainedModelError,
+                     match='hidden_size=32.*pass --model=ViT-test'):
+    trained.load(str(tmp_path / 'test'), model='ViT-Ti/16')
+  assert trained.load(str(tmp_path / 'test')).name == 'ViT-test'
+
+
 def test_a_directory_without_a_classifier_is_not_given_a_random_one(
     tmp_path, caplog):
   """A ViTModel's save_pretrained (how ImageNet-21k pre-trainings are

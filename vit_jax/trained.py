@@ -457,6 +457,7 @@ def _from_hf(path: str, model: Optional[str],
   cfg = hf_model.config
   name = model or getattr(cfg, 'vit_jax_model', None) or _zoo_name(cfg)
   options = dict(getattr(cfg, 'vit_jax_options', None) or {})
+  _check_hf_dims(path, cfg, name, options)
   module, params = from_hf_model(hf_model, name, **options)
   if headless:  # transformers initialised a classifier at random: not ours.
     params.pop('head', None)
@@ -508,21 +509,38 @@ def _check_hf_weights(path: str, info: dict) -> bool:
 
 def _zoo_name(cfg) -> str:
   """The zoo ViT with the Hugging Face config's dimensions."""
-  for name in models.names():
-    kw = models.options(name)
-    if (models.spec(name)['cls'] is models.VisionTransformer
-        and kw.get('resnet_layers') is None
-        and kw.get('hidden_size') == cfg.hidden_size
-        and kw.get('num_layers') == cfg.num_hidden_layers
-        and kw.get('num_heads') == cfg.num_attention_heads
-        and kw.get('mlp_dim') == cfg.intermediate_size
-        and kw.get('patch_size') == cfg.patch_size):
-      return name
+  from vit_jax.checkpoint import hf
+  name = hf.zoo_name(cfg)
+  if name is None:
+    raise TrainedModelError(
+        'no zoo ViT has the dimensions of this Hugging Face config ('
+        + _options_text(hf.config_dims(cfg)) + '): from Python, '
+        "vit_jax.checkpoint.from_hf_model(hf_model, 'ViT-B/16', "
+        '**those_options) (any ViT name) loads it')
+  return name
+
+
+def _check_hf_dims(path: str, cfg, name: str, options) -> None:
+  """TrainedModelError where `name` (with `options`) has other dimensions
+  than the Hugging Face config: its weights may even load (a head count is
+  not in them) and compute something else."""
+  from vit_jax.checkpoint import hf
+  wrong = hf.dims_mismatch(cfg, name, options)
+  if not wrong:
+    return
+  fits = hf.zoo_name(cfg)
   raise TrainedModelError(
-      f'no zoo ViT has the dimensions of this Hugging Face config (hidden '
-      f'{cfg.hidden_size}, {cfg.num_hidden_layers} layers, '
-      f'{cfg.num_attention_heads} heads, patch {cfg.patch_size}): pass '
-      '--model=NAME')
+      f'{path} is not a {name}: {hf.describe_mismatch(wrong, name)}, so it '
+      'would not compute what the Hugging Face model does; '
+      + (f'pass --model={fits}' if fits else
+         'no zoo ViT has its dimensions: from Python, vit_jax.checkpoint.'
+         f'from_hf_model(hf_model, {name!r}, '
+         + _options_text({k: v for k, (v, _) in wrong.items()})
+         + ') loads it'))
+
+
+def _options_text(options) -> str:
+  return ', '.join(f'{k}={v}' for k, v in options.items())
 
 
 def _hf_processor_config(path: str) -> dict:

@@ -21,7 +21,7 @@ without a pre-logits layer exist on the HF side.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 from flax import traverse_util
@@ -78,6 +78,73 @@ def _vit_spec(name: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
         'ViTForImageClassification counterpart: only plain class-token ViTs '
         'without a pre-logits layer (drop it with load_pretrained) convert')
   return kw
+
+
+# Our ViT option -> the Hugging Face `ViTConfig` field declaring the same
+# dimension. The weights' shapes show all but the head count: the attention
+# weights split into any number of heads dividing the width, so a wrong
+# count loads and computes something else; the config is compared instead.
+_DIMS = {
+    'hidden_size': 'hidden_size',
+    'num_layers': 'num_hidden_layers',
+    'num_heads': 'num_attention_heads',
+    'mlp_dim': 'intermediate_size',
+    'patch_size': 'patch_size',
+}
+
+
+def config_dims(hf_cfg) -> Dict[str, int]:
+  """The dimensions of HF config `hf_cfg`, as our ViT's option names."""
+  return {ours: int(getattr(hf_cfg, theirs)) for ours, theirs in _DIMS.items()}
+
+
+def zoo_name(hf_cfg) -> Optional[str]:
+  """The zoo ViT with the dimensions of HF config `hf_cfg` (None: none)."""
+  dims = config_dims(hf_cfg)
+  for name in models.names():
+    kw = models.options(name)
+    if (models.spec(name)['cls'] is models.VisionTransformer
+        and kw.get('resnet_layers') is None
+        and not kw.get('representation_size')
+        and kw.get('classifier', 'token') == 'token'
+        and all(kw.get(k) == v for k, v in dims.items())):
+      return name
+  return None
+
+
+def dims_mismatch(hf_cfg, name: str,
+                  overrides: Mapping[str, Any]) -> Dict[str, Tuple[int, Any]]:
+  """The dimensions in which `create(name, **overrides)` differs from HF
+  config `hf_cfg`: our option name -> (the config's value, the model's);
+  empty where they agree."""
+  kw = _vit_spec(name, overrides)
+  return {k: (v, kw.get(k)) for k, v in config_dims(hf_cfg).items()
+          if kw.get(k) != v}
+
+
+def describe_mismatch(wrong: Mapping[str, Tuple[int, Any]], name: str) -> str:
+  """`dims_mismatch`'s result in words, e.g. 'the Hugging Face model has
+  num_attention_heads=4, ViT-test has num_heads=2'."""
+  return ('the Hugging Face model has '
+          + ', '.join(f'{_DIMS[k]}={v}' for k, (v, _) in wrong.items())
+          + f', {name} has '
+          + ', '.join(f'{k}={ours}' for k, (_, ours) in wrong.items()))
+
+
+def check_config(hf_cfg, name: str, **overrides) -> None:
+  """CheckpointError unless `create(name, **overrides)` has the dimensions
+  HF config `hf_cfg` declares (the head count, which the weights do not
+  show, included)."""
+  wrong = dims_mismatch(hf_cfg, name, overrides)
+  if not wrong:
+    return
+  fits = zoo_name(hf_cfg)
+  raise CheckpointError(
+      f'{describe_mismatch(wrong, name)}: it would not compute what the '
+      'Hugging Face model does. Load it ' + (f'as {fits!r}, or ' if fits
+                                               else '')
+      + f'as {name!r} with the overrides '
+      + ', '.join(f'{k}={v}' for k, (v, _) in wrong.items()))
 
 
 def model_options(hf_cfg) -> Dict[str, Any]:
@@ -164,12 +231,18 @@ def to_hf(params: Mapping[str, Any], name: str, *,
   return {k: torch.from_numpy(np.array(v, np.float32)) for k, v in out.items()}
 
 
-def from_hf(state_dict: Mapping[str, Any], name: str, **overrides) -> dict:
+def from_hf(state_dict: Mapping[str, Any], name: str, *, config=None,
+            **overrides) -> dict:
   """A `ViTForImageClassification` state dict (4.x or 5.x keys) -> params.
 
   The result fits `models.create(name, num_classes=<classifier rows>)`.
+  The weights do not show the head count: pass the model's `config`
+  (`hf_model.config`) to have it and the other dimensions checked against
+  `name`'s (`from_hf_model` always does).
   """
   kw = _vit_spec(name, overrides)
+  if config is not None:
+    check_config(config, name, **overrides)
   sd = {_v5_key(k): _numpy(v) for k, v in state_dict.items()}
   d, heads = kw['hidden_size'], kw['num_heads']
   used = set()
@@ -237,11 +310,13 @@ def from_hf_model(hf_model, name: str, **overrides):
   """A `ViTForImageClassification` -> (our model, its params).
 
   The model's activation follows `hf_model.config.hidden_act`; its head has
-  as many classes as the HF classifier (none without one).
+  as many classes as the HF classifier (none without one). CheckpointError
+  where `name` (with `overrides`) has other dimensions than the HF config.
   """
   options = dict(overrides)
   options.update(model_options(hf_model.config))
-  params = from_hf(hf_model.state_dict(), name, **options)
+  params = from_hf(hf_model.state_dict(), name, config=hf_model.config,
+                   **options)
   num_classes = params['head']['bias'].shape[0] if 'head' in params else None
   return models.create(name, num_classes=num_classes, **options), params
 

@@ -12,7 +12,8 @@ MultiHeadDotProductAttention_0/query/kernel`, `embedding/kernel`, `cls`,
     what our models use and what `save_npz` writes.
 
 Old hybrid checkpoints stored GroupNorm scales and biases as (1, 1, 1, C);
-they are reshaped to (C,).
+they are reshaped to (C,). Training checkpoints hold the model under a
+prefix (`TRAINING_PREFIXES`): it is stripped, the optimizer state dropped.
 
 The public BiT files (`BiT-M-R50x1.npz`, ..., google-research/big_transfer)
 name the same parameters in their own way (`resnet/root_block/
@@ -33,6 +34,7 @@ import zlib
 from typing import Any, Dict, Mapping
 
 import numpy as np
+from absl import logging
 from etils import epath
 from flax import traverse_util
 from flax.training.checkpoints import convert_pre_linen
@@ -79,7 +81,7 @@ def _to_numpy(x) -> np.ndarray:
 
 def load_npz(path: str) -> Params:
   """Reads a checkpoint into a nested dict of numpy arrays, linen naming."""
-  flat = read_flat(path)
+  flat = _model_params(read_flat(path), path)
   if any(k.startswith(BIG_TRANSFER_PREFIX) for k in flat):
     flat = _from_big_transfer(flat, path)
   params = traverse_util.unflatten_dict(
@@ -140,6 +142,27 @@ def _read_array(data, key, path):
     raise CheckpointError(
         f'{path}: array {key!r} is not a plain array (object arrays are '
         f'refused, allow_pickle=False): {e}') from e
+
+
+# Training checkpoints hold the model's parameters under a prefix, beside
+# the optimizer's state: big_vision's under `params/`, vision_transformer's
+# old Flax-optimizer ones under `opt/target/` (`opt/state/...` beside them).
+TRAINING_PREFIXES = ('params/', 'opt/target/')
+
+
+def _model_params(flat: Dict[str, np.ndarray],
+                  path: str) -> Dict[str, np.ndarray]:
+  """The model's parameters of a training checkpoint (`TRAINING_PREFIXES`),
+  prefix stripped, the rest dropped (logged); other files unchanged."""
+  for prefix in TRAINING_PREFIXES:
+    if any(k.startswith(prefix) for k in flat):
+      rest = sorted({k.split('/')[0] for k in flat if not k.startswith(prefix)})
+      logging.info('%s is a training checkpoint: loading its %s* arrays as '
+                   'the model%s', path, prefix,
+                   f' (dropping {", ".join(rest)})' if rest else '')
+      return {k[len(prefix):]: v for k, v in flat.items()
+              if k.startswith(prefix)}
+  return flat
 
 
 BIG_TRANSFER_PREFIX = 'resnet/'
@@ -207,18 +230,25 @@ def check_params(expected: Mapping[str, Any], found: Mapping[str, Any],
          traverse_util.flatten_dict(dict(expected)).items()}
   got = {'/'.join(k): tuple(np.shape(v)) for k, v in
          traverse_util.flatten_dict(dict(found)).items()}
-  problems = []
-  for k in sorted(set(exp) - set(got)):
-    problems.append(f'missing key {k} (expected shape {exp[k]})')
-  for k in sorted(set(got) - set(exp)):
-    problems.append(f'unexpected key {k} (shape {got[k]})')
-  for k in sorted(set(exp) & set(got)):
-    if exp[k] != got[k]:
-      problems.append(f'shape mismatch for {k}: expected {exp[k]}, '
-                      f'found {got[k]}')
-  if problems:
-    shown = '\n  '.join(problems[:20])
-    more = f'\n  ... and {len(problems) - 20} more' if len(problems) > 20 else ''
+  kinds = {  # Each kind's first lines are shown: together, they tell why.
+      'missing': [f'missing key {k} (expected shape {exp[k]})'
+                  for k in sorted(set(exp) - set(got))],
+      'unexpected': [f'unexpected key {k} (shape {got[k]})'
+                     for k in sorted(set(got) - set(exp))],
+      'mis-shaped': [f'shape mismatch for {k}: expected {exp[k]}, found '
+                     f'{got[k]}' for k in sorted(set(exp) & set(got))
+                     if exp[k] != got[k]],
+  }
+  total = sum(len(lines) for lines in kinds.values())
+  if total:
+    shown = []
+    for kind, lines in kinds.items():
+      shown += lines[:_SHOWN]
+      if len(lines) > _SHOWN:
+        shown.append(f'... and {len(lines) - _SHOWN} more {kind}')
     raise CheckpointError(
-        f'{what} does not fit the model ({len(problems)} problem(s)):\n  '
-        f'{shown}{more}')
+        f'{what} does not fit the model ({total} problem(s)):\n  '
+        + '\n  '.join(shown))
+
+
+_SHOWN = 8  # Lines `check_params` shows of each kind of problem.

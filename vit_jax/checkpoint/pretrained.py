@@ -51,7 +51,8 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
     init_params: freshly initialised params of the target model (their shapes
       and their zero head are what is returned where the checkpoint differs).
     keep_head: keep the checkpoint's head instead (same class count), e.g. to
-      evaluate a fine-tuned checkpoint at another resolution.
+      evaluate a fine-tuned checkpoint at another resolution; the checkpoint
+      and the target must then agree on having a `pre_logits` layer.
     grid: (rows, cols) of the target's patch grid
       (`vit_jax.models.patch_grid`); required when it is not square. Whether
       either side has a class-token row is read from its `cls` parameter.
@@ -87,6 +88,13 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
   # mask token and head on a classifier's weights (continued as MPP).
   fresh = sorted({k[0] for k in target if k[0] in ('pre_logits',) +
                   SELF_SUPERVISED and not any(j[0] == k[0] for j in loaded)})
+  if keep_head and 'pre_logits' in fresh:
+    # The checkpoint's head would read a new random layer's outputs.
+    raise CheckpointError(
+        f'{source} has no pre_logits layer, the target model has one '
+        '(representation_size): its head kept behind a new random pre_logits '
+        'layer would not give its logits. Load it into a model without '
+        'representation_size, or train a new head (keep_head=False)')
   if fresh:
     logging.info('%s has no %s: the target model\'s fresh %s kept',
                  source, ', '.join(fresh), 'ones are' if len(fresh) > 1
