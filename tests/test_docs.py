@@ -213,3 +213,42 @@ def test_readme_test_command_is_what_ci_runs():
   ci = open(os.path.join(ROOT, '.ci', 'run')).read()
   command = next(l for l in ci.splitlines() if 'pytest' in l).strip()
   assert command in readme, (command, 'not in README.md')
+
+
+def _table_rows(text):
+  """Markdown table rows, cells stripped (column padding is no difference)."""
+  return [tuple(c.strip() for c in l.strip().strip('|').split('|'))
+          for l in text.splitlines() if l.startswith('| ')]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('command,doc', [
+    (['vit_jax.models'], 'README.md'),
+    (['vit_jax.accounting', '--table'], os.path.join('docs', 'accounting.md')),
+])
+def test_printed_tables_in_the_docs_are_the_current_output(command, doc):
+  """The README's zoo table and accounting.md's Table 1 / FLOP tables are
+  pasted output: every row the command prints is in the page as printed
+  (about a minute: XLA's cost analysis of every model)."""
+  out = subprocess.run([sys.executable, '-m', *command], cwd=ROOT,
+                       capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-2000:]
+  page = set(_table_rows(open(os.path.join(ROOT, doc)).read()))
+  rows = _table_rows(out.stdout)
+  assert len(rows) > 10
+  stale = [r for r in rows if r not in page]
+  assert not stale, f'{doc} lacks these rows of {command}: {stale}'
+
+
+def test_the_dataset_listing_the_docs_point_to_runs():
+  """inspect.md and data.md send users to `python -m vit_jax.data` for the
+  dataset names: it prints one row per registry name."""
+  from vit_jax.data import registry
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.data'], cwd=ROOT,
+                       capture_output=True, text=True,
+                       env=dict(os.environ, JAX_PLATFORMS='cpu'))
+  assert out.returncode == 0, out.stderr[-2000:]
+  listed = [l.split('|')[1].strip() for l in out.stdout.splitlines()[2:]]
+  assert listed == registry.names()
+  assert '| fashion_mnist | tfds | 10 | train | test | 28 |' in out.stdout

