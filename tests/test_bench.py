@@ -390,3 +390,66 @@ def test_arguments_that_cannot_be_measured_are_refused():
     bench.FLAGS['warmup'].parse('-1')
   with pytest.raises(ValueError, match='at least one patch'):
     check_image_shape((1, 0, 0, 3), 16)
+
+
+def test_an_objective_for_the_infer_mode_is_refused():
+  """`--objective=mpp --mode=infer` timed the supervised classifier and
+  said nothing; like `--accum_steps`, it is a usage error now."""
+  import pytest
+  from absl import app
+  from absl import flags as absl_flags
+  from absl.testing import flagsaver
+  from vit_jax import bench
+  if not absl_flags.FLAGS.is_parsed():
+    absl_flags.FLAGS.mark_as_parsed()
+  with flagsaver.flagsaver(objective='mpp', mode='infer', input_only=False):
+    with pytest.raises(app.UsageError,
+                       match=r'--objective=mpp applies to --mode=train'):
+      bench.main(['bench'])
+
+
+_FAKE_BENCH = '''
+import json, os, sys
+out = [a.split('=', 1)[1] for a in sys.argv if a.startswith('--json=')]
+flags = os.environ.get('XLA_FLAGS', '')
+if out:
+  with open(out[0], 'w') as f:
+    json.dump({'img_per_s': 100.0 + len(flags), 'xla_flags': flags,
+               'other': os.environ.get('OTHER')}, f)
+'''
+
+
+def test_gpu_session_passes_each_flag_set_whole_and_writes_json_lines(
+    tmp_path):
+  """`TRIALS='XLA_FLAGS=--x=1 --y=2|...'` was word-split (`env $ENV`): the
+  row ran with `--x=1` only. Each row now gets the whole value, logs the
+  XLA_FLAGS it ran with, and json.txt has one JSON object per bench row,
+  named, in the order run (it was the JSONs concatenated)."""
+  import shutil
+  import pytest
+  if not shutil.which('bash'):
+    pytest.skip('no bash')
+  fake = tmp_path / 'fake_bench.py'
+  fake.write_text(_FAKE_BENCH)
+  out = tmp_path / 'out'
+  env = dict(os.environ, OUT=str(out), BUDGET='300', HEAVY='0',
+             BENCH=f'{sys.executable} {fake}',
+             TRIALS='XLA_FLAGS=--x=1 --y=2| XLA_FLAGS=--z=3;OTHER=a b|BAD')
+  env.pop('XLA_FLAGS', None)
+  done = subprocess.run(['bash', 'benchmarks/gpu_session.sh'], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = [json.loads(l) for l in (out / 'json.txt').read_text().splitlines()]
+  assert [r['name'] for r in rows] == [
+      'train', 'trial_0', 'trial_1', 'trial_2', 'train_b', 'trial_0_b',
+      'infer']
+  by_name = {r['name']: r for r in rows}
+  assert by_name['trial_0']['result']['xla_flags'] == '--x=1 --y=2'
+  assert by_name['trial_0']['env'] == 'XLA_FLAGS=--x=1 --y=2'
+  assert by_name['trial_1']['result'] == {
+      'img_per_s': 105.0, 'xla_flags': '--z=3', 'other': 'a b'}
+  assert by_name['trial_2']['result'] is None  # Not NAME=VALUE: refused.
+  assert by_name['train']['result']['xla_flags'] == ''
+  log = (out / 'log.txt').read_text()
+  assert 'XLA_FLAGS=--x=1 --y=2\n' in log
+  assert "bad variable 'BAD': expected NAME=VALUE" in log

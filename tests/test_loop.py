@@ -4,6 +4,7 @@ Runs `python -m vit_jax.main` on scikit-learn's real `digits` in subprocesses
 (the way users run it).
 """
 
+import contextlib
 import json
 import os
 import random
@@ -83,20 +84,27 @@ def test_run_writes_summary_metrics_and_checkpoints(reference_run):
 
 def test_profile_trace_and_step_time_split(reference_run):
   workdir, out = reference_run
-  runs = os.path.join(workdir, 'profile', 'plugins', 'profile')
+  runs = os.path.join(workdir, 'profile', 'process_0', 'plugins', 'profile')
   [run] = os.listdir(runs)
   files = os.listdir(os.path.join(runs, run))
   assert any(f.endswith('.xplane.pb') for f in files), files  # TensorBoard.
   assert 'perfetto_trace.json.gz' in files, files
   assert 'profiling steps 13 to 15' in out.stderr
   rows = [json.loads(l) for l in open(os.path.join(workdir, 'metrics.jsonl'))]
-  row = [r for r in rows if 'loss' in r][-1]
+  train = {r['step']: r for r in rows if 'loss' in r}
+  row = train[40]
   parts = [row[k] for k in ('input_wait_s_per_step', 'step_s_per_step',
                             'host_s_per_step')]
   assert all(p >= 0 for p in parts) and row['step_s_per_step'] > 0
   assert sum(parts) <= row['step_time_s'] * 1.001 + 1e-6
-  assert re.search(r'step 40: [\d.]+ s/step = input wait [\d.]+ \+ step '
-                   r'[\d.]+ \+ host [\d.]+', out.stderr)
+  last = re.search(r'step 40: [\d.]+ s/step = input wait [\d.]+ \+ step '
+                   r'[\d.]+ \+ host [\d.]+.*', out.stderr)
+  assert last
+  # Starting and writing the trace (steps 13 to 15) is no host overhead:
+  # its own part, in the log line of that interval only.
+  assert train[20]['profile_s_per_step'] > 0 and row['profile_s_per_step'] == 0
+  assert re.search(r'step 20: .* \+ profile [\d.]+', out.stderr)
+  assert '+ profile' not in last[0]
 
 
 def test_bad_profile_window_is_a_clear_error():
@@ -346,6 +354,59 @@ def test_a_profile_window_after_the_last_step_is_named(tmp_path, caplog):
   assert window.active
   window.after_step(40, None)
   assert not window.active and (tmp_path / 'profile').exists()
+
+
+def test_each_process_traces_into_its_own_folder_and_a_failing_profiler_never_ends_the_run(
+    tmp_path, monkeypatch, caplog):
+  """Processes sharing `<workdir>/profile` broke JAX's Perfetto export
+  (`Invalid trace folder`), which ended process 0 and left the others
+  waiting in the next step; on gs:// that export cannot work at all. Each
+  process now has its own folder, Perfetto is asked for on local paths
+  only, and a profiler failure is a warning. Starting and writing the
+  trace are timed as 'profile', waiting for the traced steps as 'step'."""
+  import jax
+  from vit_jax.train import profiling
+  monkeypatch.setattr(jax, 'process_index', lambda: 1)
+  started, timed = [], []
+
+  def start_trace(directory, create_perfetto_trace=False):
+    started.append((directory, create_perfetto_trace))
+
+  def stop_trace():
+    raise ValueError('Invalid trace folder: .../plugins/profile/2026_01_01')
+
+  monkeypatch.setattr(jax.profiler, 'start_trace', start_trace)
+  monkeypatch.setattr(jax.profiler, 'stop_trace', stop_trace)
+
+  def recorder(name):
+    timed.append(name)
+    return contextlib.nullcontext()
+
+  window = profiling.Window('3,2', str(tmp_path), 0, 10, timed=recorder)
+  window.before_step(3)
+  assert started == [(str(tmp_path / 'profile' / 'process_1'), True)]
+  assert window.active
+  with caplog.at_level('WARNING', logger='absl'):
+    window.after_step(5, None)  # Does not raise.
+  assert not window.active
+  assert 'Invalid trace folder' in caplog.text and 'run goes on' in caplog.text
+  assert timed == ['profile', 'step', 'profile']
+  window.close()  # Nothing left to stop.
+
+  started.clear()
+  profiling.Window('0,1', 'gs://bucket/run', 0, 10).before_step(0)
+  assert started == [('gs://bucket/run/profile/process_1', False)]
+
+  def cannot_start(directory, create_perfetto_trace=False):
+    raise RuntimeError('Profile has already been started.')
+
+  monkeypatch.setattr(jax.profiler, 'start_trace', cannot_start)
+  caplog.clear()
+  window = profiling.Window('0,1', str(tmp_path), 0, 10)
+  with caplog.at_level('WARNING', logger='absl'):
+    window.before_step(0)
+  assert not window.active and 'profiler could not start' in caplog.text
+  window.after_step(1, None)  # No stop_trace: nothing was started.
 
 
 def test_tensorboard_failures_are_logged_not_raised(caplog):

@@ -78,3 +78,27 @@ def test_a_failed_write_is_retried_with_the_next_row(tmp_path, monkeypatch):
   writer.write_scalars(30, {'loss': 1.0})  # Fails, and so does close.
   with pytest.raises(OSError, match='metrics.jsonl could not be written.*503'):
     writer.close()
+
+
+def test_profiler_time_is_its_own_part_not_host_overhead(caplog):
+  """Starting and writing a `--config.profile` trace (seconds) showed as
+  host overhead; it is `profile_s_per_step`, in the log line of the
+  interval where it ran and only there."""
+  import time
+  progress = reporting.Progress(total_steps=20, batch_size=8, start_step=0,
+                                forward_flops=1e9, every_steps=10,
+                                num_devices=1)
+  with caplog.at_level('INFO', logger='absl'):
+    for step in range(1, 21):
+      if step == 3:
+        with progress.timed('profile', wait_jax_async_dispatch=False):
+          time.sleep(0.2)
+      progress(step)
+      if step == 10:
+        first = dict(progress.scalars)
+  assert first['profile_s_per_step'] == pytest.approx(0.02, rel=0.5)
+  assert first['host_s_per_step'] < 0.01
+  assert progress.scalars['profile_s_per_step'] == 0
+  lines = [r.getMessage() for r in caplog.records if 's/step' in r.getMessage()]
+  assert len(lines) == 2
+  assert '+ profile 0.0' in lines[0] and 'profile' not in lines[1]

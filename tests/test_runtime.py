@@ -54,3 +54,48 @@ def test_flags_start_it_explicitly(calls):
                            process_id=1):
     runtime.init_distributed()
   assert calls == [('10.0.0.1:1234', 2, 1)]
+
+
+def _pci(root, *devices):
+  """A fake /sys/bus/pci/devices: (vendor, device) per PCI function."""
+  for i, (vendor, device) in enumerate(devices):
+    d = root / f'0000:00:{i:02x}.0'
+    d.mkdir(parents=True)
+    (d / 'vendor').write_text(vendor + '\n')
+    (d / 'device').write_text(device + '\n')
+
+
+# A GCE GPU VM: Google's gVNIC network card and persistent-disk NVMe
+# controller share the TPUs' vendor id; an H100.
+GCE_GPU_VM = [('0x1ae0', '0x0042'), ('0x1ae0', '0x001f'),
+              ('0x10de', '0x2330')]
+
+
+def test_a_gce_gpu_vm_is_no_tpu_vm(calls, monkeypatch, tmp_path):
+  """Google's vendor id alone (the NIC, the disk) is no TPU: no
+  `jax.distributed.initialize()`, which died there asking for a
+  coordinator address."""
+  _pci(tmp_path, *GCE_GPU_VM)
+  monkeypatch.setattr(runtime, '_PCI_DEVICES', str(tmp_path))
+  assert not runtime._tpu_chips_present()
+  with flagsaver.flagsaver(**NO_FLAGS):
+    runtime.init_distributed()
+  assert calls == []
+
+
+@pytest.mark.parametrize('device', ['0x005e', '0x0063', '0x006f', '0x0076'])
+def test_tpu_chips_are_found_by_their_device_id(monkeypatch, tmp_path,
+                                                device):
+  _pci(tmp_path, ('0x1ae0', '0x0042'), ('0x1ae0', device))
+  monkeypatch.setattr(runtime, '_PCI_DEVICES', str(tmp_path))
+  assert runtime._tpu_chips_present()
+
+
+def test_tpu_device_ids_cover_the_installed_jaxs():
+  """Ours are a copy of JAX's private list: a JAX that knows a newer TPU
+  fails here until the copy has it."""
+  hardware_utils = pytest.importorskip('jax._src.hardware_utils')
+  ids = getattr(hardware_utils, '_TPU_PCI_DEVICE_IDS', None)
+  if ids is None:
+    pytest.skip('this JAX keeps its TPU PCI ids elsewhere')
+  assert set(ids) <= runtime.TPU_PCI_DEVICE_IDS

@@ -96,11 +96,17 @@ def _flops(model, params, images) -> float | None:
 
 
 # Model options that change how the model computes, not what: its FLOPs
-# are those of the float32, unrolled model. XLA's cost analysis misses most
+# are those of the model with these values (float32, unrolled, XLA's
+# attention), the same on every platform. XLA's cost analysis misses most
 # bfloat16 dots (`matmul.dot_general`'s per-platform forms: a bfloat16
 # ViT-B/16 counted 0.53 GFLOPs, not 35.3) and counts a scanned stack's body
-# once, not per layer.
-NOT_COUNTED = ('dtype', 'param_dtype', 'scan_layers')
+# once, not per layer. cuDNN's attention (a half-precision model on a GPU,
+# `attention.resolve`) makes the encoder pad 197 tokens to 198
+# (`vit.Encoder`'s `even_tokens`): ViT-B/16 counted 35.451 GFLOPs, not the
+# model's 35.260, and the CPU that traces the count has no cuDNN kernel.
+COUNTED_AS = {'dtype': jnp.float32, 'param_dtype': jnp.float32,
+              'scan_layers': False, 'attention_impl': 'xla'}
+NOT_COUNTED = tuple(COUNTED_AS)
 
 
 def counted_options(options) -> Dict[str, object]:
@@ -134,12 +140,12 @@ def module_forward_flops(model, image_shape: Sequence[int]) -> float:
   a masked-patch-prediction model, whose per-patch head is part of its
   forward; `image_shape` is (height, width, channels)."""
   images = jax.ShapeDtypeStruct((1, *image_shape), jnp.float32)
-  # The float32, unrolled model, as `forward_flops` counts (`NOT_COUNTED`).
-  if getattr(model, 'scan_layers', False):
-    model = model.clone(scan_layers=False)
-  for key in ('dtype', 'param_dtype'):
-    if getattr(model, key, None) not in (None, jnp.float32):
-      model = model.clone(**{key: jnp.float32})
+  # The float32, unrolled model with XLA's attention, as `forward_flops`
+  # counts (`COUNTED_AS`).
+  changes = {key: value for key, value in COUNTED_AS.items()
+             if getattr(model, key, None) not in (None, value)}
+  if changes:
+    model = model.clone(**changes)
   params = jax.eval_shape(
       lambda x: model.init(jax.random.key(0), x), images)['params']
   flops = _flops(model, params, images)
@@ -183,10 +189,10 @@ def training_flops(forward: float, examples_seen: float) -> float:
 class Hardware:
   """Dense bf16 peak per chip; cores per chip; JAX devices per chip.
 
-  TPU v2/v3 expose each TensorCore as a JAX device; from v4 on (and v5p) the
-  two TensorCores of a chip form one "megacore" device; v5e/v6e chips have one
-  core. "Core-days" are counted in TensorCores, as the paper does for TPUv3.
-  GPUs count one core per chip.
+  TPU v2/v3 and TPU7x expose each TensorCore as a JAX device; on v4 and v5p
+  the two TensorCores of a chip form one "megacore" device; v5e/v6e chips
+  have one core. "Core-days" are counted in TensorCores, as the paper does
+  for TPUv3. GPUs count one core per chip.
   """
   name: str
   peak_bf16_per_chip: float  # FLOP/s
@@ -223,13 +229,26 @@ HARDWARE: Dict[str, Hardware] = {h.name: h for h in [
     Hardware('tpu_v5e', 197e12, 1, 1),
     Hardware('tpu_v5p', 459e12, 2, 1),
     Hardware('tpu_v6e', 918e12, 1, 1),
-    # Dense peaks (NVIDIA's data sheets print sparse ones beside them).
+    # Google Cloud's TPU7x page: 2,307 TFLOP/s bf16 per chip; its two
+    # TensorCores are two JAX devices (no megacore; JAX's pallas
+    # `tpu_info.ChipVersion`).
+    Hardware('tpu7x', 2307e12, 2, 2),
+    # Dense peaks (NVIDIA's data sheets print sparse ones beside them, twice
+    # as large).
     Hardware('v100', 125e12, 1, 1, 15.7e12),
     Hardware('a100', 312e12, 1, 1, 19.5e12, 156e12),
     Hardware('l4', 121e12, 1, 1, 30.3e12, 60e12),
     Hardware('l40s', 362e12, 1, 1, 91.6e12, 183e12),
     Hardware('h100', 989e12, 1, 1, 67e12, 495e12),  # SXM.
     Hardware('h100_pcie', 756e12, 1, 1, 51e12, 378e12),
+    # The H100 data sheet's NVL column: 1,671 bf16 / 835 TF32 TFLOP/s with
+    # sparsity, 60 float32.
+    Hardware('h100_nvl', 835.5e12, 1, 1, 60e12, 417.5e12),
+    # H100 SXM's chip and peaks; NVLink at 400 GB/s, not 900 (export
+    # variant), which a multi-GPU step may feel, its MFU does not.
+    Hardware('h800', 989e12, 1, 1, 67e12, 495e12),
+    # Grace Hopper: its GPU has H100 SXM's peaks (the GH200 data sheet).
+    Hardware('gh200', 989e12, 1, 1, 67e12, 495e12),
     Hardware('h200', 989e12, 1, 1, 67e12, 495e12),
 ]}
 
@@ -245,13 +264,17 @@ def hardware(name: str) -> Hardware:
 def detect_hardware(device_kind: str) -> Optional[Hardware]:
   """The table entry for a JAX `device.device_kind`, or None (e.g. a CPU)."""
   kind = device_kind.lower()
-  # Whole words: "NVIDIA L40S" is no L4, an "H100 PCIe" no H100 SXM.
+  # Whole words: "NVIDIA L40S" is no L4, an "H100 PCIe" or "H100 NVL" no
+  # H100 SXM; an H800 PCIe is an H100 PCIe's chip.
   for pattern, name in ((r'v6 lite', 'tpu_v6e'), (r'v6e', 'tpu_v6e'),
                         (r'v5 lite', 'tpu_v5e'), (r'v5e', 'tpu_v5e'),
                         (r'v5p', 'tpu_v5p'), (r'tpu v5\b', 'tpu_v5p'),
                         (r'tpu v4', 'tpu_v4'), (r'tpu v3', 'tpu_v3'),
-                        (r'tpu v2', 'tpu_v2'), (r'\bh200\b', 'h200'),
-                        (r'\bh100 pcie\b', 'h100_pcie'), (r'\bh100\b', 'h100'),
+                        (r'tpu v2', 'tpu_v2'), (r'\btpu7x\b', 'tpu7x'),
+                        (r'\bgh200\b', 'gh200'), (r'\bh200\b', 'h200'),
+                        (r'\bh100 pcie\b', 'h100_pcie'),
+                        (r'\bh100 nvl\b', 'h100_nvl'), (r'\bh100\b', 'h100'),
+                        (r'\bh800 pcie\b', 'h100_pcie'), (r'\bh800\b', 'h800'),
                         (r'\ba100\b', 'a100'), (r'\bv100\b', 'v100'),
                         (r'\bl40s\b', 'l40s'), (r'\bl4\b', 'l4')):
     if re.search(pattern, kind):

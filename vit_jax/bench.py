@@ -381,7 +381,9 @@ def _report(mode, model_name, batch, image_size, dtype, mesh,
   # lowering and the matmul probe below are not the step's.
   memory = peak_memory_bytes()
   step_s = statistics.median(times)
-  # The model as built (its --model_option patch size, MPP's head, ...).
+  # The model as built (its --model_option patch size, MPP's head, ...),
+  # counted as every platform computes it: float32, unrolled, XLA's
+  # attention without cuDNN's padded token (`accounting.COUNTED_AS`).
   fwd = accounting.module_forward_flops(model, (image_size, image_size, 3))
   passes = 3.0 if mode == 'train' else 1.0
   achieved = passes * fwd * batch / step_s
@@ -467,6 +469,12 @@ def main(argv):
   elif FLAGS.mode == 'infer':
     if FLAGS.accum_steps != 1:
       raise app.UsageError('--accum_steps applies to --mode=train only')
+    if FLAGS.objective != 'supervised':
+      raise app.UsageError(
+          f'--objective={FLAGS.objective} applies to --mode=train only: '
+          '--mode=infer times the supervised classifier\'s eval forward '
+          'pass; drop --objective, or time the MPP train step with '
+          '--mode=train')
     res = bench_infer(
         FLAGS.model, FLAGS.batch, image_size=FLAGS.image_size,
         dtype=FLAGS.dtype, mesh_axes=_parse_mesh(FLAGS.mesh),

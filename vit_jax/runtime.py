@@ -31,19 +31,38 @@ class _QuietLibraries(logging_std.Filter):
         n in record.pathname for n in ('/orbax/', '/tensorflow_datasets/'))
 
 
-# Google's PCI vendor id: the TPU chips of a Cloud TPU VM (as JAX's own
-# `hardware_utils` finds them).
+# A Cloud TPU VM's TPU chips, as JAX's own detection finds them
+# (`jax._src.hardware_utils`, private: its ids are copied here; a test checks
+# they still cover the installed JAX's): PCI devices of Google's vendor id
+# with a TPU's device id. The vendor id alone is not enough: on GCE it also
+# covers the gVNIC network card (1ae0:0042) and the persistent-disk NVMe
+# controller of every VM, GPU VMs included.
+_PCI_DEVICES = '/sys/bus/pci/devices'
 _GOOGLE_PCI_VENDOR = '0x1ae0'
+TPU_PCI_DEVICE_IDS = frozenset({
+    '0x0027',  # v2, v3
+    '0x0056',  # (no public name)
+    '0x005e',  # v4
+    '0x0062',  # v5p
+    '0x0063',  # v5e
+    '0x006f',  # v6e
+    '0x0076',  # TPU7x
+})
+
+
+def _read(path: str) -> str:
+  try:
+    with open(path) as f:
+      return f.read().strip().lower()
+  except OSError:
+    return ''
 
 
 def _tpu_chips_present() -> bool:
-  for path in glob.glob('/sys/bus/pci/devices/*/vendor'):
-    try:
-      with open(path) as f:
-        if f.read().strip() == _GOOGLE_PCI_VENDOR:
-          return True
-    except OSError:
-      pass
+  for device in glob.glob(os.path.join(_PCI_DEVICES, '*')):
+    if (_read(os.path.join(device, 'vendor')) == _GOOGLE_PCI_VENDOR and
+        _read(os.path.join(device, 'device')) in TPU_PCI_DEVICE_IDS):
+      return True
   return False
 
 

@@ -155,7 +155,8 @@ class Progress(periodic_actions.ReportProgress):
   `timed('input_wait')` over wall time) and the seconds per step split into
   `input_wait_s_per_step`, `step_s_per_step` (dispatch and waiting for the
   device), `host_s_per_step` (the rest of the loop) and any other timed
-  part (`eval_s_per_step`, `checkpoint_s_per_step`), summing to
+  part (`eval_s_per_step`, `checkpoint_s_per_step`, `profile_s_per_step`:
+  starting a `--config.profile` trace and writing it), summing to
   `step_time_s`."""
 
   def __init__(self, *, total_steps: int, batch_size: int, start_step: int,
@@ -194,7 +195,8 @@ class Progress(periodic_actions.ReportProgress):
     self._parts_before = parts
     # Per step: input wait, step (dispatch + waiting for the device), the
     # rest of the loop (host overhead: reporting, bookkeeping), and evals /
-    # checkpoints where they ran.
+    # checkpoints / the profiler's start and export where they ran (in the
+    # log line only then).
     steps = max(step - self._previous_step, 1)
     split = {f'{name}_s_per_step': dt / steps for name, dt in spent.items()}
     split['host_s_per_step'] = max(interval - sum(spent.values()), 0.0) / steps
@@ -204,7 +206,7 @@ class Progress(periodic_actions.ReportProgress):
         step, split['step_time_s'], split.get('input_wait_s_per_step', 0.0),
         split.get('step_s_per_step', 0.0), split['host_s_per_step'],
         ''.join(f' + {n} {split[f"{n}_s_per_step"]:.4f}' for n in spent
-                if n not in ('input_wait', 'step')))
+                if n not in ('input_wait', 'step') and spent[n] > 0))
     remaining = self.total_steps - step
     self.scalars = {
         'input_wait_share': 0.0, **shares,
