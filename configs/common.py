@@ -202,7 +202,7 @@ def base() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 3
   c.async_checkpoints = True
   # '<start>,<steps>': a jax.profiler trace of steps start+1..start+steps in
-  # workdir/profile (TensorBoard, Perfetto), e.g. '10,5'; '': none.
+  # workdir/profile/process_<i> (TensorBoard, Perfetto), e.g. '10,5'; '': none.
   c.profile = ''
   # What `python -m vit_jax.accounting --config=...` estimates the run on.
   c.accounting = ml_collections.ConfigDict(dict(
