@@ -1,5 +1,7 @@
-"""A user's folder of class sub-folders: real JPEG/PNG photos, a corrupt file."""
+"""A user's folder of class sub-folders: real JPEG/PNG/BMP/GIF/WebP photos,
+a corrupt file, split folders as people name them."""
 
+import io
 import logging
 import os
 import weakref
@@ -9,8 +11,9 @@ import numpy as np
 import pytest
 import skimage.data
 import tensorflow as tf
+from PIL import Image
 
-from vit_jax.data import folder_source, pipeline
+from vit_jax.data import folder_source, ops, pipeline, registry, settings
 from vit_jax.data.errors import (BadImageError, DataError,
                                  DatasetNotPreparedError, UnknownSplitError)
 from conftest import no_cyclic_gc
@@ -64,14 +67,17 @@ def test_folder_classes_splits_and_batches(tmp_path):
     assert set(batch['label']) <= {0, 1, 2}
   labels = np.concatenate([b['label'][b['mask']]
                            for b in pipeline.eval_iterator(config)])
-  # The listing is in one fixed shuffled order, not class by class: the
+  # The listing is in one fixed hashed order, not class by class: the
   # two splits are disjoint and together hold every file.
   train = np.concatenate([b['label'][b['mask']] for b in pipeline.eval_iterator(
       _config(tmp_path, eval_split='train[:80%]'))])
   assert sorted(np.concatenate([train, labels])) == sorted(
       np.concatenate([b['label'][b['mask']] for b in pipeline.eval_iterator(
           _config(tmp_path, eval_split='train'))]))
-  assert list(labels) != [2, 2]  # The class-sorted list's last two.
+  source = settings.read(config).source
+  held_out = source.host_files('train[80%:]', 0, 1)[0]
+  class_sorted = sorted(source.host_files('train', 0, 1)[0])
+  assert len(held_out) == 2 and sorted(held_out) != class_sorted[-2:]
   assert n == 10
   with pytest.raises(UnknownSplitError, match='set input.eval_split'):
     pipeline.eval_iterator(_config(tmp_path))
@@ -101,15 +107,24 @@ def test_split_folders_layout(tmp_path):
   assert info.num_eval_examples == 10
 
 
-def test_hidden_and_underscore_folders_are_not_classes(tmp_path):
+def test_hidden_and_underscore_folders_are_not_classes(tmp_path, caplog):
   _write(tmp_path, corrupt=False)
   junk = (tmp_path / 'animals' / 'chelsea_0.jpg').read_bytes()
   for folder in ('.ipynb_checkpoints', '__MACOSX/animals', '_tmp'):
     os.makedirs(tmp_path / folder)
     (tmp_path / folder / 'x.jpg').write_bytes(junk)
   (tmp_path / 'animals' / '._chelsea_0.jpg').write_bytes(b'AppleDouble')
-  info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
+  (tmp_path / 'objects' / '_coffee.jpg').write_bytes(junk)
+  with caplog.at_level(logging.INFO, logger='absl'):
+    info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
   assert (info.num_classes, info.num_train_examples) == (3, 10)
+  # Said once, with names: nothing is dropped silently.
+  said = [r.getMessage() for r in caplog.records if 'ignores' in r.getMessage()]
+  assert said == [
+      f"folder dataset {tmp_path}: split 'train' ignores 1 file(s) that are "
+      'not jpg/jpeg/png/bmp/gif/webp images (e.g. objects/notes.txt); 5 '
+      'file(s) or folder(s) named .* or _* (e.g. .ipynb_checkpoints, '
+      '__MACOSX, _tmp, animals/._chelsea_0.jpg, objects/_coffee.jpg)']
 
 
 def test_a_class_folder_without_images_is_named(tmp_path, caplog):
@@ -147,6 +162,137 @@ def test_images_in_folders_inside_a_class_folder_are_its_own(tmp_path,
   files = folder_source._images(str(tmp_path / 'animals'))  # pylint: disable=protected-access
   assert len(files) == 5 and sorted(map(os.path.basename, asked)) == [
       '2019', 'march']
+
+
+@pytest.mark.parametrize('folders', [
+    ('Train', 'Test'), ('training', 'testing'), ('train', 'valid', 'test'),
+    ('TRAIN', 'Validation'), ('train', 'val')])
+def test_split_folders_in_any_case_and_common_names(tmp_path, folders):
+  """Kaggle's Train/Test, training/testing, Roboflow's valid/: split
+  folders, not two classes `Test` and `Train` of one train split."""
+  for folder in folders:
+    _write(tmp_path / folder, corrupt=False)
+  config = _config(tmp_path)
+  info = pipeline.dataset_info(config)
+  expected = {'train': 'train', 'training': 'train', 'test': 'test',
+              'testing': 'test', 'valid': 'validation',
+              'validation': 'validation', 'val': 'val'}
+  splits = [expected[f.lower()] for f in folders]
+  assert sorted(settings.read(config).source.split_names()) == sorted(splits)
+  assert (info.num_classes, info.num_train_examples) == (3, 10)
+  assert info.eval_split == splits[-1] and info.num_eval_examples == 10
+  assert pipeline.class_names(config) == ['animals', 'objects', 'space']
+  if 'valid' in folders:  # The folder's own name says where it went.
+    with pytest.raises(UnknownSplitError,
+                       match=r"valid/ holds split validation"):
+      pipeline.dataset_info(_config(tmp_path, eval_split='valid'))
+
+
+def test_two_folders_of_one_split_are_refused(tmp_path):
+  for folder in ('train', 'Training', 'test'):
+    _write(tmp_path / folder, corrupt=False)
+  with pytest.raises(DatasetNotPreparedError,
+                     match='folders Training, train all hold split train'):
+    pipeline.dataset_info(_config(tmp_path))
+
+
+@pytest.mark.parametrize('folders', [('Fold1', 'Fold2'),
+                                     ('test_set', 'training_set')])
+def test_a_split_level_read_as_classes_is_refused(tmp_path, folders):
+  """Folders that look like splits, each holding the same class folders,
+  would train a model to tell the splits apart."""
+  for folder in folders:
+    _write(tmp_path / folder, corrupt=False)
+  with pytest.raises(DatasetNotPreparedError,
+                     match=rf'{tmp_path}: its folders {", ".join(folders)} '
+                     r'look like splits, not classes: each holds only '
+                     r'folders, and the same ones \(animals, objects, '
+                     r'space\).*Name the split folders train/, test/ and '
+                     r'validation/ \(any case'):
+    pipeline.dataset_info(_config(tmp_path, eval_split='train'))
+
+
+def test_classes_sorted_into_the_same_folders_are_read(tmp_path, caplog):
+  """`CLASS/2019/*.jpg` in every class is still a layout of classes (with
+  a warning that says how split folders are named)."""
+  for year in ('2019', '2020'):
+    _write(tmp_path / year, corrupt=False)
+  for year in ('2019', '2020'):
+    for cls in PHOTOS:
+      os.renames(tmp_path / year / cls, tmp_path / cls / year)
+  with caplog.at_level(logging.WARNING):
+    info = pipeline.dataset_info(_config(tmp_path, eval_split='train'))
+  assert (info.num_classes, info.num_train_examples) == (3, 20)
+  assert ('every class folder (animals, objects, space) holds only folders, '
+          'and the same ones (2019, 2020)') in caplog.text
+
+
+def _image_folder(root, names):
+  """Tiny files, not decoded: the listing is what is under test."""
+  for name in names:
+    os.makedirs(os.path.dirname(root / name), exist_ok=True)
+    (root / name).write_bytes(b'')
+
+
+def _listing(root):
+  """(train[:90%], train[90%:], the split's order) of a fresh listing."""
+  config = _config(root, train_split='train[:90%]', eval_split='train[90%:]')
+  source = folder_source.FolderSource(registry.get('folder'), config)
+  return (set(source.host_files('train[:90%]', 0, 1)[0].tolist()),
+          set(source.host_files('train[90%:]', 0, 1)[0].tolist()),
+          source.host_files('train', 0, 1)[0].tolist())
+
+
+def test_held_out_images_stay_held_out_when_files_change(tmp_path):
+  """A file's place in the split does not depend on the other files: after
+  adding 9 and removing 1 of 100 images, `train[90%:]` holds 11 images of
+  which the first run trained on at most 1 (9 here with the old seeded
+  permutation of the whole list)."""
+  _image_folder(tmp_path, [f'{c}/{i:03d}.png' for c in ('cat', 'dog')
+                           for i in range(50)])
+  train0, eval0, order0 = _listing(tmp_path)
+  assert (len(train0), len(eval0)) == (90, 10)
+  assert {os.path.basename(os.path.dirname(p)) for p in eval0} == {
+      'cat', 'dog'}  # Both classes held out, not the last one only.
+  _image_folder(tmp_path, [f'cat/{i:03d}.png' for i in range(50, 59)])
+  os.remove(tmp_path / 'cat' / '000.png')
+  _, eval1, order1 = _listing(tmp_path)
+  assert len(eval1) == 11 and len(eval1 & train0) <= 1
+  kept = set(order0) & set(order1)  # In the same order in both listings.
+  assert [p for p in order0 if p in kept] == [p for p in order1 if p in kept]
+
+
+def _encoded(fmt, seed):
+  image = np.random.default_rng(seed).integers(0, 255, (12, 10, 3), np.uint8)
+  out = io.BytesIO()
+  Image.fromarray(image).save(out, fmt)
+  return out.getvalue()
+
+
+def test_bmp_gif_webp_are_read_and_tiff_is_named(tmp_path, caplog):
+  """Every format the `decode` op decodes is read (they were skipped
+  silently); TIFF, which it cannot decode, is left out and named."""
+  names = []
+  for i, fmt in enumerate(('BMP', 'GIF', 'WEBP', 'PNG', 'JPEG')):
+    names.append(f'{"ab"[i % 2]}/{i}.{fmt.lower()}')
+    _image_folder(tmp_path, names[-1:])
+    (tmp_path / names[-1]).write_bytes(_encoded(fmt, i))
+  (tmp_path / 'a' / 'scan.TIF').write_bytes(_encoded('TIFF', 9))
+  config = _config(tmp_path, eval_split='train')
+  with caplog.at_level(logging.INFO, logger='absl'):
+    source = settings.read(config).source
+  paths = source.host_files('train', 0, 1)[0]
+  assert sorted(os.path.relpath(p, tmp_path) for p in paths) == sorted(names)
+  assert ("ignores 1 file(s) that are not jpg/jpeg/png/bmp/gif/webp images "
+          '(e.g. a/scan.TIF)') in caplog.text
+  for path in paths:  # The pixels Pillow reads (JPEG: up to IDCT rounding).
+    image = ops.decode_image(tf.io.read_file(path)).numpy().astype(int)
+    pillow = np.asarray(Image.open(path).convert('RGB')).astype(int)
+    assert np.abs(image - pillow).max() <= (3 if 'jpeg' in path else 0), path
+  batches = list(pipeline.eval_iterator(_config(
+      tmp_path, eval_split='train', pp_eval='decode|resize(8)|'
+      'value_range(-1,1)', pp_train='decode|resize(8)|value_range(-1,1)')))
+  assert sum(int(b['mask'].sum()) for b in batches) == 5
 
 
 def test_split_folders_beside_other_folders_are_refused(tmp_path):
@@ -190,11 +336,12 @@ def test_skip_bad_images_skips_and_logs(tmp_path, caplog):
   _write(tmp_path)
   config = _config(tmp_path, skip_bad_images=True, eval_split='train')
   with caplog.at_level(logging.WARNING):
-    it = pipeline.train_iterator(config, seed=0, process_index=1,
+    # bad.jpg is in process 0's half of the split's (hashed) order.
+    it = pipeline.train_iterator(config, seed=0, process_index=0,
                                  process_count=2)
-    for _ in range(6):  # Over two epochs of the 5 good images of process 1.
+    for _ in range(6):  # Over two epochs of the 5 good images of process 0.
       next(it)
-  assert 'skipped 1 of 5 images' in caplog.text and 'bad.jpg' in caplog.text
+  assert 'skipped 1 of 6 images' in caplog.text and 'bad.jpg' in caplog.text
   total = 0
   for p in range(2):
     for batch in pipeline.eval_iterator(config, process_index=p,

@@ -1,23 +1,40 @@
-"""A user's own images: a folder of class sub-folders of JPEG/PNG files.
+"""A user's own images: a folder of class sub-folders of image files.
 
 Two layouts (local paths or gs://):
 
     DATA_DIR/CLASS/*.jpg                 one split, `train`
-    DATA_DIR/SPLIT/CLASS/*.jpg           SPLIT in train, validation, val, test
+    DATA_DIR/SPLIT/CLASS/*.jpg           split folders, see SPLIT_DIRS
 
-Images in folders inside a class folder (`CLASS/2019/*.jpg`) belong to that
-class, as torchvision's ImageFolder reads them.
+Split folder names are matched in any case, with common aliases:
+`train`/`training` hold split `train`, `test`/`testing` split `test`,
+`validation`/`valid` split `validation`, and `val` split `val` (its own name,
+as before the aliases). Two folders for one split (`train/` and `Training/`)
+are an error.
+
+Image files are those TensorFlow's `decode_image` decodes, known by their
+extension (any case): JPEG, PNG, BMP, GIF (first frame) and WebP; other
+files (`.tif`, `.txt`, ...) are ignored. Images in folders inside a class
+folder (`CLASS/2019/*.jpg`) belong to that class, as torchvision's
+ImageFolder reads them.
 
 Labels are the indices of the sorted class names of the train split. Each
-split's files are listed in sorted order and then put in one fixed random
-order (the same on every machine), so splits such as `train[:90%]` are
-reproducible and hold every class in proportion (a class-sorted list would
+split's files are ordered by a keyed hash of their path inside the split
+folder (`cat/001.jpg`): the same order on every machine, every class in
+proportion in any slice such as `train[90%:]` (a class-sorted list would
 leave the last classes only in `train[90%:]`, and a cached pass one class
-per block).
+per block), and a file's place does not depend on the other files: adding
+or removing images moves only the files near a slice's boundary in or out
+of `train[90%:]`, instead of reshuffling which images are held out.
+
 Folders and files whose names start with `.` or `_` (`.ipynb_checkpoints`,
-`__MACOSX`, macOS `._x.jpg`) are ignored. Split folder names next to other
-folders (`DATA_DIR/train` beside `DATA_DIR/cats`) are an error: the layout
-would be ambiguous.
+`__MACOSX`, macOS `._x.jpg`) are ignored; what is ignored (those, other
+files, files outside class folders) is logged once per split, at INFO, with
+a few names. Split folder names next to other folders (`DATA_DIR/train`
+beside `DATA_DIR/cats`) are an error: the layout would be ambiguous. So are
+"classes" that look like split folders (`Fold1/`, `train_set/`) whose
+sub-folders repeat from one to the next (`Fold1/cat`, `Fold2/cat`): a
+split level taken for classes would train a model to tell the splits
+apart.
 
 A file that cannot be decoded stops the pipeline with an error naming it;
 with `input.skip_bad_images` such files are found by decoding each image
@@ -28,6 +45,8 @@ it), skipped, and counted in the logs. Split sizes (`split_size`,
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import os
 import re
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -42,12 +61,28 @@ from vit_jax.data.errors import (BadImageError, DatasetNotPreparedError,
 from vit_jax.data.registry import DatasetSpec
 from vit_jax.data.sources import Source, host_ranges, register
 
-EXTENSIONS = ('.jpg', '.jpeg', '.png')
-SPLIT_DIRS = ('train', 'validation', 'val', 'test')
+# What `tf.io.decode_image` decodes (the `decode` op; TensorFlow names JPEG,
+# PNG, GIF, BMP and WebP). TIFF is not among them.
+EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.gif', '.webp')
+# Split folder names, lower-cased -> the split they hold.
+SPLIT_DIRS = {'train': 'train', 'training': 'train',
+              'validation': 'validation', 'valid': 'validation',
+              'val': 'val', 'test': 'test', 'testing': 'test'}
+# Keys the hash that orders each split's files: changing it changes which
+# files every slice (`train[90%:]`) of every folder dataset holds.
+_ORDER_KEY = b'vit_jax.folder_source'
+# Words of folder names that look like a split level rather than classes.
+_SPLIT_WORDS = re.compile(
+    r'^(train.*|test.*|val|valid.*|eval.*|dev|holdout|folds?|split)$')
+_SHOWN = 5  # Names shown in errors and logs.
 
 
 def _join(*parts: str) -> str:
   return os.path.join(*parts)
+
+
+def _shown(names: Sequence[str]) -> str:
+  return ', '.join(names[:_SHOWN]) + (' ...' if len(names) > _SHOWN else '')
 
 
 def _ignored(name: str) -> bool:
@@ -55,56 +90,161 @@ def _ignored(name: str) -> bool:
   return name.startswith(('.', '_'))
 
 
-def _subdirs(path: str) -> List[str]:
-  names = (d.rstrip('/') for d in tf.io.gfile.listdir(path))
-  return sorted(d for d in names if not _ignored(d)
-                and tf.io.gfile.isdir(_join(path, d)))
+class _Skipped:
+  """What listing a folder left out, logged once (paths relative to it)."""
+
+  def __init__(self, folder: str):
+    self.folder = folder
+    self.hidden: List[str] = []   # Named .* or _*.
+    self.other: List[str] = []    # Files that are not images.
+    self.outside: List[str] = []  # Images outside any class folder.
+
+  def add(self, kind: str, path: str) -> None:
+    prefix = _join(self.folder, '')
+    getattr(self, kind).append(path[len(prefix):] if path.startswith(prefix)
+                               else path)
+
+  def log(self, what: str) -> None:
+    parts = [f'{len(names)} {label} (e.g. {_shown(sorted(names))})'
+             for names, label in (
+                 (self.other, 'file(s) that are not '
+                  f'{"/".join(e[1:] for e in EXTENSIONS)} images'),
+                 (self.hidden, 'file(s) or folder(s) named .* or _*'),
+                 (self.outside, 'image(s) outside any class folder'))
+             if names]
+    if parts:
+      logging.info('folder dataset %s: %s ignores %s', self.folder, what,
+                   '; '.join(parts))
 
 
-def _images(path: str) -> List[str]:
-  """The image files in `path` and, at any depth, in its folders (as
-  torchvision's ImageFolder reads a class folder), hidden and tool ones
-  left out."""
-  out = []
+def _listing(path: str, skipped: Optional[_Skipped] = None
+             ) -> Tuple[List[str], List[str]]:
+  """(image files, folder names) directly in `path`; what else is there
+  goes to `skipped`."""
+  images, folders = [], []
   for name in tf.io.gfile.listdir(path):
     # By name, without a request per file (gfile.walk stats every entry:
     # hours for a million images on gs://): an image file, a folder
     # (gs:// lists them with a trailing /), else asked.
     bare = name.rstrip('/')
+    full = _join(path, bare)
     if _ignored(bare):
-      continue
-    if not name.endswith('/') and bare.lower().endswith(EXTENSIONS):
-      out.append(_join(path, bare))
-    elif name.endswith('/') or tf.io.gfile.isdir(_join(path, bare)):
-      out += _images(_join(path, bare))
+      if skipped:
+        skipped.add('hidden', full + ('/' if name.endswith('/') else ''))
+    elif not name.endswith('/') and bare.lower().endswith(EXTENSIONS):
+      images.append(full)
+    elif name.endswith('/') or tf.io.gfile.isdir(full):
+      folders.append(bare)
+    elif skipped:
+      skipped.add('other', full)
+  return sorted(images), sorted(folders)
+
+
+def _subdirs(path: str, skipped: Optional[_Skipped] = None) -> List[str]:
+  """The folders in `path`; its files are outside any class folder."""
+  images, folders = _listing(path, skipped)
+  for image in images if skipped else ():
+    skipped.add('outside', image)
+  return folders
+
+
+def _images(path: str, skipped: Optional[_Skipped] = None) -> List[str]:
+  """The image files in `path` and, at any depth, in its folders (as
+  torchvision's ImageFolder reads a class folder), hidden and tool ones
+  left out."""
+  out, folders = _listing(path, skipped)
+  for folder in folders:
+    out += _images(_join(path, folder), skipped)
   return sorted(out)
 
 
-def split_dirs(root: str) -> Dict[str, str]:
+def _split_of(folder: str) -> Optional[str]:
+  return SPLIT_DIRS.get(folder.lower())
+
+
+def split_dirs(root: str, skipped: Optional[_Skipped] = None
+               ) -> Dict[str, str]:
   """{split: folder}: `root`'s split folders, or {'train': root}.
 
   Raises:
     DatasetNotPreparedError: split folders (train, test, ...) beside other
-      folders, or split folders without `train`.
+      folders, two folders of one split, or split folders without `train`.
   """
-  top = _subdirs(root)
-  splits = [d for d in top if d in SPLIT_DIRS]
+  top = _subdirs(root, skipped)
+  splits = [d for d in top if _split_of(d)]
   if not splits:
     return {'train': root}
-  others = [d for d in top if d not in SPLIT_DIRS]
+  others = [d for d in top if not _split_of(d)]
   layouts = ('use either DATA_DIR/CLASS/*.jpg (one train split) or '
-             f'DATA_DIR/{{{",".join(SPLIT_DIRS)}}}/CLASS/*.jpg')
+             'DATA_DIR/SPLIT/CLASS/*.jpg with SPLIT one of '
+             f'{", ".join(SPLIT_DIRS)} (any case)')
   if others:
-    shown = ', '.join(others[:5]) + (' ...' if len(others) > 5 else '')
     raise DatasetNotPreparedError(
         f'{root} mixes split folders ({", ".join(splits)}) with other '
-        f'folders ({shown}): {layouts}. Move the other folders into the '
-        'split folders, or rename a class that is called like a split.')
-  if 'train' not in splits:
+        f'folders ({_shown(others)}): {layouts}. Move the other folders into '
+        'the split folders, or rename a class that is called like a split.')
+  by_split = collections.defaultdict(list)
+  for d in splits:
+    by_split[_split_of(d)].append(d)
+  twice = {s: ds for s, ds in by_split.items() if len(ds) > 1}
+  if twice:
+    raise DatasetNotPreparedError(
+        f'{root}: ' + '; '.join(f'folders {", ".join(ds)} all hold split {s}'
+                                for s, ds in sorted(twice.items()))
+        + ': keep one folder per split (merge or rename the others).')
+  if 'train' not in by_split:
     raise DatasetNotPreparedError(
         f'{root} has split folders ({", ".join(splits)}) but no train/ '
         f'folder, whose sub-folders name the classes: {layouts}')
-  return {d: _join(root, d) for d in splits}
+  return {_split_of(d): _join(root, d) for d in splits}
+
+
+def _looks_like_split(name: str) -> bool:
+  return any(_SPLIT_WORDS.match(w) for w in re.findall('[a-z]+', name.lower()))
+
+
+def _check_classes_are_not_splits(path: str,
+                                  layout: Dict[str, Tuple[bool, List[str]]]
+                                  ) -> None:
+  """Refuses a split level read as classes (`Fold1/cat`, `Fold2/cat`).
+
+  Args:
+    path: the folder whose sub-folders were taken as classes.
+    layout: {class: (whether it holds images directly, its folders)}.
+  """
+  if (len(layout) < 2 or any(direct for direct, _ in layout.values())
+      or not all(folders for _, folders in layout.values())):
+    return
+  counts = collections.Counter(f for _, folders in layout.values()
+                               for f in folders)
+  shared = sorted(f for f, n in counts.items() if n > 1)
+  if not shared:
+    return
+  classes = sorted(layout)
+  if any(_looks_like_split(c) for c in classes):
+    raise DatasetNotPreparedError(
+        f'{path}: its folders {_shown(classes)} look like splits, not '
+        f'classes: each holds only folders, and the same ones '
+        f'({_shown(shared)}). Read as classes, the model would learn to '
+        'tell the splits apart. Name the split folders train/, test/ and '
+        'validation/ (any case; training/, testing/, valid/ and val/ work '
+        'too), one per split: DATA_DIR/train/CLASS/*.jpg; or, for one '
+        'split, move the class folders up to DATA_DIR/CLASS/.')
+  logging.warning(
+      '%s: every class folder (%s) holds only folders, and the same ones '
+      '(%s); their images are read as the classes %s. If these folders are '
+      'splits, name them train/ and test/ (or validation/).', path,
+      _shown(classes), _shown(shared), _shown(classes))
+
+
+def file_order(relative_paths: Sequence[str]) -> np.ndarray:
+  """The order of a split's files: by a keyed hash of each path inside the
+  split folder, so that a file's place does not depend on the others
+  (ties, practically never, keep the listing's order)."""
+  digests = b''.join(hashlib.blake2b(p.encode('utf-8'), digest_size=8,
+                                     key=_ORDER_KEY).digest()
+                     for p in relative_paths)
+  return np.argsort(np.frombuffer(digests, '>u8'), kind='stable')
 
 
 def unreadable(paths: Sequence[str]) -> List[str]:
@@ -149,30 +289,49 @@ class FolderSource(Source):
           f'sub-folders of images, got {root!r} ({spec.prepare})')
     self.root = root
     self.skip_bad_images = skip_bad_images
-    folders = split_dirs(root)
-    self.classes = _subdirs(folders['train'])
+    top = _Skipped(root)
+    folders = split_dirs(root, top)
+    # {split: its folder's name}, for errors: `Valid/` holds `validation`.
+    self._folders = {s: os.path.basename(p) for s, p in folders.items()
+                     if p != root}
+    skips = {s: top if p == root else _Skipped(p) for s, p in folders.items()}
+    if folders['train'] != root:
+      top.log('the folder of the split folders')
+    self.classes = _subdirs(folders['train'],
+                            None if folders['train'] == root else
+                            skips['train'])
     if not self.classes:
       raise DatasetNotPreparedError(f'{root}: no class sub-folders')
     index = {c: i for i, c in enumerate(self.classes)}
     self._files: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
-    for split, path in folders.items():
-      paths, labels = [], []
-      for cls in _subdirs(path):
+    # The train split first: its layout check comes before other errors.
+    for split in sorted(folders, key=lambda s: s != 'train'):
+      path, skipped = folders[split], skips[split]
+      paths, labels, layout = [], [], {}
+      for cls in (self.classes if split == 'train' else
+                  _subdirs(path, skipped)):
         if cls not in index:
           raise DatasetNotPreparedError(
               f'{path}/{cls}: class {cls!r} is not a class of the train '
               f'split ({len(self.classes)} classes)')
-        files = _images(_join(path, cls))
+        direct, inner = _listing(_join(path, cls), skipped)
+        layout[cls] = (bool(direct), inner)
+        files = sorted(direct + [f for d in inner for f in _images(
+            _join(path, cls, d), skipped)])
         if not files:
           logging.warning('%s/%s has no %s files: class %r has no %s '
                           'examples', path, cls, '/'.join(EXTENSIONS), cls,
                           split)
         paths += files
         labels += [index[cls]] * len(files)
+      if split == 'train':
+        _check_classes_are_not_splits(path, layout)
+      skipped.log(f'split {split!r}')
       if not paths:
         raise DatasetNotPreparedError(
             f'{path}: no {"/".join(EXTENSIONS)} files in its class folders')
-      order = np.random.default_rng(0).permutation(len(paths))
+      prefix = _join(path, '')
+      order = file_order([p[len(prefix):] for p in paths])
       self._files[split] = (np.array(paths)[order],
                             np.array(labels, np.int64)[order])
     self._good: Dict[tuple, Tuple[np.ndarray, np.ndarray]] = {}
@@ -209,11 +368,16 @@ class FolderSource(Source):
     try:
       return host_ranges(split, sizes, process_index, process_count)
     except ValueError as e:
-      raise UnknownSplitError(f'{self.root}: {e}') from None
+      named = [f'{f}/ holds split {s}' for s, f in self._folders.items()
+               if f != s]
+      raise UnknownSplitError(
+          f'{self.root}: {e}' + (f' ({"; ".join(named)})' if named else '')
+      ) from None
 
   def host_files(self, split: str, process_index: int,
                  process_count: int) -> Tuple[np.ndarray, np.ndarray]:
-    """(paths, labels) of the shard, sorted order, without skipped files."""
+    """(paths, labels) of the shard, in the split's order, without skipped
+    files."""
     key = (split, process_index, process_count)
     if key not in self._good:
       parts = [(self._files[s][0][a:b], self._files[s][1][a:b])

@@ -1,6 +1,6 @@
 """Prepares registry datasets as tfds datasets: `python -m vit_jax.data.prepare`.
 
-    python -m vit_jax.data.prepare fashion_mnist [--data_dir=DIR]
+    python -m vit_jax.data.prepare fashion_mnist [--data_dir=DIR] [--source_dir=DIR]
     python -m vit_jax.data.prepare imagenet2012 --data_dir=gs://b/tfds --manual_dir=DIR
     python -m vit_jax.data.prepare vtab/dtd --data_dir=DIR
 
@@ -14,8 +14,11 @@ files of Debian's `dataset-fashion-mnist` package, installed in
 from the ones tfds' checksums name, so instead of downloading, the builder
 gets a download manager that hands it the local files (after checking the
 SHA-256 of their uncompressed contents) and extracts them to a temporary
-directory. Other tfds datasets download with tfds as usual (ImageNet from
-the tars in `--manual_dir`).
+directory (`--source_dir` names another folder of those four files). Other
+tfds datasets download with tfds as usual (ImageNet from the tars in
+`--manual_dir`); without network access that fails with one error naming
+the way round it: prepare on a connected machine and copy the dataset's
+`DATA_DIR/NAME/VERSION` folder here. `~` in the paths is expanded.
 """
 
 from __future__ import annotations
@@ -120,6 +123,10 @@ def _builder_name(name: str) -> str:
   return spec.tfds_name
 
 
+def _expand(path: Optional[str]) -> Optional[str]:
+  return os.path.expanduser(path) if path else path
+
+
 def prepares_offline(name: str) -> bool:
   """Whether `prepare(name)` needs no network (fashion_mnist, from Debian's
   package); `vit_jax.inspect` prepares only these on demand."""
@@ -132,7 +139,58 @@ def prepares_offline(name: str) -> bool:
 def is_prepared(name: str, data_dir: Optional[str] = None) -> bool:
   """Whether registry dataset `name` is ready to read from `data_dir`."""
   import tensorflow_datasets as tfds
-  return tfds.builder(_builder_name(name), data_dir=data_dir).is_prepared()
+  return tfds.builder(_builder_name(name),
+                      data_dir=_expand(data_dir)).is_prepared()
+
+
+def _download_errors() -> tuple:
+  """What a download raises when the network or the server fails."""
+  import urllib.error
+  import requests
+  import tensorflow_datasets as tfds
+  return (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+          urllib.error.URLError, tfds.download.DownloadError)
+
+
+def _partial_downloads(builder) -> list:
+  """tfds' unfinished downloads of `builder` (`*.tmp.*` folders)."""
+  import tensorflow as tf
+  folder = os.path.join(str(builder.data_dir_root), 'downloads', builder.name)
+  return [p for pattern in ('*.tmp.*', '*/*.tmp.*')
+          for p in tf.io.gfile.glob(os.path.join(folder, pattern))]
+
+
+def _download_and_prepare(name: str, builder, manual_dir: Optional[str]):
+  """Downloads and prepares `builder`; a failed download leaves nothing of
+  its own behind and raises a DatasetNotPreparedError saying what to do."""
+  import tensorflow as tf
+  import tensorflow_datasets as tfds
+  root = str(builder.data_dir_root)
+  downloads = os.path.join(root, 'downloads')
+  # Folders the attempt may create, deepest first.
+  made = [os.path.join(downloads, builder.name),
+          os.path.join(downloads, 'extracted'), downloads,
+          os.path.join(root, builder.name), root]
+  made = [d for d in made if not tf.io.gfile.exists(d)]
+  before = set(_partial_downloads(builder))
+  try:
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
+        manual_dir=manual_dir))
+  except _download_errors() as e:
+    for path in set(_partial_downloads(builder)) - before:
+      tf.io.gfile.rmtree(path)
+    for d in made:
+      if tf.io.gfile.isdir(d) and not tf.io.gfile.listdir(d):
+        tf.io.gfile.rmtree(d)
+    reason = ' '.join(f'{type(e).__name__}: {e}'.split())
+    reason = reason[:300] + (' ...' if len(reason) > 300 else '')
+    raise DatasetNotPreparedError(
+        f'{name}: cannot download {builder.name} here: no network access, '
+        f'or the server cannot be reached or refused ({reason}). Prepare it '
+        'on a machine with network access (python -m vit_jax.data.prepare '
+        f'{name} --data_dir=DIR), then copy DIR/{builder.info.full_name} to '
+        f'{builder.data_dir} here (or point input.data_dir at the copy\'s '
+        'DIR)') from None
 
 
 def prepare(name: str, *, data_dir: Optional[str] = None,
@@ -145,11 +203,18 @@ def prepare(name: str, *, data_dir: Optional[str] = None,
     data_dir: tfds data dir (local or gs://); None: tfds' default.
     manual_dir: where manually downloaded files are (ImageNet tars).
     source_dir: fashion_mnist only: the folder of the four .gz IDX files.
+    (`~` is expanded in the three folders.)
 
   Returns:
     The prepared dataset's directory (`data_dir/name/version`).
+
+  Raises:
+    DatasetNotPreparedError: missing or damaged fashion_mnist files, or a
+      download that fails (no network): the message says what to do.
   """
   import tensorflow_datasets as tfds
+  data_dir, manual_dir = _expand(data_dir), _expand(manual_dir)
+  source_dir = _expand(source_dir)
   builder_name = _builder_name(name)
   if builder_name == OFFLINE_BUILDER:
     builder = tfds.builder(builder_name, data_dir=data_dir)
@@ -164,14 +229,18 @@ def prepare(name: str, *, data_dir: Optional[str] = None,
     return str(builder.data_dir)
   builder = tfds.builder(builder_name, data_dir=data_dir)
   if not builder.is_prepared():
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        manual_dir=manual_dir))
+    _download_and_prepare(name, builder, manual_dir)
   return str(builder.data_dir)
 
 
 def ensure_prepared(input_config) -> None:
   """With `input.prepare`, prepares a missing dataset (process 0 of a
-  multi-process run; the others wait for it)."""
+  multi-process run; the others wait for it).
+
+  Raises:
+    DatasetNotPreparedError: it cannot be prepared here (e.g. no network to
+      download it); the message says how to prepare it elsewhere.
+  """
   if not input_config.get('prepare'):
     return
   import jax
@@ -205,10 +274,18 @@ def main(argv=None) -> int:
                       '~/tensorflow_datasets)')
   parser.add_argument('--manual_dir', default=None,
                       help='manually downloaded files (ImageNet tars)')
+  parser.add_argument('--source_dir', default=None,
+                      help='fashion_mnist only: the folder of its four .gz '
+                      f'IDX files (default: {DEBIAN_DIR}, from Debian\'s '
+                      'dataset-fashion-mnist package)')
   args = parser.parse_args(argv)
   try:
+    if args.source_dir and _builder_name(args.name) != OFFLINE_BUILDER:
+      raise ValueError(f'--source_dir is for {OFFLINE_BUILDER} only (the '
+                       f'folder of its four .gz files), not {args.name}')
     path = prepare(args.name, data_dir=args.data_dir,
-                   manual_dir=args.manual_dir)
+                   manual_dir=args.manual_dir,
+                   source_dir=args.source_dir or DEBIAN_DIR)
   except (ValueError, FileNotFoundError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
