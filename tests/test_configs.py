@@ -481,6 +481,25 @@ def test_a_transfer_report_records_the_lr_it_trained_with():
   assert report['overridden'] == 'evaluated on val200, not test'
 
 
+def test_a_run_on_other_data_than_its_cell_fills_no_cell():
+  """`--config.input.data=folder` (your own images) under a paper row's
+  config args: the run keeps the row's recipe but is not that cell's (the
+  tables listed it as CIFAR-10's / ImageNet-21k's)."""
+  from vit_jax.train import loop
+  config = finetune.get_config('model=ViT-B/16,data=cifar10,init=/x')
+  assert 'overridden' not in loop._report(config, 'supervised',
+                                          ran=(10_000, (384, 384, 3)))
+  config.input.data = 'folder'
+  report = loop._report(config, 'supervised', ran=(10_000, (384, 384, 3)))
+  assert report['overridden'] == 'input.data=folder'
+  config = pretrain.get_config('model=ViT-B/16,data=i21k')
+  assert 'overridden' not in loop._report(config)
+  config.input.data = 'tfrecord'
+  assert loop._report(config)['overridden'] == 'input.data=tfrecord'
+  smoke = pretrain.get_config('model=ViT-B/16,data=i21k,smoke=true')
+  assert 'overridden' not in loop._report(smoke)  # digits stands in.
+
+
 def test_imagenet_pretraining_takes_any_vit_of_the_zoo():
   """Table 3's ImageNet row is `ViT-*`: ViT-S/16 on i1k is that row (it
   was refused as having none); on JFT it has no row."""

@@ -486,6 +486,18 @@ def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
   return report if isinstance(report, dict) and report else None
 
 
+def _cell_data(report: Dict[str, Any]) -> Optional[str]:
+  """The dataset (registry name) the run of `report`'s table cell trains
+  on: a transfer's task, a pre-training's (also MPP's) data; None where
+  the report names none (cpu_reproduce's steps, ...)."""
+  if report.get('transfer'):
+    return report.get('task')
+  task = str(report.get('task', ''))
+  if task == 'pretrain' or task.startswith('mpp_'):
+    return paper.PRETRAIN_DATA.get(report.get('pretrain'))
+  return None
+
+
 def _report(config, init_objective: Optional[str] = None,
             init_report: Optional[Dict[str, Any]] = None,
             ran: Optional[Tuple[int, Tuple[int, ...]]] = None
@@ -522,6 +534,13 @@ def _report(config, init_objective: Optional[str] = None,
     logging.warning('config.report names %s but the run trained %s: its '
                     'report is marked overridden', report['model'], trained)
     report['overridden'] = f'model.name={trained}'
+  cell_data, data = _cell_data(report), config.get('input', {}).get('data')
+  if cell_data and data and data != cell_data and not report.get('smoke'):
+    # --config.input.data trained on other data (your own folder, ...)
+    # than the cell the config args named: the run is not that cell's.
+    logging.warning('config.report is a %s cell but the run trained on %s: '
+                    'its report is marked overridden', cell_data, data)
+    report['overridden'] = f'input.data={data}'
   if (report.get('transfer') and not config.get('init')
       and not report.get('smoke')):
     # A transfer row (finetune.py, vtab.py) is fine-tuning from its
