@@ -5,6 +5,8 @@ distinct, so an image identifies its example).
 """
 
 import json
+import logging
+import re
 import weakref
 
 import ml_collections
@@ -12,7 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.data import pipeline, registry, sources
+from vit_jax.data import pipeline, registry, settings, sources
 from vit_jax.data.errors import (DataError, DatasetNotPreparedError,
                                  UnknownDatasetError, UnknownSplitError)
 from vit_jax.data.memory_source import load
@@ -258,7 +260,7 @@ def test_process_zero_state_restores_every_process():
 
 @pytest.mark.parametrize('field,value', [
     ('batch_size', 32), ('shuffle_buffer', 100), ('cache', True),
-    ('mixup', 0.2), ('skip_bad_images', True), ('data_dir', '/elsewhere')])
+    ('mixup', 0.2), ('data_dir', '/elsewhere')])
 def test_resume_with_other_settings_is_refused(field, value):
   run = pipeline.train_iterator(_config(), seed=0)
   next(run)
@@ -395,3 +397,49 @@ def test_train_images_of_varying_size_are_refused(tmp_path, pp_train):
       r"train feature 'image' has shape \(None, None, 3\) per example: "
       r'input.pp_train must produce fixed-size images.*inception_crop\(S\)')):
     next(it)
+
+
+def test_skip_bad_images_is_refused_where_the_source_cannot_skip():
+  """It was silently ignored by tfds and in-memory data."""
+  with pytest.raises(DataError, match=r"skip_bad_images=True: dataset "
+                     r"'digits' cannot skip undecodable images.*arrays in "
+                     r'memory.*skip_bad_images=False'):
+    pipeline.dataset_info(_config(skip_bad_images=True))
+
+
+@pytest.mark.parametrize('train_split,eval_split,fix', [
+    (None, 'train[90%:]', 'train[:90%]'),
+    (None, 'train[:10%]', 'train[10%:]'),
+    ('train[:95%]', 'train[90%:]', 'train[:90%]'),
+    (None, 'train[100:200]', 'train[:100]+train[200:]'),
+    ('train', 'test+train[-5:]', 'train[:1432]')])
+def test_an_eval_split_inside_the_train_split_is_refused(train_split,
+                                                         eval_split, fix):
+  """`eval_split='train[90%:]'` beside the default `train` trained on the
+  examples it was evaluated on, silently."""
+  config = _config(train_split=train_split, eval_split=eval_split)
+  st = settings.read(config)
+  with pytest.raises(DataError, match=re.escape(
+      f'input.eval_split={eval_split!r} shares ') + r'\d+ of its \d+ '
+      r'examples with .*Fix: hold them out of training: '
+      + re.escape(f'input.train_split={fix!r}')):
+    st.check_held_out()
+  config.train_split = fix
+  settings.read(config).check_held_out()  # The fix is held out.
+  if train_split is None and eval_split == 'train[90%:]':  # Training: too.
+    with pytest.raises(DataError, match='shares'):
+      pipeline.train_iterator(_config(eval_split=eval_split), seed=0)
+
+
+def test_evaluating_the_train_split_itself_is_allowed(caplog, monkeypatch):
+  """A deliberate check of the fit (or an explicit split, as evaluators
+  and evaluation runs pass) is not refused; the first is logged (once per
+  process: forget what was logged before)."""
+  monkeypatch.setattr(settings, '_LOGGED', set())
+  with caplog.at_level(logging.WARNING, logger='absl'):
+    settings.read(_config(eval_split='train')).check_held_out()
+  assert ("input.eval_split='train' is the train split 'train' (the "
+          'default') in caplog.text
+  settings.read(_config(), eval_split='train[:64]').check_held_out()
+  settings.read(_config(train_split='train[:90%]',
+                        eval_split='train[90%:]')).check_held_out()

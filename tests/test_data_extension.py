@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from vit_jax.data import ops, pipeline, registry, sources
+from vit_jax.data import ops, pipeline, registry, settings, sources
 from vit_jax.data.errors import LabelRangeError
 
 
@@ -109,3 +109,43 @@ def test_unknown_kinds_and_taken_names_are_errors():
                                            num_classes=3))
   with pytest.raises(ValueError, match='already registered'):
     sources.register('folder')(ArraySource)
+
+
+@sources.register('test_own_field')
+class OwnFieldSource(ArraySource):
+  """`input.test_levels` grey levels (classes); counts its openings."""
+
+  opened = []
+
+  def __init__(self, spec, input_config):
+    super().__init__(spec, input_config)
+    OwnFieldSource.opened.append(dict(input_config))
+    self._levels = input_config.get('test_levels')
+    self._splits = {k: (images, labels % self._levels)
+                    for k, (images, labels) in self._splits.items()}
+
+  @property
+  def num_classes(self):
+    return self._levels
+
+
+registry.register(registry.DatasetSpec(
+    name='test_own_field', source='test_own_field', num_classes=None,
+    pp_train='resize', pp_eval='resize', image_size=6))
+
+
+def test_a_kinds_own_field_opens_its_own_source():
+  """Sources were kept per six built-in fields: a kind reading a field of
+  its own got the source of the first value for the whole process."""
+  config = _config(data='test_own_field', test_levels=2)
+  assert pipeline.dataset_info(config).num_classes == 2
+  config.test_levels = 3
+  assert pipeline.dataset_info(config).num_classes == 3
+  labels = np.concatenate([b['label'][b['mask']]
+                           for b in pipeline.eval_iterator(config)])
+  np.testing.assert_array_equal(labels, np.arange(48, 60) % 4 % 3)
+  # The pipeline's own fields are not the source's: one opening each.
+  config.batch_size, config.image_size = 4, 3
+  pipeline.dataset_info(config)
+  assert [o['test_levels'] for o in OwnFieldSource.opened] == [2, 3]
+  assert not set(settings.PIPELINE_FIELDS) & set(OwnFieldSource.opened[0])

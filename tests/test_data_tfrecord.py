@@ -6,6 +6,7 @@ record id), so that two processes' shards differ in size (52 and 56).
 """
 
 import json
+import logging
 import os
 
 import ml_collections
@@ -14,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from vit_jax.data import input_bench, pipeline, tfrecord_source
-from vit_jax.data.errors import DataError, UnknownSplitError
+from vit_jax.data.errors import BadImageError, DataError, UnknownSplitError
 from conftest import assert_batches_equal, take
 
 
@@ -95,6 +96,13 @@ def test_split_files_match_only_the_split(tmp_path):
     (folder / name).write_bytes(b'')
   found = tfrecord_source.split_files(str(tmp_path), 'test')
   assert [os.path.basename(f) for f in found] == ['part-0', 'part-1']
+  # Compressed files: the same names with a compression ending.
+  for name in ['validation-00000.gz', 'validation.tfrecord.zlib',
+               'validation.bak.gz', 'validation-dev-00000.gz']:
+    (tmp_path / name).write_bytes(b'')
+  found = tfrecord_source.split_files(str(tmp_path), 'validation')
+  assert [os.path.basename(f) for f in found] == [
+      'validation-00000', 'validation-00000.gz', 'validation.tfrecord.zlib']
 
 
 def test_record_counts_are_cached_next_to_the_data(tmp_path, monkeypatch):
@@ -385,3 +393,143 @@ def test_multi_label_records_give_multi_hot_labels(tmp_path):
   with pytest.raises(DataError, match=r'train-00000-of-00001 has label 7'):
     next(iter(pipeline.train_iterator(config, seed=0)))
   assert not pipeline.dataset_info(single).multi_label
+
+
+def _record(encoded, label, key='image/encoded'):
+  return tf.train.Example(features=tf.train.Features(feature={
+      key: tf.train.Feature(bytes_list=tf.train.BytesList(value=[encoded])),
+      'image/class/label': tf.train.Feature(
+          int64_list=tf.train.Int64List(value=[label])),
+  })).SerializeToString()
+
+
+def _write_jpegs(path, labels, bad=(), options=None):
+  """One 8x8 JPEG per label; those of the records numbered in `bad` are
+  cut short (TensorFlow cannot decode them)."""
+  with tf.io.TFRecordWriter(path, options=options) as writer:
+    for i, label in enumerate(labels):
+      encoded = tf.io.encode_jpeg(np.full((8, 8, 3), 20 * label,
+                                          np.uint8)).numpy()
+      writer.write(_record(encoded[:40] if i in bad else encoded, label))
+
+
+def _jpeg_config(directory, **kw):
+  return ml_collections.ConfigDict({
+      'data': 'tfrecord', 'data_dir': str(directory), 'num_classes': 12,
+      'batch_size': 2, 'eval_batch_size': 2, 'image_size': 8,
+      'shuffle_buffer': 3, 'pp_train': 'decode|resize(8)',
+      'pp_eval': 'decode|resize(8)', **kw})
+
+
+def test_undecodable_images_are_named_and_skipped_in_training_only(
+    tmp_path, monkeypatch, caplog):
+  """A corrupt JPEG stopped training with a bare `jpeg::Uncompress failed`,
+  naming no file, and `input.skip_bad_images=True` was ignored. Now the
+  error names the file and the record; with the option the train split's
+  bad records are left out (counts and resumes over the others) and
+  evaluation still reads every record."""
+  monkeypatch.setattr(tfrecord_source, '_COUNTS', {})
+  monkeypatch.setattr(tfrecord_source, '_UNDECODABLE', {})
+  _write_jpegs(str(tmp_path / 'train-00000-of-00002'), range(6), bad=[2])
+  _write_jpegs(str(tmp_path / 'train-00001-of-00002'), range(6, 12),
+               bad=[4])
+  _write_jpegs(str(tmp_path / 'validation-00000-of-00001'), range(4),
+               bad=[1])
+  with pytest.raises(BadImageError, match=r'record\(s\) of TFRecord file '
+                     r'\S*train-00000-of-00002: record 2 \(counted from 0\)'
+                     r'.*input.skip_bad_images=True') as e:
+    take(pipeline.train_iterator(_jpeg_config(tmp_path), seed=0), 6)
+  del e  # Its traceback and this frame are a cycle holding the iterator.
+
+  config = _jpeg_config(tmp_path, skip_bad_images=True)
+  with caplog.at_level(logging.INFO, logger='absl'):
+    run = pipeline.train_iterator(config, seed=0)
+    epoch = take(run, 5)  # The 10 good records, each once.
+  assert 'skipping 2 records of 2 TFRecord files' in caplog.text
+  labels = sorted(l for b in epoch for l in b['label'].tolist())
+  assert labels == [0, 1, 3, 4, 5, 6, 7, 8, 9, 11]
+  for batch in epoch:  # The images are the records' own.
+    np.testing.assert_allclose(batch['image'][:, 4, 4, 0],
+                               20 * batch['label'], atol=3)
+  state = run.get_state()
+  expected = take(run, 4)  # Across the epoch's end.
+  resumed = pipeline.train_iterator(config, seed=0)
+  resumed.set_state(state)
+  assert_batches_equal(take(resumed, 4), expected)
+  with pytest.raises(DataError, match='other settings.*skip_bad_images'):
+    pipeline.train_iterator(_jpeg_config(tmp_path), seed=0).set_state(state)
+
+  # Evaluation never skips: its counts stay exact.
+  with pytest.raises(BadImageError, match=r'validation-00000-of-00001: '
+                     r'record 1 .*Evaluation reads every record'):
+    list(pipeline.eval_iterator(config))
+
+  # Each file is decoded once: the record numbers are cached beside the
+  # counts.
+  assert os.path.exists(tmp_path / tfrecord_source.COUNTS_DIR /
+                        'train-00000-of-00002.undecodable.json')
+  monkeypatch.setattr(tfrecord_source, '_UNDECODABLE', {})
+
+  def scan(*args):
+    raise AssertionError('decoded the files again')
+
+  monkeypatch.setattr(tfrecord_source, '_scan_files', scan)
+  again = pipeline.train_iterator(_jpeg_config(tmp_path, skip_bad_images=True,
+                                               batch_size=10), seed=0)
+  assert sorted(next(again)['label'].tolist()) == labels
+
+
+@pytest.mark.parametrize('names', [
+    ('train-00000-of-00002.gz', 'train-00001-of-00002.gz', 'validation.gz'),
+    ('train.tfrecord.gz', 'train.tfrecord.zlib', 'validation.tfrecord.gz')])
+def test_compressed_files_are_read(tmp_path, names):
+  """GZIP files failed as "corrupted record" (`*-of-*.gz`) or were not
+  found at all (`train.tfrecord.gz`)."""
+  for i, name in enumerate(names):
+    options = tfrecord_source.compression_type(name)
+    _write_jpegs(str(tmp_path / name), range(4 * i, 4 * i + 4),
+                 options=options)
+  config = _jpeg_config(tmp_path, batch_size=8, eval_batch_size=4)
+  assert pipeline.dataset_info(config).num_eval_examples == 4
+  assert sorted(next(pipeline.train_iterator(config, seed=0))['label']) == (
+      list(range(8)))
+  (evals,) = list(pipeline.eval_iterator(config))
+  assert sorted(evals['label']) == list(range(8, 12))
+
+
+def test_a_compressed_file_without_its_ending_is_named(tmp_path):
+  _write_jpegs(str(tmp_path / 'train-00000-of-00001'), range(4),
+               options='GZIP')
+  with pytest.raises(DataError, match=r'cannot read TFRecord file \S*'
+                     r'train-00000-of-00001 .*starts like a GZIP file.*'
+                     r'\.gz'):
+    pipeline.train_iterator(_jpeg_config(tmp_path), seed=0)
+
+
+def test_a_data_dir_with_glob_characters(tmp_path):
+  """`runs/r[1]` was read as a glob pattern: no files found."""
+  directory = tmp_path / 'r[1]'
+  directory.mkdir()
+  _write_jpegs(str(directory / 'train-00000-of-00001'), range(4))
+  config = _jpeg_config(directory, batch_size=4)
+  assert sorted(next(pipeline.train_iterator(config, seed=0))['label']) == (
+      [0, 1, 2, 3])
+
+
+def test_another_image_feature_name_says_set_image_key(tmp_path):
+  """A wrong `input.image_key` failed as TensorFlow's "Feature: image
+  (data type: string) is required but could not be found", naming neither
+  the file nor the option."""
+  directory = tmp_path / 'r[2]'  # A path with brackets is named whole.
+  directory.mkdir()
+  _write_jpegs(str(directory / 'train-00000-of-00001'), range(4))
+  config = _jpeg_config(directory, batch_size=4, image_key='image',
+                        eval_split='train')
+  match = (r"TFRecord file \S*r\[2\]/train-00000-of-00001 has a record "
+           r"without an image: its bytes feature 'image' \(input.image_key\)"
+           r".*set input.image_key.*bytes features \['image/encoded'\]")
+  with pytest.raises(DataError, match=match) as e:
+    next(pipeline.train_iterator(config, seed=0))
+  del e
+  with pytest.raises(DataError, match=match):
+    list(pipeline.eval_iterator(config))

@@ -6,6 +6,7 @@ Importing this module registers the kinds `tfds`, `folder`, `tfrecord` and
 
 from __future__ import annotations
 
+import json
 from typing import Dict
 
 # Imported for their registrations.
@@ -19,15 +20,25 @@ from vit_jax.data.registry import DatasetSpec
 _OPENED: Dict[tuple, sources.Source] = {}
 
 
+def config_fields(input_config) -> dict:
+  """The config's fields as a plain dict (references resolved)."""
+  if hasattr(input_config, 'to_dict'):
+    return input_config.to_dict()
+  return dict(input_config)
+
+
 def open_source(spec: DatasetSpec, input_config) -> sources.Source:
   """The source for a registry entry, configured by `input_config`.
 
   Sources are kept per configuration: a folder is listed (and a tfds
-  builder loaded) once per process, however many iterators read it.
+  builder loaded) once per process, however many iterators read it. The
+  configuration is every field of `input_config` (a kind of one's own may
+  read fields of its own, `input.npz_path`), so `settings.read` hands over
+  the source's fields only, not the pipeline's (batch sizes,
+  pre-processing, ...): changing those opens no new source.
   """
-  fields = ('data_dir', 'skip_bad_images', 'num_classes', 'image_key',
-            'label_key', 'multi_label')
-  key = (spec.name, id(spec)) + tuple(input_config.get(f) for f in fields)
+  key = (spec.name, id(spec), json.dumps(config_fields(input_config),
+                                         sort_keys=True, default=repr))
   if key not in _OPENED:
     _OPENED[key] = sources.get_kind(spec.source, spec.name).open(spec,
                                                              input_config)

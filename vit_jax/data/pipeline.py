@@ -322,6 +322,7 @@ def train_iterator(input_config, *, seed: int, process_index: int = 0,
   hide_accelerators_from_tf()
   settings_lib.check_process(process_index, process_count)
   st = settings_lib.read(input_config)
+  st.check_held_out()  # Training on the examples it evaluates: refused.
   return TrainIterator(st, seed=seed, process_index=process_index,
                        process_count=process_count)
 

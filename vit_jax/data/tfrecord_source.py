@@ -3,16 +3,29 @@
 Each record is a `tf.train.Example` with the encoded image bytes and an
 int64 label list (the first label is the class); the feature names default
 to `image/encoded` and `image/class/label` and can be set with
-`input.image_key` / `input.label_key`. A record with an empty or missing
-label list, or a label outside [0, num_classes), stops the pipeline with an
-error naming its file (`explain_error`).
+`input.image_key` / `input.label_key`. A record without the image feature,
+with an empty or missing label list, or with a label outside
+[0, num_classes), stops the pipeline with an error naming its file
+(`explain_error`); so does an image that cannot be decoded (the error names
+the file and the record), unless `input.skip_bad_images` skips it.
 
 Files of split SPLIT, sorted: `DATA_DIR/SPLIT`, `DATA_DIR/SPLIT-<digit>...`
 (`train-00000-of-01024`), `DATA_DIR/SPLIT.tfrecord[s]` alone or followed by
 `-...` / `@...` (`train.tfrecord-00000-of-00008`), or every file of a folder
 `DATA_DIR/SPLIT/` except hidden and `_`-prefixed ones (`_SUCCESS`). Other
 names are not read: `train_dev-*`, `train-dev-*` or `train.bak` are not
-`train` files.
+`train` files. Files are compressed where their names end in `.gz` / `.gzip`
+(GZIP) or `.zlib` / `.deflate` (ZLIB), e.g. `train-00000-of-00008.gz` or
+`train.tfrecord.gz`; others are read uncompressed.
+
+Skipping undecodable images (`input.skip_bad_images=True`): in the train
+split only. Before its first batch a process decodes every image of its
+files once (logged; the bad record numbers are cached beside the counts
+below, so later runs do not decode again), and its pass leaves those
+records out: counts, positions and resumes are over the records kept.
+Evaluation never skips (its counts stay exact): a bad image of an eval split
+stops it with the error naming the record, whatever the setting (unless
+the eval split is the train split itself).
 
 Sharding: with at least as many files as processes, process i of n reads
 files i, i+n, i+2n, ...; training then needs a file count divisible by n
@@ -45,12 +58,15 @@ import re
 import uuid
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 from absl import logging
 
 from vit_jax.data import shuffle
-from vit_jax.data.errors import (DataError, DatasetNotPreparedError,
-                                 LabelRangeError, UnknownSplitError)
+from vit_jax.data.errors import (BadImageError, DataError,
+                                 DatasetNotPreparedError, LabelRangeError,
+                                 UnknownSplitError)
+from vit_jax.data.folder_source import is_decode_error
 from vit_jax.data.registry import DatasetSpec
 from vit_jax.data.sources import Source, register
 
@@ -60,25 +76,48 @@ IMAGE_KEY, LABEL_KEY = 'image/encoded', 'image/class/label'
 COUNTS_DIR = '.record_counts'
 _LABEL_OUT_OF_RANGE = 'TFRecord label out of range'
 _NO_LABEL = 'TFRecord record without a label'
+_NO_IMAGE = 'TFRecord record without an image'
+_PATH = r'\]\s*\[(.*?)\](?=\s*(?:$|\n|\[\[))'  # `] [path]` of an Assert.
 # What may follow SPLIT in a file name: `-` and a digit (shard numbers), or
-# `.tfrecord` / `.tfrecords` alone or followed by `-...` or `@...`.
+# `.tfrecord` / `.tfrecords` alone or followed by `-...` or `@...`; then a
+# compression suffix (`COMPRESSION`).
 _SUFFIX = r'(-\d.*|\.tfrecords?([-@].*)?)?'
+# File name endings of compressed files -> TFRecordDataset compression_type.
+COMPRESSION = {'.gz': 'GZIP', '.gzip': 'GZIP', '.zlib': 'ZLIB',
+               '.deflate': 'ZLIB'}
+
+
+def compression_type(path: str) -> str:
+  """'GZIP', 'ZLIB' or '' (uncompressed), from the file name's ending."""
+  return COMPRESSION.get(os.path.splitext(path)[1].lower(), '')
 
 
 def _is_split_file(name: str, split: str) -> bool:
+  for ending in COMPRESSION:  # `train-00000.gz` is a `train-00000` file.
+    if name.lower().endswith(ending):
+      name = name[:-len(ending)]
+      break
   return re.fullmatch(re.escape(split) + _SUFFIX, name) is not None
+
+
+def _files_in(folder: str, keep) -> List[str]:
+  """The files of `folder` whose names `keep` accepts, sorted: listed, not
+  globbed (a folder name may hold glob characters, `runs/r[1]`). Folders
+  are left out: gs:// lists them with a trailing / (no request per file),
+  other file systems are asked."""
+  names = [n for n in tf.io.gfile.listdir(folder)
+           if not n.endswith('/') and keep(n)]
+  ask = not folder.startswith('gs://')
+  return sorted(os.path.join(folder, n) for n in names
+                if not (ask and tf.io.gfile.isdir(os.path.join(folder, n))))
 
 
 def split_files(data_dir: str, split: str) -> List[str]:
   """The files of `split` under `data_dir`, sorted (module docstring)."""
   folder = os.path.join(data_dir, split)
   if tf.io.gfile.isdir(folder):
-    return sorted(f for f in tf.io.gfile.glob(os.path.join(folder, '*'))
-                  if not os.path.basename(f).startswith(('.', '_'))
-                  and not tf.io.gfile.isdir(f))
-  return sorted(f for f in tf.io.gfile.glob(os.path.join(data_dir, split)
-                                            + '*')
-                if _is_split_file(os.path.basename(f), split))
+    return _files_in(folder, lambda n: not n.startswith(('.', '_')))
+  return _files_in(data_dir, lambda n: _is_split_file(n, split))
 
 
 def has_records(data_dir: Optional[str]) -> bool:
@@ -87,53 +126,117 @@ def has_records(data_dir: Optional[str]) -> bool:
       split_files(data_dir, 'train'))
 
 
-# Record counts.
+# Record counts, and the records whose image cannot be decoded.
 
 _COUNTS: Dict[str, int] = {}  # path -> records, for this process's life.
+# (path, image_key) -> numbers of the records whose image cannot be decoded.
+_UNDECODABLE: Dict[Tuple[str, str], List[int]] = {}
+_UNDECODABLE_SUFFIX = '.undecodable.json'
 
 
-def _cache_file(data_dir: str, path: str) -> str:
+def _cache_file(data_dir: str, path: str, suffix: str = '.json') -> str:
   root = data_dir.rstrip('/') + '/'
   name = path[len(root):] if path.startswith(root) else path
   return os.path.join(data_dir, COUNTS_DIR,
-                      name.replace('/', '%2F') + '.json')
+                      name.replace('/', '%2F') + suffix)
+
+
+def _read_entry(data_dir: str, path: str,
+                suffix: str = '.json') -> Tuple[int, Optional[dict]]:
+  """(file size, the cached entry of `path` or None where there is none or
+  the file changed since: its size differs)."""
+  size = tf.io.gfile.stat(path).length
+  try:
+    with tf.io.gfile.GFile(_cache_file(data_dir, path, suffix)) as f:
+      entry = json.load(f)
+  except (tf.errors.OpError, OSError, ValueError):
+    return size, None
+  return size, (entry if entry.get('bytes') == size else None)
 
 
 def _read_cached(data_dir: str, path: str) -> Tuple[int, Optional[int]]:
   """(file size, cached record count or None)."""
-  size = tf.io.gfile.stat(path).length
-  try:
-    with tf.io.gfile.GFile(_cache_file(data_dir, path)) as f:
-      entry = json.load(f)
-  except (tf.errors.OpError, OSError, ValueError):
-    return size, None
-  if entry.get('bytes') != size:
-    return size, None  # The file changed since it was counted.
-  return size, int(entry['records'])
+  size, entry = _read_entry(data_dir, path)
+  return size, None if entry is None else int(entry['records'])
 
 
-def _write_cached(data_dir: str, path: str, size: int, records: int) -> bool:
-  """Caches a count (written then renamed); False where that fails."""
-  target = _cache_file(data_dir, path)
+def _write_entry(data_dir: str, path: str, entry: dict,
+                 suffix: str = '.json') -> bool:
+  """Caches an entry (written then renamed); False where that fails."""
+  target = _cache_file(data_dir, path, suffix)
   temp = f'{target}.tmp-{uuid.uuid4().hex}'
   try:
     tf.io.gfile.makedirs(os.path.dirname(target))
     with tf.io.gfile.GFile(temp, 'w') as f:
-      json.dump({'records': records, 'bytes': size}, f)
+      json.dump(entry, f)
     tf.io.gfile.rename(temp, target, overwrite=True)
   except (tf.errors.OpError, OSError):
     return False
   return True
 
 
+def _write_cached(data_dir: str, path: str, size: int, records: int) -> bool:
+  return _write_entry(data_dir, path, {'records': records, 'bytes': size})
+
+
+def _records(path, compression=None) -> tf.data.Dataset:
+  """The records of one file: `path` and its `compression_type` may be
+  string tensors (None: from the name of `path`, a Python string)."""
+  if compression is None:
+    compression = compression_type(path)
+  return tf.data.TFRecordDataset(path, compression_type=compression,
+                                 buffer_size=8 << 20)
+
+
+def _files_dataset(paths: Sequence[str]) -> tf.data.Dataset:
+  """(file number, path, compression type) of each of `paths`."""
+  return tf.data.Dataset.from_tensor_slices(
+      (tf.range(len(paths), dtype=tf.int64), tf.constant(paths, tf.string),
+       tf.constant([compression_type(p) for p in paths], tf.string)))
+
+
+def _count(records: tf.data.Dataset) -> tf.Tensor:
+  return records.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+
+
 def _count_files(paths: Sequence[str]) -> List[int]:
   """Records in each file, files read in parallel, records not parsed."""
-  def count(path):
-    return tf.data.TFRecordDataset(path, buffer_size=8 << 20).reduce(
-        tf.constant(0, tf.int64), lambda n, _: n + 1)
-  ds = tf.data.Dataset.from_tensor_slices(list(paths)).map(
-      count, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return [int(n) for n in ds.as_numpy_iterator()]
+  ds = _files_dataset(list(paths)).map(
+      lambda _, path, compression: _count(_records(path, compression)),
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  try:
+    return [int(n) for n in ds.as_numpy_iterator()]
+  except tf.errors.DataLossError:
+    pass  # Explained below, file by file (outside the except: no chain).
+  for path in paths:
+    try:
+      _count(_records(path))
+    except tf.errors.DataLossError as e:
+      raise _unreadable_file_error(path, e) from None
+  raise AssertionError(f'counting {len(paths)} TFRecord files failed, each '
+                       'alone did not')
+
+
+def _unreadable_file_error(path: str, error: tf.errors.OpError) -> DataError:
+  """What to do about a file that TensorFlow cannot read as TFRecords."""
+  said = str(getattr(error, 'message', error)).strip().splitlines()[0]
+  compression = compression_type(path)
+  with tf.io.gfile.GFile(path, 'rb') as f:
+    gzipped = f.read(2) == b'\x1f\x8b'
+  endings = ', '.join(COMPRESSION)
+  if gzipped and not compression:
+    fix = (f'it starts like a GZIP file: compressed files must end in '
+           f'{endings} to be read compressed; rename it (e.g. '
+           f'{os.path.basename(path)}.gz)')
+  elif compression:
+    fix = (f'its name ends like a {compression}-compressed file but it '
+           f'does not decompress as one: rename it to the compression it '
+           f'has (uncompressed: no {endings} ending), or rewrite it')
+  else:
+    fix = ('read uncompressed (its name has none of the compressed endings '
+           f'{endings}), it is cut short or not a TFRecord file: rewrite it, '
+           "or move it out of the split's files")
+  return DataError(f'cannot read TFRecord file {path} ({said}): {fix}')
 
 
 def record_counts(data_dir: str, paths: Sequence[str]) -> List[int]:
@@ -161,6 +264,67 @@ def record_counts(data_dir: str, paths: Sequence[str]) -> List[int]:
 def count_records(data_dir: str, split: str) -> int:
   """Counts (and caches) the records of every file of `split`."""
   return sum(record_counts(data_dir, split_files(data_dir, split)))
+
+
+def _scan_files(paths: Sequence[str], counts: Sequence[int],
+                image_key: str) -> List[List[int]]:
+  """For each file, the numbers of its records whose image TensorFlow
+  cannot decode (each image decoded once, files in parallel). A record
+  without the image feature is not counted: it is a wrong
+  `input.image_key` or a broken writer, which the pipeline names."""
+  def scan(index, path, compression):
+    def decode(number, record):
+      image = tf.io.parse_single_example(record, {
+          image_key: tf.io.VarLenFeature(tf.string)})[image_key].values
+      decoded = tf.cond(
+          tf.size(image) == 1,
+          lambda: tf.size(tf.io.decode_image(image[0], channels=3,
+                                             expand_animations=False)),
+          lambda: tf.constant(1))
+      return index, number, decoded
+    # Only the decoding map's failures are dropped: the records are read
+    # (and counted) without errors before.
+    return _records(path, compression).enumerate().map(
+        decode, num_parallel_calls=tf.data.AUTOTUNE).ignore_errors()
+
+  ds = _files_dataset(list(paths)).interleave(
+      scan, cycle_length=max(1, min(_CYCLE_LENGTH, len(paths))),
+      num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+  decoded = [np.zeros(n, bool) for n in counts]
+  for files, numbers, _ in ds.batch(4096).as_numpy_iterator():
+    for f in np.unique(files):
+      decoded[f][numbers[files == f]] = True
+  return [np.flatnonzero(~d).tolist() for d in decoded]
+
+
+def undecodable_records(data_dir: str, paths: Sequence[str],
+                        image_key: str) -> List[List[int]]:
+  """For each of `paths`, the numbers (from 0) of its records whose image
+  (feature `image_key`) cannot be decoded. Each file is decoded once: the
+  numbers are cached beside its count (`DATA_DIR/.record_counts/`)."""
+  missing = [p for p in dict.fromkeys(paths)
+             if (p, image_key) not in _UNDECODABLE]
+  if missing:
+    counts = record_counts(data_dir, missing)
+    to_scan = []
+    for path, count in zip(missing, counts):
+      size, entry = _read_entry(data_dir, path, _UNDECODABLE_SUFFIX)
+      if entry is not None and entry.get('image_key') == image_key:
+        _UNDECODABLE[(path, image_key)] = list(entry['records'])
+      else:
+        to_scan.append((path, count, size))
+    if to_scan:
+      logging.info('decoding the images of %d TFRecord files in %s once, to '
+                   'find those that cannot be decoded', len(to_scan),
+                   data_dir)
+      found = _scan_files([p for p, _, _ in to_scan],
+                          [n for _, n, _ in to_scan], image_key)
+      for (path, _, size), numbers in zip(to_scan, found):
+        _write_entry(data_dir, path, {'records': numbers, 'bytes': size,
+                                      'image_key': image_key},
+                     _UNDECODABLE_SUFFIX)
+        _UNDECODABLE[(path, image_key)] = numbers
+  return [_UNDECODABLE[(p, image_key)] for p in paths]
 
 
 # Continuing an interleave part-way.
@@ -274,6 +438,12 @@ class TFRecordSource(Source):
         spec.label_key if own else LABEL_KEY)
     multi = input_config.get('multi_label')
     self.multi_label = bool(spec.multi_label if multi is None else multi)
+    # Undecodable images are skipped in the train split only (the split
+    # expression, as `settings.read` resolves it): evaluation counts stay
+    # exact. Settings refuse the option for sources without this attribute.
+    self.skip_bad_images = bool(input_config.get('skip_bad_images', False))
+    self._train_split = input_config.get('train_split')
+    self._logged = set()
 
   @property
   def num_classes(self) -> int:
@@ -289,9 +459,10 @@ class TFRecordSource(Source):
       raise UnknownSplitError(
           f'{self.spec.name}: no TFRecord files for split {split!r} in '
           f'{self.data_dir} (expected {split}-00000-of-..., '
-          f'{split}.tfrecord... or {split}/*; splits found: '
-          f'{self.split_names()}). TFRecord splits cannot be sliced; write '
-          'the files of each split separately.')
+          f'{split}.tfrecord... or {split}/*, compressed ones ending in '
+          f'{", ".join(COMPRESSION)}; splits found: {self.split_names()}). '
+          'TFRecord splits cannot be sliced; write the files of each split '
+          'separately.')
     return files
 
   def _host_files(self, split, process_index, process_count):
@@ -312,65 +483,131 @@ class TFRecordSource(Source):
           f'of {process_count} files of similar size (e.g. {fewer} or '
           f'{more}), or train with a process count that divides {n}.')
 
+  def _skipped(self, split, files, process_index,
+               process_count) -> Optional[List[List[int]]]:
+    """Per file, the records the pass leaves out (their images cannot be
+    decoded); None where nothing is skipped (not the train split, or
+    `skip_bad_images` off)."""
+    if not (self.skip_bad_images and split == self._train_split):
+      return None
+    bad = undecodable_records(self.data_dir, files, self.image_key)
+    key = (split, process_index, process_count)
+    if key not in self._logged:
+      self._logged.add(key)
+      examples = [f'{path} record {n}' for path, numbers in zip(files, bad)
+                  for n in numbers[:3]][:5]
+      logging.log(
+          logging.WARNING if examples else logging.INFO,
+          'skip_bad_images: skipping %d records of %d TFRecord files of %s '
+          'split %r (process %d/%d) whose image cannot be decoded%s',
+          sum(map(len, bad)), len(files), self.data_dir, split,
+          process_index, process_count,
+          f', e.g. {examples}' if examples else '')
+    return bad
+
+  def _counts(self, split, process_index, process_count, *,
+              skipping: bool = True) -> Tuple[List[str], List[int], bool]:
+    """(files, the records the process reads of each, record sharding?)."""
+    files, by_record = self._host_files(split, process_index, process_count)
+    counts = record_counts(self.data_dir, files)
+    bad = (self._skipped(split, files, process_index, process_count)
+           if skipping else None)
+    if bad is not None:
+      counts = [c - len(b) for c, b in zip(counts, bad)]
+    if by_record:
+      counts = [_records_of_shard(c, process_index, process_count)
+                for c in counts]
+    return files, counts, by_record
+
   def host_size(self, split, process_index, process_count) -> None:
     return None  # Unknown without reading the files: see `count_host`.
 
   def count_host(self, split, process_index, process_count) -> int:
-    files, by_record = self._host_files(split, process_index, process_count)
-    counts = record_counts(self.data_dir, files)
-    if by_record:
-      return sum(_records_of_shard(c, process_index, process_count)
-                 for c in counts)
-    return sum(counts)
+    return sum(self._counts(split, process_index, process_count)[1])
+
+  def size_bound(self, split, process_index, process_count) -> int:
+    # Skipped records included: no decoding of other processes' files.
+    return sum(self._counts(split, process_index, process_count,
+                            skipping=False)[1])
 
   def split_size(self, split: str) -> Optional[int]:
     return None
 
+  def _columns(self, split, names, offsets, takes, process_index,
+               process_count) -> Dict[str, tf.Tensor]:
+    """The per-file inputs of `_interleave`: name, offset, take (-1: all),
+    compression type and, where records are skipped, their numbers."""
+    columns = {'name': tf.constant(names, tf.string),
+               'offset': tf.cast(offsets, tf.int64),
+               'take': tf.cast(takes, tf.int64),
+               'compression': tf.constant(
+                   [compression_type(n) for n in names], tf.string)}
+    bad = self._skipped(split, names, process_index, process_count)
+    if bad is not None:  # Sorted, padded with a number no record has.
+      width = max([1] + [len(b) for b in bad])
+      columns['skip'] = tf.constant(
+          [b + [np.iinfo(np.int64).max] * (width - len(b)) for b in bad],
+          tf.int64)
+    return columns
+
   def host_dataset(self, split, process_index, process_count, *,
                    order_key=None) -> tf.data.Dataset:
     files, by_record = self._host_files(split, process_index, process_count)
-    names = tf.constant(files, tf.string)
-    if order_key is not None and len(files) > 1:
-      names = tf.gather(names, shuffle.permutation(len(files), order_key))
-    zeros = tf.zeros([len(files)], tf.int64)
-    return self._interleave(names, zeros, zeros - 1, len(files), by_record,
-                            process_index, process_count)
+    n = len(files)
+    columns = self._columns(split, files, [0] * n, [-1] * n, process_index,
+                            process_count)
+    if order_key is not None and n > 1:
+      order = shuffle.permutation(n, order_key)
+      columns = {k: tf.gather(v, order) for k, v in columns.items()}
+    return self._interleave(columns, n, by_record, process_index,
+                            process_count)
 
   def host_dataset_from(self, split, process_index, process_count, start, *,
                         order_key=None) -> tf.data.Dataset:
     """Skips the files read before `start` unopened (counts are cached)."""
-    files, by_record = self._host_files(split, process_index, process_count)
-    counts = record_counts(self.data_dir, files)
-    if by_record:
-      counts = [_records_of_shard(c, process_index, process_count)
-                for c in counts]
+    files, counts, by_record = self._counts(split, process_index,
+                                            process_count)
     order = list(range(len(files)))
     if order_key is not None and len(files) > 1:
       order = [int(i) for i in shuffle.permutation(len(files), order_key)]
-    columns = resume_columns(
+    resumed = resume_columns(
         [files[i] for i in order], [0] * len(files),
         [counts[i] for i in order], min(_CYCLE_LENGTH, len(files)), start)
-    if columns is None:  # The whole pass lies before `start`.
+    if resumed is None:  # The whole pass lies before `start`.
       return self.host_dataset(split, process_index, process_count).take(0)
-    return self._interleave(*columns, len(files), by_record, process_index,
+    names = [n.decode() for n in resumed[0].numpy()]
+    columns = self._columns(split, names, resumed[1], resumed[2],
+                            process_index, process_count)
+    return self._interleave(columns, len(files), by_record, process_index,
                             process_count)
 
-  def _interleave(self, names, offsets, takes, num_files, by_record,
-                  process_index, process_count):
-    """The process's records of each file from its offset (records of its
-    shard), `take` of them (-1: all), interleaved as every pass is: over
-    `num_files` files (the cycle length), whatever `names` lists."""
+  def _interleave(self, columns, num_files, by_record, process_index,
+                  process_count):
+    """The process's records of each file of `columns` from its offset
+    (records of its shard, skipped ones left out first), `take` of them,
+    interleaved as every pass is: over `num_files` files (the cycle
+    length), whatever `columns` lists."""
 
-    def read(name, offset, take):
-      records = tf.data.TFRecordDataset(name, buffer_size=8 << 20)
+    def read(file):
+      name = file['name']
+      records = _records(name, file['compression'])
+      if 'skip' in file:  # Its undecodable records, by number.
+        skip = file['skip']
+
+        def kept(number, _):
+          at = tf.minimum(tf.searchsorted(skip, [number])[0],
+                          tf.size(skip) - 1)
+          return skip[at] != number
+
+        records = records.enumerate().filter(kept).map(lambda _, r: r)
       if by_record:  # Its records process_index, +process_count, ...
-        records = records.skip(offset * process_count).shard(
+        records = records.skip(file['offset'] * process_count).shard(
             process_count, process_index)
       else:
-        records = records.skip(offset)
-      return records.take(take).map(lambda r: (name, r))
+        records = records.skip(file['offset'])
+      return records.take(file['take']).map(lambda r: (name, r))
 
-    ds = tf.data.Dataset.from_tensor_slices((names, offsets, takes))
+    ds = tf.data.Dataset.from_tensor_slices(columns)
     ds = ds.interleave(
         read, cycle_length=min(_CYCLE_LENGTH, num_files), block_length=1,
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
@@ -383,8 +620,16 @@ class TFRecordSource(Source):
 
   def _parse(self, name, serialized):
     x = tf.io.parse_single_example(serialized, {
-        self.image_key: tf.io.FixedLenFeature([], tf.string),
+        self.image_key: tf.io.VarLenFeature(tf.string),
         self.label_key: tf.io.VarLenFeature(tf.int64)})
+    # A missing image (e.g. another feature name) would fail as a bare
+    # "Feature ... is required": checked here, so that the error names the
+    # file (`explain_error`).
+    images = x[self.image_key].values
+    has_image = tf.debugging.Assert(tf.size(images) == 1,
+                                    [_NO_IMAGE, name], summarize=1)
+    with tf.control_dependencies([has_image]):
+      image = tf.identity(images[0])
     labels = x[self.label_key].values
     # Labels are only known by reading: each is checked on its way through
     # (`explain_error` names the file). An empty or missing label list
@@ -404,15 +649,22 @@ class TFRecordSource(Source):
     with tf.control_dependencies([check]):
       labels = tf.identity(labels)
     if not self.multi_label:
-      return {'image': x[self.image_key], 'label': labels[0]}
+      return {'image': image, 'label': labels[0]}
     # Multi-hot: every label of the image (duplicates count once).
     multi_hot = tf.reduce_max(
         tf.one_hot(labels, self._num_classes, dtype=tf.float32), axis=0)
-    return {'image': x[self.image_key], 'label': multi_hot}
+    return {'image': image, 'label': multi_hot}
 
   def explain_error(self, error, split, process_index, process_count):
+    if is_decode_error(error):
+      return self._bad_image_error(split, process_index, process_count)
     message = str(getattr(error, 'message', error))
-    match = re.search(_NO_LABEL + r'\]\s*\[(.*?)\]', message)
+    # `[tag] [path]` then the line's end or `[[node ...`: a path may hold
+    # brackets (`runs/r[1]/train-00000`).
+    match = re.search(_NO_IMAGE + _PATH, message)
+    if match is not None:
+      return self._no_image_error(match.group(1))
+    match = re.search(_NO_LABEL + _PATH, message)
     if match is not None:
       return self._no_label_error(match.group(1))
     match = re.search(_LABEL_OUT_OF_RANGE + r'\]\s*\[(.*?)\]\s*\[(-?\d+)\]',
@@ -426,14 +678,76 @@ class TFRecordSource(Source):
         '--config.num_classes, or leave it None) to the class count of the '
         'files, or fix the labels of that file')
 
+  def _bad_image_error(self, split, process_index,
+                       process_count) -> Optional[BadImageError]:
+    """The error for an image that cannot be decoded: the first of the
+    process's files (in sorted order) holding such records, and which.
+    Decodes the files in turn until one has; None if none has (then
+    another decoder than TensorFlow's `decode_image` failed: a crop)."""
+    files, _ = self._host_files(split, process_index, process_count)
+    if self._skipped(split, files, process_index, process_count) is not None:
+      return None  # Skipped already: the pipeline's decoder differs.
+    for start in range(0, len(files), _CYCLE_LENGTH):
+      chunk = files[start:start + _CYCLE_LENGTH]
+      bad = undecodable_records(self.data_dir, chunk, self.image_key)
+      found = [(path, numbers) for path, numbers in zip(chunk, bad)
+               if numbers]
+      if found:
+        break
+    else:
+      return None
+    path, numbers = found[0]
+    shown = ', '.join(map(str, numbers[:5])) + (
+        ' ...' if len(numbers) > 5 else '')
+    problem = (f'dataset {self.spec.name!r}: cannot decode the image '
+               f'({self.image_key!r}) of {len(numbers)} record(s) of '
+               f'TFRecord file {path}: record {shown} (counted from 0)')
+    if split == self._train_split:
+      fix = ('Rewrite the file without them (or with readable images), or '
+             'set input.skip_bad_images=True to skip the records of the '
+             'train split whose image cannot be decoded (each process '
+             'decodes its files once to find them; evaluation never skips). '
+             'Skipping changes what is read: a training run that already '
+             'saved a checkpoint cannot resume with it; start it afresh '
+             'from its weights (a new --workdir with --config.init=<its '
+             'workdir>).')
+    else:
+      fix = (f'Evaluation reads every record of split {split!r}, so that '
+             'its counts stay exact (input.skip_bad_images skips in the '
+             'train split only): rewrite the file without them, or with '
+             'readable images.')
+    return BadImageError(f'{problem}. {fix}', [path])
+
+  def _first_features(self, path: str):
+    """The features of the first record of `path`; None if unreadable."""
+    try:
+      first = next(iter(_records(path).take(1)))
+      return tf.train.Example.FromString(first.numpy()).features.feature
+    except (tf.errors.OpError, ValueError, StopIteration):
+      return None
+
+  def _no_image_error(self, path: str) -> DataError:
+    """The error for a record of `path` without one image in `image_key`."""
+    feature = self._first_features(path)
+    byte_features = (None if feature is None else sorted(
+        k for k, f in feature.items() if f.bytes_list.value))
+    problem = (f'TFRecord file {path} has a record without an image: its '
+               f'bytes feature {self.image_key!r} (input.image_key) is '
+               'missing, empty or holds several values')
+    if byte_features is not None and self.image_key in byte_features:
+      fix = ('other records of the file have it: write one encoded image '
+             'into every record, or leave the others out of the files')
+    else:
+      fix = ('set input.image_key to the feature that holds the encoded '
+             'image; the first record of the file has non-empty bytes '
+             f'features {byte_features}')
+    return DataError(f'dataset {self.spec.name!r}: {problem}: {fix}')
+
   def _no_label_error(self, path: str) -> DataError:
     """The error for a record of `path` without a label in `label_key`."""
-    try:  # The int64 features of the file's first record, to choose from.
-      first = next(iter(tf.data.TFRecordDataset(path).take(1)))
-      feature = tf.train.Example.FromString(first.numpy()).features.feature
-      ints = sorted(k for k, f in feature.items() if f.int64_list.value)
-    except (tf.errors.OpError, ValueError, StopIteration):
-      ints = None
+    feature = self._first_features(path)
+    ints = (None if feature is None else sorted(
+        k for k, f in feature.items() if f.int64_list.value))
     problem = (f'TFRecord file {path} has a record without a label: its '
                f'int64 list {self.label_key!r} (input.label_key) is empty or '
                'missing')
