@@ -491,11 +491,13 @@ def test_hf_input_is_nchw_and_others_nhwc(trained, exports):
   _needs('hf')
   out, manifest = exports('hf')
   assert manifest['layout'] == 'NCHW'
-  assert manifest['input'] == "float32 ['B', 3, 16, 16] NCHW in [-1, 1]"
+  assert manifest['input'] == (
+      "float32 ['B', 3, 16, 16] NCHW in [-1, 1], B >= 1")
   card_text = open(os.path.join(out, 'MODEL_CARD.md')).read()
   assert '| input | 3x16x16 float32, NCHW, values in [-1, 1] |' in card_text
   out, manifest = exports('stablehlo')
-  assert manifest['input'] == "float32 ['B', 16, 16, 3] NHWC in [-1, 1]"
+  assert manifest['input'] == (
+      "float32 ['B', 16, 16, 3] NHWC in [-1, 1], B >= 1")
   assert '| input | 16x16x3 float32, NHWC' in open(
       os.path.join(out, 'MODEL_CARD.md')).read()
 
@@ -733,3 +735,317 @@ def test_a_full_disk_is_a_message_naming_the_file(trained, tmp_path):
   finally:
     registry.FORMATS.pop(fmt.name)
   assert not out.exists()  # A new --out stays new.
+
+
+# --- Review fixes: output activation, publishing, cards, dtypes, inputs. ---
+
+
+@pytest.fixture(scope='module')
+def sigmoid_run(tmp_path_factory):
+  """The smoke run recorded as trained with loss=sigmoid (i21k's recipe)."""
+  import trained_workdir
+  return trained_workdir.copy_with_config(
+      smoke_workdir(tmp_path_factory), tmp_path_factory.mktemp('sigmoid'),
+      loss='sigmoid')
+
+
+def test_a_sigmoid_run_exports_sigmoid_probabilities(sigmoid_run, tmp_path):
+  """loss=sigmoid (multi-label): the SavedModel's probabilities are a
+  sigmoid per class, as the run's loss read the logits, and export.json,
+  the card and a Hugging Face export say so."""
+  import tensorflow as tf
+  _needs('savedmodel')
+  sigmoid = trained_lib.load(sigmoid_run)
+  assert sigmoid.output_activation == 'sigmoid'
+  out = str(tmp_path / 'sm')
+  manifest = export.export_model(sigmoid, 'savedmodel', out)
+  assert manifest['output_activation'] == 'sigmoid'
+  assert json.load(open(os.path.join(out, 'export.json')))[
+      'output_activation'] == 'sigmoid'
+  x = _images(sigmoid, 3)
+  result = tf.saved_model.load(out).signatures['serving_default'](
+      images=tf.constant(x))
+  logits = result['logits'].numpy()
+  np.testing.assert_allclose(result['probabilities'].numpy(),
+                             1 / (1 + np.exp(-logits)), rtol=1e-5)
+  assert not np.allclose(result['probabilities'].numpy().sum(-1), 1)
+  text = open(os.path.join(out, 'MODEL_CARD.md')).read()
+  assert ('`probabilities` output = sigmoid(logits), each class on its own '
+          '(multi-label: they need not sum to 1; the run trained with '
+          'loss=sigmoid)') in text
+  if not registry.missing(export.get('hf')):  # Read back as multi-label.
+    export.export_model(sigmoid, 'hf', str(tmp_path / 'hf'))
+    config = json.load(open(tmp_path / 'hf' / 'config.json'))
+    assert config['problem_type'] == 'multi_label_classification'
+    assert trained_lib.load(str(tmp_path / 'hf')).output_activation == (
+        'sigmoid')
+
+
+def test_softmax_is_the_default_and_can_be_told(trained, exports,
+                                                tmp_path):
+  out, manifest = exports('stablehlo')
+  assert trained.output_activation == 'softmax'
+  assert manifest['output_activation'] == 'softmax'
+  assert 'probabilities = softmax(logits) over the classes' in open(
+      os.path.join(out, 'MODEL_CARD.md')).read()
+  from vit_jax.checkpoint import save_npz
+  path = str(tmp_path / 'm.npz')
+  save_npz(trained.params, path)
+  assert trained_lib.load(path, model='ViT-test').output_activation == (
+      'softmax')
+  assert trained_lib.load(path, model='ViT-test',
+                          output_activation='sigmoid').output_activation == (
+                              'sigmoid')
+  with pytest.raises(trained_lib.TrainedModelError, match='expected one of '
+                     'softmax, sigmoid'):
+    trained_lib.load(path, model='ViT-test', output_activation='tanh')
+
+
+def _writing_format(trained, name, during):
+  """A format (params as .npz) that calls `during(staging folder)` while it
+  writes: what another process does meanwhile."""
+  from vit_jax.checkpoint import load_npz, save_npz
+
+  def write(t, out, options):
+    during(out)
+    save_npz(t.params, os.path.join(out, 'params.npz'))
+    return {'files': ['params.npz']}
+
+  def run(out, images):
+    return dataclasses.replace(trained, params=load_npz(
+        os.path.join(out, 'params.npz'))).logits(images)
+
+  return export.register(export.Format(name=name, export=write, run=run))
+
+
+def test_an_out_that_appears_during_the_export_is_left_alone(trained,
+                                                             tmp_path):
+  """--out was new: a folder another program (or export) put there while
+  this export ran is not deleted; the verified export is kept beside it."""
+  out = tmp_path / 'models' / '1'
+
+  def someone_writes(_):
+    out.mkdir()
+    (out / 'precious.txt').write_text('theirs')
+
+  fmt = _writing_format(trained, 'npz-appears', someone_writes)
+  try:
+    with pytest.raises(export.ExportError, match=(
+        f'--out={out} appeared while this export ran.*left as it is.*'
+        f'verified export is in {out}.unpublished-{os.getpid()}')):
+      export.export_model(trained, fmt.name, str(out))
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert os.listdir(out) == ['precious.txt']
+  assert (out / 'precious.txt').read_text() == 'theirs'
+  kept = tmp_path / 'models' / f'1.unpublished-{os.getpid()}'
+  assert sorted(os.listdir(kept)) == sorted(
+      ['params.npz', 'export.json', 'labels.txt', 'MODEL_CARD.md'])
+
+
+def test_overwrite_replaces_only_the_earlier_export_it_found(trained,
+                                                             tmp_path):
+  """--overwrite: if --out no longer holds the earlier export alone when
+  the new one is verified (another export replaced it, a user added a
+  file), it is left as it is."""
+  out = tmp_path / 'n'
+  export.export_model(trained, 'stablehlo', str(out))
+
+  def another_export(_):
+    manifest = json.loads((out / 'export.json').read_text())
+    manifest['export_seconds'] += 1  # Another export's export.json.
+    (out / 'export.json').write_text(json.dumps(manifest))
+
+  def a_user_adds(_):
+    (out / 'NOTES.md').write_text('mine')
+
+  for during, message in ((another_export, 'holds another export now'),
+                          (a_user_adds, r'holds 1 file\(s\) its earlier '
+                           'export did not write.*NOTES.md')):
+    before = {p: (out / p).read_bytes() for p in os.listdir(out)}
+    fmt = _writing_format(trained, 'npz-meanwhile', during)
+    try:
+      with pytest.raises(export.ExportError, match=f'--out={out} {message}'):
+        export.export_model(trained, fmt.name, str(out), overwrite=True)
+    finally:
+      registry.FORMATS.pop(fmt.name)
+    after = {p: (out / p).read_bytes() for p in os.listdir(out)}
+    assert 'model.jax_exported' in after  # Not replaced.
+    changed = {p for p in after if after[p] != before.get(p)}
+    assert changed == ({'export.json'} if during is another_export
+                       else {'NOTES.md'})
+    kept = tmp_path / f'n.unpublished-{os.getpid()}'
+    assert (kept / 'params.npz').exists()
+    import shutil
+    shutil.rmtree(kept)
+
+
+def _dead_pid() -> int:
+  import subprocess
+  import sys
+  process = subprocess.Popen([sys.executable, '-c', 'pass'])
+  process.wait()
+  return process.pid
+
+
+def test_failures_name_out_and_killed_exports_leave_nothing_for_long(
+    trained, tmp_path, caplog):
+  """Messages name --out, not the staging folder beside it; the staging
+  folders of killed exports to --out are removed by the next export to it,
+  and nothing else is."""
+  from vit_jax.export import run as run_lib
+  host, dead = run_lib._host(), _dead_pid()
+  stale = [f'.n.new-{host}-{dead}-abcd_123', '.n.new-k2j4h5g6']  # Legacy.
+  kept = [f'.n.new-{host}-{os.getpid()}-running1',  # A running export's.
+          '.n.new-otherhost-1-abcdefgh',  # Another machine's: unknown.
+          '.n.newer', '.m.new-abcdefgh', 'n.new-abcdefgh']  # Not ours.
+  for name in stale + kept:
+    (tmp_path / name).mkdir()
+    (tmp_path / name / 'file').write_text('x')
+  broken = []
+  fmt = _npz_format(trained, 'npz-named', lambda: 1.0 if broken else 0.0)
+  out = tmp_path / 'n'
+  try:
+    broken.append(True)
+    with pytest.raises(export.ExportError) as e:
+      export.export_model(trained, fmt.name, str(out))
+    assert str(e.value).startswith(f'npz-named export to --out={out} is '
+                                   'wrong: on 1 images')
+    assert '.new-' not in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == sorted(kept)
+    assert f'left by an export to --out={out} that was killed' in caplog.text
+    broken.clear()
+    export.export_model(trained, fmt.name, str(out))
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert sorted(os.listdir(tmp_path)) == sorted(kept + ['n'])
+
+
+def test_tolerance_zero_means_exact(trained, tmp_path):
+  fmt = _npz_format(trained, 'npz-exact', lambda: 1e-6)
+  try:
+    with pytest.raises(export.ExportError, match=r'tolerance 0\)'):
+      export.export_model(trained, fmt.name, str(tmp_path / 'a'),
+                          tolerance=0.0)
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  fmt = _npz_format(trained, 'npz-exact', lambda: 0.0)
+  try:
+    manifest = export.export_model(trained, fmt.name, str(tmp_path / 'b'),
+                                   tolerance=0.0)
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert manifest['verification']['tolerance'] == 0
+
+
+def test_card_at_another_image_size_has_no_results(trained, exports,
+                                                   tmp_path):
+  """--image_size on a workdir: the run's results were measured at its own
+  resolution, so the card of the interpolated model shows none."""
+  out = tmp_path / 'at32'
+  assert cli.main([f'--init={trained.workdir}', '--format=stablehlo',
+                   '--image_size=32', f'--out={out}']) == 0
+  manifest = json.loads((out / 'export.json').read_text())
+  assert manifest['image_size'] == 32 and manifest['native_image_size'] == 16
+  text = (out / 'MODEL_CARD.md').read_text()
+  results = text.split('## Results')[1].split('## Compute')[0]
+  assert 'Not known at 32 px' in results and 'measured at 16 px' in results
+  assert 'eval_accuracy' not in results
+  assert ('| position embeddings | interpolated from 16 px (the '
+          "checkpoint's) to 32 px") in text
+  assert 'no results' in cli._parser().format_help()  # Not '.npz only'.
+  # At its own size: results, no note.
+  text = open(os.path.join(exports('stablehlo')[0], 'MODEL_CARD.md')).read()
+  assert 'eval_accuracy' in text and 'position embeddings' not in text
+
+
+def test_default_dtype_is_the_runs(trained, tmp_path, monkeypatch, capsys):
+  """A bfloat16 run exports a bfloat16 graph by default, as predict and
+  its evaluation compute; formats that export float32 only say they
+  differ."""
+  bf16 = dataclasses.replace(trained, dtype='bfloat16')
+  monkeypatch.setattr(trained_lib, 'load', lambda *a, **k: bf16)
+  out = tmp_path / 'bf'
+  assert cli.main([f'--init={trained.workdir}', '--format=stablehlo',
+                   f'--out={out}']) == 0
+  manifest = json.loads((out / 'export.json').read_text())
+  assert manifest['dtype'] == 'bfloat16' and not manifest['warnings']
+  assert manifest['verification']['tolerance'] == 5e-2
+  assert ("| computes in | bfloat16, the model's own (as predict computes "
+          'and the run evaluated') in (out / 'MODEL_CARD.md').read_text()
+  x = _images(trained, 2)
+  np.testing.assert_allclose(_stablehlo(str(out), x),
+                             bf16.logits(x), atol=1e-6)
+  assert export.export_model(trained, 'stablehlo', str(tmp_path / 'f'))[
+      'dtype'] == 'float32'  # A float32 run: float32.
+  _needs('hf')
+  manifest = export.export_model(bf16, 'hf', str(tmp_path / 'hf'))
+  assert manifest['dtype'] == 'float32'
+  (warning,) = manifest['warnings']
+  assert 'computes in float32, the run in bfloat16 (--format=hf exports ' \
+      'float32 only)' in warning
+
+
+def test_savedmodel_input_errors_name_the_expected_input(trained, exports,
+                                                         tmp_path):
+  """A wrong shape or an empty batch: a message naming the input, not
+  pages of MLIR; also with a fixed batch and encoded images."""
+  import tensorflow as tf
+  _needs('savedmodel')
+  out, _ = exports('savedmodel')
+  sig = tf.saved_model.load(out).signatures['serving_default']
+  expected = (r'serving_default takes float32 images in \[-1, 1\] \(the '
+              r'output of the eval pre-processing in export.json\) of shape '
+              r'\[B, 16, 16, 3\] \(B >= 1\); got shape\] \[')
+  for shape in ((2, 32, 32, 3), (0, 16, 16, 3), (2, 16, 16)):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=expected) as e:
+      sig(images=tf.zeros(shape))
+    assert 'refinement' not in str(e.value) and len(str(e.value)) < 1000
+  out = str(tmp_path / 'fixed')
+  export.export_model(trained, 'savedmodel', out, export.Options(
+      batch=2, with_preprocessing=True))
+  loaded = tf.saved_model.load(out)
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r'Shape of tensor images \[3,16,16,3\] is not '
+                     r'compatible with expected shape \[2,16,16,3\]'):
+    loaded.signatures['serving_images'](images=tf.zeros((3, 16, 16, 3)))
+  png = tf.io.encode_png(np.zeros((4, 4, 3), np.uint8))
+  with pytest.raises(tf.errors.InvalidArgumentError,
+                     match=r'expected shape \[2\]'):
+    loaded.signatures['serving_default'](encoded_images=tf.stack([png] * 3))
+
+
+def test_versions_come_from_the_installed_packages(exports):
+  from importlib import metadata
+  _needs('onnx')
+  _, manifest = exports('onnx')
+  versions = manifest['versions']
+  assert versions['jax2onnx'] == metadata.version('jax2onnx')  # No
+  assert versions['vit_jax'] == metadata.version('vit_jax')  # __version__.
+  assert versions['onnxruntime'] == metadata.version('onnxruntime')
+
+
+def test_card_of_an_npz_says_where_it_came_from_and_warns_of_placeholders(
+    trained, tmp_path, capsys):
+  from vit_jax.checkpoint import save_npz
+  path = str(tmp_path / 'm.npz')
+  save_npz(trained.params, path)
+  out = tmp_path / 'npz'
+  assert cli.main([f'--init={path}', '--model=ViT-test', '--format=stablehlo',
+                   f'--out={out}']) == 0
+  err = capsys.readouterr().err
+  assert ('warning: no class names: labels.txt holds placeholders (class_0 '
+          '... class_9). Export with --labels=DATASET') in err
+  text = (out / 'MODEL_CARD.md').read_text()
+  assert text.split('\n')[2].startswith(
+      f'A ViT image classifier loaded from the .npz checkpoint `{path}`, '
+      'exported by vit_jax as **stablehlo**')
+  assert 'trained with vit_jax' not in text
+  assert '**Warning**: no class names' in text
+  assert 'class_9 (placeholders' in text
+  assert ('- Batches hold at least one image: an empty batch is an error '
+          '(onnxruntime even crashes on one, with SIGFPE).') in text
+  # With names: no warning.
+  assert cli.main([f'--init={path}', '--model=ViT-test', '--labels=digits',
+                   '--format=stablehlo', f'--out={tmp_path}/named']) == 0
+  assert 'warning' not in capsys.readouterr().err

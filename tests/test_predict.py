@@ -65,6 +65,7 @@ def test_folder_with_corrupt_files_reports_them_and_classifies_the_rest(
   captured = capsys.readouterr()
   assert code == 0, captured.err
   result = json.loads(out.read_text())
+  assert result['output_activation'] == 'softmax'  # The run's loss.
   files = sorted(os.path.basename(r['file']) for r in result['results'])
   assert files == sorted([f'{i}_digit{t}.png' for i, t in zip(
       range(1790, 1796), (8, 4, 9, 0, 8, 9))] + ['c.jpg'])
@@ -242,3 +243,33 @@ def test_a_reinitialised_copy_has_fresh_weights_and_its_own_logits(trained):
                          trained.params['embedding']['kernel'])
   assert not np.allclose(fresh.logits(x), before)
   np.testing.assert_array_equal(trained.logits(x), before)
+
+
+def test_a_sigmoid_run_predicts_sigmoid_probabilities(workdir, images,
+                                                     tmp_path, capsys):
+  """loss=sigmoid (i21k / JFT pre-training, multi-label): probabilities
+  are a sigmoid per class, as the run's loss read its logits, not a
+  softmax; the JSON and stderr say which."""
+  import jax
+  run = trained_workdir.copy_with_config(workdir, tmp_path, loss='sigmoid')
+  sigmoid = trained_lib.load(run)
+  assert sigmoid.output_activation == 'sigmoid'
+  out = tmp_path / 'out.json'
+  assert predict.main([f'--init={run}', '--top=10', f'--json={out}',
+                       str(images)]) == 0
+  captured = capsys.readouterr()
+  assert 'a sigmoid per class' in captured.err
+  result = json.loads(out.read_text())
+  assert result['output_activation'] == 'sigmoid'
+  loader = predict.Predictor(sigmoid, batch=2)
+  for r in result['results']:
+    logits = sigmoid.logits(loader.load(r['file'])[None])[0]
+    got = np.zeros_like(logits)
+    for t in r['top']:
+      got[t['index']] = t['probability']
+    np.testing.assert_allclose(got, np.asarray(jax.nn.sigmoid(logits)),
+                               rtol=1e-5)
+  # --output_activation overrides the run's.
+  assert predict.main([f'--init={run}', '--output_activation=softmax',
+                       f'--json={out}', str(images)]) == 0
+  assert json.loads(out.read_text())['output_activation'] == 'softmax'

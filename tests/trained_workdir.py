@@ -45,6 +45,19 @@ def copy(workdir: str, tmp_path) -> str:
   return out
 
 
+def copy_with_config(workdir: str, tmp_path, **fields) -> str:
+  """A copy of a shared workdir whose recorded config.json has `fields`
+  set (e.g. loss='sigmoid': what predict and export read of the run)."""
+  out = copy(workdir, tmp_path)
+  path = os.path.join(out, 'config.json')
+  with open(path) as f:
+    recorded = json.load(f)
+  recorded['config'].update(fields)
+  with open(path, 'w') as f:
+    json.dump(recorded, f)
+  return out
+
+
 def smoke_workdir(tmp_path_factory) -> str:
   return once(tmp_path_factory, 'export_smoke_run', _train)
 

@@ -15,7 +15,10 @@ others are classified. Batches are split over the local devices (CPU, GPU or
 TPU cores); the last one is padded, so one program is compiled.
 
 Prints `FILE: label (probability), ...` per image (top `--top`) and writes
-the same as JSON with `--json`. Exit status: 0 when at least one image was
+the same as JSON with `--json`. Probabilities are as the run's loss read its
+logits (`Trained.output_activation`, recorded in the JSON): a softmax over
+the classes, or for `loss=sigmoid` runs (multi-label) a sigmoid per class,
+which need not sum to 1. Exit status: 0 when at least one image was
 classified, 1 when none was (every file unreadable, or an error).
 """
 
@@ -73,7 +76,7 @@ class Predictor:
     apply = trained.apply_fn(dtype)
 
     def fn(p, x):
-      return jax.nn.softmax(apply(p, x), axis=-1)
+      return trained.activate(apply(p, x))
     # The weights the forward pass only narrows (bf16 matmul kernels) are
     # cast once here, not on every batch (`vit_jax.models.precast`).
     params = precast.cast_once(
@@ -201,6 +204,7 @@ def _positive(value: str) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
+  from vit_jax import trained as trained_lib
   p = argparse.ArgumentParser(
       prog='python -m vit_jax.predict',
       description='Top-k classes of images, pre-processed as the model was '
@@ -210,8 +214,10 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--model', help='zoo name (needed for .npz files)')
   p.add_argument('--labels', help='dataset name or a text file of class '
                  'names, one per line (default: the run\'s dataset)')
-  p.add_argument('--image_size', type=int, help='input resolution for '
-                 '.npz models (default: from the checkpoint)')
+  p.add_argument('--image_size', type=int, help='input resolution '
+                 '(default: the run\'s, or the checkpoint\'s position '
+                 'embeddings\'); ViT position embeddings are interpolated '
+                 'as fine-tuning does, without training at that size')
   p.add_argument('--top', type=_positive, default=5, help='classes per image')
   p.add_argument('--batch', type=_positive, default=64, help='images per batch '
                  '(rounded up to a multiple of the local devices)')
@@ -222,6 +228,11 @@ def _parser() -> argparse.ArgumentParser:
                  'the EMA (Polyak) averages or the raw parameters; auto '
                  '(default): those the run\'s metrics describe (the '
                  'averages unless it set eval_ema=raw)')
+  p.add_argument('--output_activation', choices=trained_lib.ACTIVATIONS,
+                 help='how logits become probabilities (default: as the '
+                 'run\'s loss read them; softmax for .npz and Hugging Face '
+                 'models, unless its config.json says multi_label_'
+                 'classification)')
   p.add_argument('--json', help='also write the results to this file')
   p.add_argument('paths', nargs='+', help='image files and folders')
   return p
@@ -238,7 +249,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                labels=args.labels,
                                image_size=args.image_size,
                                ema={'auto': None, 'ema': True,
-                                    'raw': False}[args.params])
+                                    'raw': False}[args.params],
+                               output_activation=args.output_activation)
   except (trained_lib.TrainedModelError, FileNotFoundError, ValueError) as e:
     print(f'vit_jax.predict: {e}', file=sys.stderr)
     return 1
@@ -257,7 +269,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           'images', file=sys.stderr)
   for r in results:
     print(f'{r["file"]}: ' + ', '.join(
-        f'{t["label"]} ({t["probability"]:.3f})' for t in r['top']))
+        f'{t["label"]} ({t["probability"]:.3g})' for t in r['top']))
+  if trained.output_activation == 'sigmoid':
+    print('probabilities: a sigmoid per class, as the run\'s loss=sigmoid '
+          'read its logits (they need not sum to 1)', file=sys.stderr)
   print(f'{len(results)} classified, {len(skipped)} skipped'
         + (': ' + ', '.join(s['file'] for s in skipped) if skipped else ''),
         file=sys.stderr)
@@ -266,6 +281,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
       json.dump({'model': trained.architecture, 'init': args.init,
                  'pre_processing': '|'.join(trained.pp),
                  'params': trained.params_kind,
+                 'output_activation': trained.output_activation,
                  'results': results, 'skipped': skipped,
                  **({'interrupted': True} if interrupted else {})}, f,
                 indent=2)

@@ -20,7 +20,12 @@ model was evaluated:
     `decode|resize(S)|value_range(-1,1)` as their training code did;
   * class names: `labels=` (a dataset name or a text file, one name per
     line), else the run's dataset (tfds info, class folders), the Hugging
-    Face `id2label`, else `class_0`, `class_1`, ...;
+    Face `id2label`, else `class_0`, `class_1`, ... (`placeholder_labels`);
+  * how its logits become probabilities (`output_activation`): as the
+    run's loss read them (`config.loss`: softmax over the classes, or a
+    sigmoid per class); `.npz` and Hugging Face models: softmax unless told
+    (`output_activation=`, or a Hugging Face config with
+    `problem_type=multi_label_classification`);
   * the run's record (summary.json, config.json) for the model card.
 """
 
@@ -37,13 +42,19 @@ import numpy as np
 from absl import logging
 from flax import traverse_util
 
-from vit_jax import models
+from vit_jax import losses, models
 from vit_jax.checkpoint import load_npz, load_pretrained
 from vit_jax.models import precast
 
 NPZ_PP = 'resize'  # decode|resize(S)|value_range(-1,1): the public checkpoints'.
 HF_PREFIX = 'hf:'  # Optional: `hf:DIR` says DIR is a Hugging Face model.
 _HF_WEIGHTS = ('model.safetensors', 'pytorch_model.bin')
+# How logits become class probabilities, named after the loss that trained
+# them (`vit_jax.losses`): 'softmax' over the classes (one class per image),
+# 'sigmoid' per class (multi-label: they need not sum to 1).
+ACTIVATIONS = losses.LOSSES
+DEFAULT_ACTIVATION = 'softmax'  # Runs before `config.loss`, .npz, HF (unless told).
+_HF_MULTI_LABEL = 'multi_label_classification'  # Its sigmoid problem_type.
 
 
 class TrainedModelError(ValueError):
@@ -79,6 +90,8 @@ class Trained:
   # parameters, also those of runs without averages); None otherwise.
   params_kind: Optional[str] = None
   has_ema: bool = False      # The checkpoint holds Polyak averages.
+  # How its logits become probabilities (`ACTIVATIONS`): the run's loss.
+  output_activation: str = DEFAULT_ACTIVATION
   _jitted: Dict[str, Any] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
 
@@ -100,11 +113,28 @@ class Trained:
   def family(self) -> str:
     return models.family(self.name).name
 
+  @property
+  def labels_are_placeholders(self) -> bool:
+    """No class names were found: `labels` are `class_0`, `class_1`, ..."""
+    return bool(self.labels) and self.labels == placeholder_labels(
+        len(self.labels))
+
+  def compute_dtype(self, dtype: Optional[str] = None) -> str:
+    """The dtype the model computes in: `dtype` if given, else the run's
+    (what predict, export and the run's evaluation use by default)."""
+    return jnp.dtype(dtype or self.dtype).name
+
+  def activate(self, logits: jax.Array) -> jax.Array:
+    """The probabilities of `logits` [..., K] (`output_activation`)."""
+    if self.output_activation == 'sigmoid':
+      return jax.nn.sigmoid(logits)
+    return jax.nn.softmax(logits, axis=-1)
+
   def model(self, dtype: Optional[str] = None, **overrides):
     """The flax module computing in `dtype` (default: the run's);
     `overrides`: model options replacing the run's (same parameters)."""
     return models.create(self.name, num_classes=self.num_classes,
-                         dtype=jnp.dtype(dtype or self.dtype),
+                         dtype=jnp.dtype(self.compute_dtype(dtype)),
                          **{**self.options, **overrides})
 
   def logits(self, images: np.ndarray, dtype: Optional[str] = None
@@ -112,7 +142,7 @@ class Trained:
     """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype,
     with the parameters that dtype's forward pass only narrows cast once
     (`vit_jax.models.precast`: the same logits, no per-call casts)."""
-    key = jnp.dtype(dtype or self.dtype).name
+    key = self.compute_dtype(dtype)
     if key not in self._jitted:
       fn = jax.jit(self.apply_fn(key))
       self._jitted[key] = (fn, precast.cast_once(fn, self.params, images))
@@ -143,7 +173,8 @@ def load(init: str, *, model: Optional[str] = None,
          labels: Optional[str] = None,
          image_size: Optional[int] = None,
          require_head: bool = True,
-         ema: Optional[bool] = None) -> Trained:
+         ema: Optional[bool] = None,
+         output_activation: Optional[str] = None) -> Trained:
   """The trained model at `init` (workdir, .npz or Hugging Face directory).
 
   Args:
@@ -158,7 +189,14 @@ def load(init: str, *, model: Optional[str] = None,
     ema: for workdirs of runs with Polyak averaging: True loads the
       averages, False the raw parameters, None (default) those the run's
       metrics describe (the averages unless its eval_ema was 'raw').
+    output_activation: how logits become probabilities ('softmax' or
+      'sigmoid'); default: the run's loss (workdirs), a Hugging Face
+      config's problem_type, else softmax.
   """
+  if output_activation is not None and output_activation not in ACTIVATIONS:
+    raise TrainedModelError(
+        f'output activation {output_activation!r}: expected one of '
+        f'{", ".join(ACTIVATIONS)}')
   if not init:
     raise TrainedModelError('--init is required: a training workdir, an .npz '
                             'checkpoint or a Hugging Face directory')
@@ -182,6 +220,8 @@ def load(init: str, *, model: Optional[str] = None,
   if image_size and image_size != trained.image_size:
     trained = resized(trained, image_size)
   trained.labels = _labels(labels, trained)
+  if output_activation:
+    trained.output_activation = output_activation
   return trained
 
 
@@ -354,7 +394,20 @@ def _from_workdir(path: str, model: Optional[str],
   trained.params_kind = 'ema' if use_ema else 'raw'
   trained.has_ema = averages is not None
   trained.labels = _dataset_labels(inp or ({'data': data} if data else {}))
+  trained.output_activation = _run_activation(config, source)
   return trained
+
+
+def _run_activation(config: Dict[str, Any], source: str) -> str:
+  """How the run's loss read its logits (`config.loss`; softmax for runs
+  that predate the field)."""
+  loss = config.get('loss') or DEFAULT_ACTIVATION
+  if loss not in ACTIVATIONS:
+    logging.warning('%s: its config.loss=%r is none of %s: its logits are '
+                    'read with %s', source, loss, ACTIVATIONS,
+                    DEFAULT_ACTIVATION)
+    return DEFAULT_ACTIVATION
+  return loss
 
 
 def _checkpoint_step(source: str) -> Optional[int]:
@@ -480,6 +533,8 @@ def _from_hf(path: str, model: Optional[str],
            for i in range(num_classes)] if cfg.id2label and num_classes else []
   if names and not all(n == f'LABEL_{i}' for i, n in enumerate(names)):
     trained.labels = [str(n) for n in names]
+  if getattr(cfg, 'problem_type', None) == _HF_MULTI_LABEL:
+    trained.output_activation = 'sigmoid'
   _check_hf_processor(path, proc)
   return trained
 
@@ -689,8 +744,20 @@ def _labels(labels: Optional[str], trained: Trained) -> List[str]:
     if names:
       logging.warning('%d class names for %d classes: using class_<i>',
                       len(names), trained.num_classes)
-    names = [f'class_{i}' for i in range(trained.num_classes)]
+    names = placeholder_labels(trained.num_classes)
   return names
+
+
+def placeholder_labels(n: int) -> List[str]:
+  """The names of `n` classes whose names are not known."""
+  return [f'class_{i}' for i in range(n)]
+
+
+def hf_problem_type(trained: Trained) -> str:
+  """The Hugging Face `problem_type` of `trained`'s output activation
+  (read back by `load`)."""
+  return (_HF_MULTI_LABEL if trained.output_activation == 'sigmoid'
+          else 'single_label_classification')
 
 
 def flat_params(params) -> Dict[str, np.ndarray]:

@@ -31,6 +31,7 @@ def _batch(value: str):
 
 
 def _parser() -> argparse.ArgumentParser:
+  from vit_jax import trained as trained_lib
   from vit_jax.export import registry
   p = argparse.ArgumentParser(
       prog='python -m vit_jax.export',
@@ -50,10 +51,21 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--labels', help='dataset name or a text file of class '
                  'names (default: the run\'s dataset)')
   p.add_argument('--image_size', type=int,
-                 help='input resolution for .npz models')
-  p.add_argument('--dtype', default='float32',
-                 choices=('float32', 'bfloat16', 'float16'),
-                 help='compute dtype of the exported model')
+                 help='input resolution (default: the run\'s, or the '
+                 'checkpoint\'s position embeddings\'); ViT position '
+                 'embeddings are interpolated as fine-tuning does, without '
+                 'training at that size, so a workdir\'s card then shows '
+                 'no results (they were measured at the run\'s)')
+  p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'),
+                 help='compute dtype of the exported model (default: the '
+                 'run\'s, as predict computes and the run evaluated; '
+                 'float32 for formats that export float32 only)')
+  p.add_argument('--output_activation', choices=trained_lib.ACTIVATIONS,
+                 help='how its logits become probabilities, recorded in '
+                 'export.json and the card, and the SavedModel\'s '
+                 'probabilities output (default: as the run\'s loss read '
+                 'them; softmax for .npz and Hugging Face models, unless '
+                 'its config.json says multi_label_classification)')
   p.add_argument('--params', default='auto', choices=('auto', 'ema', 'raw'),
                  help='workdirs of runs with optim.ema_decay: export the '
                  'EMA (Polyak) averages or the raw parameters; auto '
@@ -83,7 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                labels=args.labels,
                                image_size=args.image_size,
                                ema={'auto': None, 'ema': True,
-                                    'raw': False}[args.params])
+                                    'raw': False}[args.params],
+                               output_activation=args.output_activation)
     manifest = export.export_model(
         trained, fmt.name, args.out, options, overwrite=args.overwrite)
   except (export.ExportError, trained_lib.TrainedModelError, ImportError,

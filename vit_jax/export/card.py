@@ -68,28 +68,100 @@ def _evaluated_note(params: Dict[str, Any]) -> List[str]:
           f'Export with --params={evaluated} for the evaluated ones.', '']
 
 
+_ORIGIN = {'workdir': 'trained with vit_jax',
+           'npz': 'loaded from the .npz checkpoint',
+           'hf': 'loaded from the Hugging Face directory'}
+
+
+def _opening(trained, manifest: Dict[str, Any]) -> str:
+  """The card's first sentence: what the model is and where it came from."""
+  origin = _ORIGIN.get(trained.kind, f'loaded from {trained.kind}')
+  if trained.kind != 'workdir':
+    origin += f' `{trained.source}`'
+  return (f'A {trained.family} image classifier {origin}, exported by '
+          f'vit_jax as **{manifest["format"]}** on '
+          f'{datetime.date.today().isoformat()}.')
+
+
+def _output(trained, manifest: Dict[str, Any]) -> str:
+  """The 'gives' row: the logits, and how they become probabilities."""
+  probabilities = ('`probabilities` output' if manifest['format'] ==
+                   'savedmodel' else 'probabilities')
+  if trained.output_activation == 'sigmoid':
+    how = (f'{probabilities} = sigmoid(logits), each class on its own '
+           '(multi-label: they need not sum to 1' + (
+               '; the run trained with loss=sigmoid' if trained.kind ==
+               'workdir' else '') + ')')
+  else:
+    how = f'{probabilities} = softmax(logits) over the classes'
+  return f'logits [B, {trained.num_classes}]; {how}'
+
+
+def _not_known(trained, step, last) -> List[str]:
+  """Why the run's summary.json results are not this export's (one
+  paragraph per reason): another checkpoint than the one it describes, or
+  another input size than the one they were measured at."""
+  reasons = []
+  if step is not None and last is not None and step != last:
+    reasons.append(
+        f'Not known for this checkpoint (step {step}): the run\'s '
+        f'summary.json records the results of step {last}, which are not '
+        f'this checkpoint\'s. Export checkpoints/{last} for a card with '
+        'results.')
+  measured = trained.run.get('image_size')
+  if measured and measured != trained.image_size:
+    native = trained.native_image_size
+    resized = (f'; its position embeddings are interpolated from {native} '
+               'px, as fine-tuning does, without training at that size'
+               if native and native != trained.image_size else '')
+    reasons.append(
+        f'Not known at {trained.image_size} px: the run\'s summary.json '
+        f'records results measured at {measured} px, and this export takes '
+        f'{trained.image_size} px inputs (--image_size{resized}), so its '
+        'accuracy may differ. Export without --image_size for a card with '
+        f'results, or fine-tune at {trained.image_size} px '
+        '(configs/finetune.py) and export that.')
+  return reasons
+
+
+def _computes_in(trained, manifest: Dict[str, Any]) -> str:
+  """The 'computes in' row: the export's dtype, and the model's own."""
+  own = trained.compute_dtype()
+  if manifest['dtype'] != own:
+    return f'{manifest["dtype"]} (the model computes in {own})'
+  return (f'{own}, the model\'s own (as predict computes'
+          + (' and the run evaluated' if trained.kind == 'workdir' else '')
+          + '; --dtype exports another)')
+
+
 def render(trained, manifest: Dict[str, Any]) -> str:
   run, config = trained.run, trained.config
   params = manifest.get('parameters') or {}
-  # summary.json describes the run's last step: another checkpoint of it
-  # (--init=WORKDIR/checkpoints/<step>) has no results of its own there.
+  # summary.json describes the run's last step at the run's resolution:
+  # another checkpoint of it (--init=WORKDIR/checkpoints/<step>), or the
+  # model at another --image_size, has no results of its own there.
   step, last = trained.step, run.get('steps')
   other_step = step is not None and last is not None and step != last
+  not_known = _not_known(trained, step, last)
   s, c = trained.image_size, trained.channels
+  native = trained.native_image_size
   layout = manifest.get('layout', 'NHWC')
   dims = f'{c}x{s}x{s}' if layout == 'NCHW' else f'{s}x{s}x{c}'
   lines = [f'# Model card: {trained.architecture}', '']
   lines += [
-      f'A {trained.family} image classifier trained with vit_jax and '
-      f'exported as **{manifest["format"]}** on '
-      f'{datetime.date.today().isoformat()}.', '',
+      _opening(trained, manifest), '',
       '## Model', '', '| | |', '|---|---|',
       _row('architecture', trained.architecture),
       _row('parameters', f'{trained.num_params():,}'),
       _row('classes', trained.num_classes),
       _row('input', f'{dims} float32, {layout}, values in [-1, 1]'),
-      _row('pre-processing (eval)', '`' + '|'.join(trained.pp) + '`'),
   ]
+  if native and native != s:
+    lines.append(_row('position embeddings', f'interpolated from {native} '
+                      f'px (the checkpoint\'s) to {s} px (--image_size), '
+                      'without training at that size'))
+  lines.append(_row('pre-processing (eval)',
+                    '`' + '|'.join(trained.pp) + '`'))
   try:
     flops = accounting.forward_flops(
         trained.name, trained.image_size, trained.num_classes,
@@ -104,7 +176,9 @@ def render(trained, manifest: Dict[str, Any]) -> str:
   names = trained.labels
   shown = ', '.join(names[:20]) + (f', ... ({len(names)} in labels.txt)'
                                    if len(names) > 20 else '')
-  lines += ['', f'Classes: {shown}', '']
+  lines += ['', f'Classes: {shown}' + (
+      ' (placeholders: no class names were given, see the warning below)'
+      if trained.labels_are_placeholders else ''), '']
   lines += ['## Training', '']
   if trained.kind != 'workdir':
     lines += [f'Loaded from {trained.kind} `{trained.source}`: not a vit_jax '
@@ -137,11 +211,8 @@ def render(trained, manifest: Dict[str, Any]) -> str:
     lines += ['']
     metrics = _metrics(run)
     lines += ['## Results', '']
-    if other_step:
-      lines += [f'Not known for this checkpoint (step {step}): the run\'s '
-                f'summary.json records the results of step {last}, which '
-                f'are not this checkpoint\'s. Export checkpoints/{last} '
-                'for a card with results.']
+    if not_known:
+      lines += '\n\n'.join(not_known).split('\n')
     else:
       lines += _evaluated_note(params)
       lines += (['| metric | value |', '|---|---|', *metrics] if metrics
@@ -171,6 +242,8 @@ def render(trained, manifest: Dict[str, Any]) -> str:
             _row('files', ', '.join(f'`{f}`' for f in manifest['files'])),
             _row('batch size', manifest['batch']),
             _row('takes', manifest['input']),
+            _row('gives', _output(trained, manifest)),
+            _row('computes in', _computes_in(trained, manifest)),
             _row('weights', _exported(params)),
             _row('verified', manifest['verification']['summary'])]
   note = (manifest.get('details') or {}).get('processor_note')
@@ -182,11 +255,17 @@ def render(trained, manifest: Dict[str, Any]) -> str:
             '## Limitations', '',
             '- Accuracy holds for images like the training data, '
             'pre-processed as above; it was measured only on the data named '
-            'here.',
-            f'- The exported graph computes in {manifest["dtype"]}'
-            + ('.' if manifest['dtype'] == trained.dtype else
-               f'; the run evaluated in {trained.dtype}, so logits differ '
-               'from its evaluation in the last digits.'), '']
+            'here.']
+  if manifest['dtype'] != trained.compute_dtype():
+    lines.append(f'- The exported graph computes in {manifest["dtype"]}; '
+                 f'the model in {trained.compute_dtype()}, so its logits, '
+                 'and a few top-1 classes, may differ from the '
+                 + ('run\'s evaluation.' if trained.kind == 'workdir' else
+                    'JAX model\'s.'))
+  if manifest['batch'] == 'dynamic':
+    lines.append('- Batches hold at least one image: an empty batch is an '
+                 'error (onnxruntime even crashes on one, with SIGFPE).')
+  lines += ['']
   if config:
     lines += ['<details><summary>Full training config</summary>', '',
               '```json', json.dumps(config, indent=1, sort_keys=True), '```',

@@ -2,7 +2,8 @@
 `transformers` (PyTorch), with the class names.
 
 Writes `config.json` (a `ViTConfig` computing exactly what our ViT does:
-activation, LayerNorm epsilon, `id2label` / `label2id`), `model.safetensors`
+activation, LayerNorm epsilon, `id2label` / `label2id`, `problem_type`:
+multi-label for `loss=sigmoid` runs), `model.safetensors`
 and `preprocessor_config.json` (the eval pre-processing where a
 transformers image processor has it: a `ViTImageProcessor` for
 `resize(S)`, a `BitImageProcessor` for `resize_small(S)|central_crop(C)`;
@@ -60,12 +61,16 @@ def export(trained, out: str, options):
   from transformers import ViTForImageClassification
   from transformers.utils import logging as hf_logging
   hf_logging.disable_progress_bar()
+  from vit_jax import trained as trained_lib
   from vit_jax.checkpoint import hf_config, to_hf
   config = hf_config(trained.name, num_classes=trained.num_classes,
                      image_size=trained.image_size,
                      num_channels=trained.channels, **trained.options)
   config.id2label = dict(enumerate(trained.labels))
   config.label2id = {name: i for i, name in enumerate(trained.labels)}
+  # Multi-label (a sigmoid per class) for loss=sigmoid runs: transformers'
+  # loss and pipelines, and `vit_jax.trained.load`, read it back.
+  config.problem_type = trained_lib.hf_problem_type(trained)
   config.vit_jax_model = trained.name
   config.vit_jax_options = dict(trained.options)
   model = ViTForImageClassification(config)

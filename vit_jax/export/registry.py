@@ -30,7 +30,9 @@ class Options:
   """What the command line asks of every format."""
   batch: Optional[int] = None         # None: dynamic batch size.
   with_preprocessing: bool = False    # Take encoded images (where possible).
-  dtype: str = 'float32'              # Compute dtype of the exported model.
+  # Compute dtype of the exported model; None: the run's, as predict and
+  # its evaluation compute (`resolve`).
+  dtype: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,16 +81,29 @@ def get(name: str) -> Format:
   return FORMATS[name]
 
 
+def resolve(fmt: Format, options: Options, trained) -> Options:
+  """`options` with the dtype decided: the one asked for, else the model's
+  own (`Trained.compute_dtype`: the run's, as predict computes and the run
+  evaluated), else, for a format that cannot export that, float32."""
+  if options.dtype is not None:
+    return options
+  dtype = trained.compute_dtype()
+  if fmt.dtypes is not None and dtype not in fmt.dtypes:
+    dtype = fmt.dtypes[0]
+  return dataclasses.replace(options, dtype=dtype)
+
+
 def check_options(fmt: Format, options: Options) -> None:
   """ValueError for options the format or this machine cannot honour,
-  saying why."""
+  saying why (a dtype of None, the model's, is checked once `resolve`d)."""
   import jax  # pylint: disable=g-import-not-at-top
   if options.dtype == 'float16' and jax.default_backend() == 'cpu':
     raise ValueError(
         '--dtype=float16: XLA:CPU has no float16 products with float32 '
         'accumulation, so the export cannot be verified on this machine. '
         'Export --dtype=bfloat16 or float32 here, or float16 on a GPU')
-  if fmt.dtypes is not None and options.dtype not in fmt.dtypes:
+  if (fmt.dtypes is not None and options.dtype is not None
+      and options.dtype not in fmt.dtypes):
     raise ValueError(
         f'--format={fmt.name} --dtype={options.dtype}: it exports '
         f'{" or ".join(fmt.dtypes)} only; {fmt.other_dtypes}')

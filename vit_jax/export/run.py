@@ -4,22 +4,32 @@ The exported model's logits on a few images must equal the JAX model's
 within `tolerance` (1e-4 at float32), at two batch sizes when the batch is
 dynamic; formats embedding the pre-processing are also checked on encoded
 JPEGs against our TF pre-processing + JAX model. Next to the format's files
-go `labels.txt`, `export.json` (format, input, pre-processing, verification,
-versions) and `MODEL_CARD.md`.
+go `labels.txt`, `export.json` (format, input, output activation,
+pre-processing, verification, versions) and `MODEL_CARD.md`.
+
+A new `--out` (or an earlier export there, with --overwrite) is written to
+a staging folder beside it, `.<name>.new-<host>-<pid>-<random>`, and moved
+there once verified; one left behind by a killed export is removed by the
+next export to the same `--out`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import re
 import shutil
+import socket
+import subprocess
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import jax
 import numpy as np
+from absl import logging
 
 from vit_jax import outputs
 from vit_jax.export import card, registry
@@ -33,9 +43,18 @@ class ExportError(RuntimeError):
   """An export that failed or whose outputs differ from the model's."""
 
 
-def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
-  """(the folder to export into, whether it is staged: written beside
-  `out` and moved there once verified, by `_publish`).
+@dataclasses.dataclass(frozen=True)
+class _Target:
+  """Where an export is written, and how it reaches `--out`."""
+  folder: str             # Written into; `--out` itself when not staged.
+  staged: bool            # Beside `--out`, moved there by `_publish`.
+  # The earlier export's export.json (--overwrite; None: `--out` was
+  # absent), which must still be there when the new one replaces it.
+  earlier: Optional[bytes] = None
+
+
+def _target(out: str, overwrite: bool) -> _Target:
+  """Where to export to `out`.
 
   A new `out` is staged: a server watching its parent (TF Serving's
   version folders) never sees a half-written or unverified export. An
@@ -46,8 +65,10 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
   """
   if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
+  if os.path.isdir(out):
+    _remove_stale(out)
   if os.path.isdir(out) and not os.listdir(out):
-    return out, False
+    return _Target(out, False)
   if not os.path.exists(out):
     parent = os.path.dirname(os.path.abspath(out))
     above = parent
@@ -61,32 +82,54 @@ def _target(out: str, overwrite: bool) -> Tuple[str, bool]:
     except OSError as e:
       raise ExportError(f'--out={out}: cannot create the folder {parent}: '
                         f'{_why(e)}') from None
-    return _staging(out), True
+    _remove_stale(out)
+    return _Target(_staging(out), True)
   if not overwrite:
     raise ExportError(f'{out} exists and is not empty: pass a new --out, '
                       'or --overwrite to replace an earlier export there')
-  if not os.path.exists(os.path.join(out, MANIFEST)):
+  earlier = _earlier_export(out)
+  if earlier is None:
     raise ExportError(f'{out} is not an earlier export (no {MANIFEST}): '
                       'refusing to delete it; pass a new --out')
   extra = _unlisted(out)
   if extra:
-    shown = ', '.join(extra[:4]) + (f' and {len(extra) - 4} more'
-                                    if len(extra) > 4 else '')
     raise ExportError(
-        f'{out} holds {len(extra)} file(s) its earlier export did not write '
-        f'(not in its {MANIFEST}): {shown}. --overwrite replaces an earlier '
+        f'{out} holds {_listed(extra)}. --overwrite replaces an earlier '
         'export and nothing else: move them out of the folder, or pass a '
         'new --out')
-  return _staging(out), True
+  return _Target(_staging(out), True, earlier)
+
+
+def _earlier_export(out: str) -> Optional[bytes]:
+  """The export.json of the export in `out` (None if it has none)."""
+  try:
+    with open(os.path.join(out, MANIFEST), 'rb') as f:
+      return f.read()
+  except OSError:
+    return None
+
+
+def _listed(extra: List[str]) -> str:
+  """'N file(s) its earlier export did not write ...: a, b and 3 more'."""
+  shown = ', '.join(extra[:4]) + (f' and {len(extra) - 4} more'
+                                  if len(extra) > 4 else '')
+  return (f'{len(extra)} file(s) its earlier export did not write (not in '
+          f'its {MANIFEST}): {shown}')
+
+
+def _host() -> str:
+  """This machine's name as staging folders carry it (no '-')."""
+  return re.sub(r'[^A-Za-z0-9.]', '_', socket.gethostname()) or 'host'
 
 
 def _staging(out: str) -> str:
   """A new folder beside `out` (its real path: a symlink keeps pointing at
-  the export) to write the export to first."""
+  the export) to write the export to first, named after this process."""
   real = os.path.realpath(out)
   try:
-    staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(real)}.new-',
-                               dir=os.path.dirname(real))
+    staging = tempfile.mkdtemp(
+        prefix=f'.{os.path.basename(real)}.new-{_host()}-{os.getpid()}-',
+        dir=os.path.dirname(real))
   except OSError as e:
     raise ExportError(f'--out={out}: cannot make a folder beside {real} to '
                       f'write the export to first: {_why(e)}') from None
@@ -135,33 +178,132 @@ def _unlisted(out: str) -> List[str]:
   return sorted(extra)
 
 
-def _publish(staging: str, out: str) -> None:
-  """Moves the verified export in `staging` to `out`, swapping it in for an
-  earlier one there (which is put back if the swap fails, `staging` then
-  kept)."""
+def _alive(host: Optional[str], pid: int) -> bool:
+  """Whether process `pid` of `host` may still run (another machine's:
+  cannot tell, so yes)."""
+  if host is not None and host != _host():
+    return True
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:  # Another user's process.
+    return True
+  return True
+
+
+def _remove_stale(out: str) -> None:
+  """Removes what killed exports to `out` left beside it: staging folders
+  (`.<name>.new-<host>-<pid>-<random>`, of earlier versions
+  `.<name>.new-<random>`) and earlier exports moved aside for a swap that
+  completed (`.<name>.old-<host>-<pid>`), of processes no longer running on
+  this machine. Nothing else is touched, nor folders of exports running."""
   real = os.path.realpath(out)
-  if not os.path.exists(real):
-    try:
-      os.rename(staging, real)
-    except OSError as e:
-      raise ExportError(f'could not move the verified export in {staging} '
-                        f'to {real}: {_why(e)}') from e
+  parent, name = os.path.dirname(real), re.escape(os.path.basename(real))
+  staging = re.compile(rf'\.{name}\.new-(?:(?P<host>[A-Za-z0-9._]+)-'
+                       r'(?P<pid>\d+)-)?[a-z0-9_]{8}$')
+  aside = re.compile(rf'\.{name}\.old-(?:(?P<host>[A-Za-z0-9._]+)-)?'
+                     r'(?P<pid>\d+)$')
+  try:
+    entries = os.listdir(parent)
+  except OSError:
     return
-  old = os.path.join(os.path.dirname(real),
-                     f'.{os.path.basename(real)}.old-{os.getpid()}')
-  failed = (f'the earlier export in {real} is unchanged, and the verified new '
-            f'one is in {staging}')
+  for entry in sorted(entries):
+    path = os.path.join(parent, entry)
+    match = staging.match(entry) or aside.match(entry)
+    if not match or os.path.islink(path) or not os.path.isdir(path):
+      continue
+    pid = match.group('pid')
+    if pid is not None and _alive(match.group('host'), int(pid)):
+      continue
+    if match.re is aside and not os.path.isdir(real):
+      logging.warning(
+          'the earlier export of --out=%s is in %s: an export replacing it '
+          'was killed between moving it aside and moving the new one in. '
+          'Move it back to --out if you want it', out, path)
+      continue
+    logging.warning('removing %s: left by an export to --out=%s that was '
+                    'killed', path, out)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _keep(staging: str, out: str) -> str:
+  """Moves the verified export in `staging`, which could not be published
+  to `out`, to a visible name beside `out`; returns where it is."""
+  real = os.path.realpath(out)
+  kept = f'{real}.unpublished-{os.getpid()}'
+  try:
+    os.rename(staging, kept)
+  except OSError:
+    return staging
+  return kept
+
+
+def _publish(target: _Target, out: str) -> None:
+  """Moves the verified export in `target.folder` to `out`: into a new
+  `out` only if none appeared meanwhile (an atomic rename, which fails on
+  a folder with files in it), or swapped in for the earlier export if that
+  is still there as it was (which is put back if the swap fails).
+  ExportError otherwise, naming where the verified export was kept."""
+  staging, real = target.folder, os.path.realpath(out)
+  changed = _changed(real, target.earlier)
+  if changed:
+    raise ExportError(
+        f'--out={out} {changed} while this export ran (another export, or a '
+        f'program writing there?): it is left as it is. The verified export '
+        f'is in {_keep(staging, out)}: move it to --out yourself, or export '
+        'again (with --overwrite to replace an earlier export there)')
+  if target.earlier is None or not os.path.isdir(real):
+    try:
+      os.rename(staging, real)  # Fails on a non-empty folder, and a file.
+    except OSError as e:
+      what = ('appeared' if os.path.lexists(real) else
+              f'could not be made ({_why(e)})')
+      raise ExportError(
+          f'--out={out} {what} while this export ran: it is left as it is. '
+          f'The verified export is in {_keep(staging, out)}: move it to '
+          '--out yourself') from e
+    return
+  old = os.path.join(os.path.dirname(real), f'.{os.path.basename(real)}'
+                     f'.old-{_host()}-{os.getpid()}')
   try:
     os.rename(real, old)
   except OSError as e:
-    raise ExportError(f'could not move {real} aside ({e}): {failed}') from e
+    raise ExportError(
+        f'could not move the earlier export in --out={out} aside '
+        f'({_why(e)}): it is unchanged, and the verified new one is in '
+        f'{_keep(staging, out)}') from e
   try:
     os.rename(staging, real)
   except OSError as e:
-    os.rename(old, real)
-    raise ExportError(f'could not move the new export in ({e}): {failed}'
-                      ) from e
+    try:
+      os.rename(old, real)
+      where = f'is back in --out={out}'
+    except OSError:
+      where = f'is in {old}'
+    raise ExportError(
+        f'could not move the new export into --out={out} ({_why(e)}): the '
+        f'earlier export {where}, and the verified new one is in '
+        f'{_keep(staging, out)}') from e
   shutil.rmtree(old)
+
+
+def _changed(real: str, earlier: Optional[bytes]) -> str:
+  """How `real` differs from what `_target` found there: '' where it is
+  unchanged (absent, empty, or the earlier export alone)."""
+  if earlier is None:
+    return ''  # Absent: the rename tells whether something appeared.
+  if not os.path.isdir(real):
+    return ''  # Gone: the export moves in.
+  now = _earlier_export(real)
+  if now != earlier:
+    return ('holds another export now (its export.json changed)' if now
+            else f'no longer holds the earlier export (no {MANIFEST})')
+  try:
+    extra = _unlisted(real)
+  except ExportError as e:
+    return f'no longer holds the earlier export alone ({e})'
+  return f'holds {_listed(extra)} now' if extra else ''
 
 
 def sample_images(trained, n: int, seed: int = 0) -> np.ndarray:
@@ -195,8 +337,11 @@ def _reference_bytes(trained, encoded: List[bytes], dtype: str) -> np.ndarray:
 
 
 def verify(fmt: registry.Format, trained, out: str,
-           options: registry.Options, tolerance: float) -> Dict[str, Any]:
-  """Runs the export on a few inputs; ExportError if logits differ."""
+           options: registry.Options, tolerance: float,
+           shown: Optional[str] = None) -> Dict[str, Any]:
+  """Runs the export in `out` on a few inputs; ExportError if logits
+  differ. Messages name `shown` (the `--out` a staged export is for)."""
+  shown = out if shown is None else shown
   sizes = [options.batch] if options.batch else [1, 3]
   checks = []
   for i, n in enumerate(sizes):
@@ -213,16 +358,16 @@ def verify(fmt: registry.Format, trained, out: str,
   diffs = []
   for what, n, ours, theirs in checks:
     if theirs.shape != ours.shape:
-      raise ExportError(f'{fmt.name} export in {out}: {n} {what} gave '
-                        f'logits of shape {theirs.shape}, expected '
+      raise ExportError(f'{fmt.name} export to --out={shown}: {n} {what} '
+                        f'gave logits of shape {theirs.shape}, expected '
                         f'{ours.shape}')
     diff = float(np.max(np.abs(theirs - ours)))
     diffs.append({'inputs': what, 'batch': n, 'max_abs_diff': diff})
     if not diff <= tolerance:
       raise ExportError(
-          f'{fmt.name} export in {out} is wrong: on {n} {what} its logits '
-          f'differ from the JAX model\'s by up to {diff:.3g} (tolerance '
-          f'{tolerance:g})')
+          f'{fmt.name} export to --out={shown} is wrong: on {n} {what} its '
+          f'logits differ from the JAX model\'s by up to {diff:.3g} '
+          f'(tolerance {tolerance:g})')
   worst = max(d['max_abs_diff'] for d in diffs)
   summary = (f'max |logit difference| {worst:.2g} vs the JAX model on '
              + ', '.join(f'{d["batch"]} {d["inputs"]}' for d in diffs)
@@ -237,14 +382,51 @@ def _size(out: str) -> int:
 
 
 def _versions(fmt: registry.Format) -> Dict[str, str]:
+  """{module: version} of vit_jax, JAX and what `fmt` needs, from their
+  installed distributions' metadata (not all set `__version__`), and
+  vit_jax's git commit where it runs from a checkout."""
   import importlib
-  out = {'jax': jax.__version__}
-  for name in fmt.requires + ('jaxlib',):
-    try:
-      out[name] = importlib.import_module(name).__version__
-    except (ImportError, AttributeError):
-      pass
+  from importlib import metadata
+  dists = metadata.packages_distributions()
+  out = {}
+  for module in ('vit_jax', 'jax', 'jaxlib') + tuple(fmt.requires):
+    for dist in dists.get(module, []) + [module]:
+      try:
+        out[module] = metadata.version(dist)
+        break
+      except metadata.PackageNotFoundError:
+        pass
+    else:
+      try:
+        out[module] = str(importlib.import_module(module).__version__)
+      except (ImportError, AttributeError):
+        pass
+  commit = _git_commit()
+  if commit:
+    out['vit_jax_git_commit'] = commit
   return out
+
+
+def _git_commit() -> Optional[str]:
+  """The commit of the git checkout vit_jax runs from (+ '-dirty' with
+  uncommitted changes to tracked files), None if not one."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  if not os.path.exists(os.path.join(root, '.git')):
+    return None
+  try:
+    head = subprocess.run(['git', '-C', root, 'rev-parse', 'HEAD'],
+                          capture_output=True, text=True, timeout=10)
+    dirty = subprocess.run(  # Reads only: no index refresh written.
+        ['git', '--no-optional-locks', '-C', root, 'status', '--porcelain',
+         '--untracked-files=no', '--', 'vit_jax'], capture_output=True,
+        text=True, timeout=10)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  if head.returncode != 0 or not head.stdout.strip():
+    return None
+  return head.stdout.strip() + ('-dirty' if dirty.returncode == 0 and
+                                dirty.stdout.strip() else '')
 
 
 def export_model(trained, fmt_name: str, out: str,
@@ -253,29 +435,31 @@ def export_model(trained, fmt_name: str, out: str,
                  tolerance: Optional[float] = None) -> Dict[str, Any]:
   """Exports `trained` (a `vit_jax.trained.Trained`) as `fmt_name` to
   `out`, verifies it and writes the model card; returns the manifest."""
-  options = options or registry.Options()
   fmt = registry.get(fmt_name)
   registry.check_installed(fmt)
+  options = registry.resolve(fmt, options or registry.Options(), trained)
   registry.check_options(fmt, options)
   registry.check_model(fmt, trained)
-  tolerance = tolerance or TOLERANCE.get(options.dtype, 1e-2)
-  target, staged = _target(out, overwrite)
+  if tolerance is None:
+    tolerance = TOLERANCE.get(options.dtype, 1e-2)
+  target = _target(out, overwrite)
   try:
     try:
-      manifest = _export(fmt, trained, target, options, tolerance)
+      manifest = _export(fmt, trained, target.folder, options, tolerance,
+                         shown=out)
     except OSError as e:  # Disk full, permissions, ... while writing.
-      where = str(e.filename or target)
-      if staged and where.startswith(target):  # Where it was going to be.
-        where = out.rstrip('/') + where[len(target):]
+      where = str(e.filename or target.folder)
+      if target.staged and where.startswith(target.folder):  # --out's.
+        where = out.rstrip('/') + where[len(target.folder):]
       raise ExportError(f'exporting to --out={out} failed at {where}: '
                         f'{_why(e)}') from e
   except BaseException:
-    if staged:  # `out` is as it was: absent, or the earlier export.
-      shutil.rmtree(target, ignore_errors=True)
+    if target.staged:  # `out` is as it was: absent, or the earlier export.
+      shutil.rmtree(target.folder, ignore_errors=True)
     else:  # `out` was empty: leave it so, ready for another try.
-      _clear(target)
+      _clear(target.folder)
     raise
-  if staged:
+  if target.staged:
     _publish(target, out)
   return manifest
 
@@ -326,9 +510,10 @@ def parameters(trained) -> Dict[str, Any]:
           else None, 'matches': main == trained.params_kind}
 
 
-def _export(fmt, trained, out: str, options, tolerance: float
-            ) -> Dict[str, Any]:
-  """Writes, verifies and documents the export in the folder `out`."""
+def _export(fmt, trained, out: str, options, tolerance: float,
+            shown: str) -> Dict[str, Any]:
+  """Writes, verifies and documents the export in the folder `out` (for
+  `--out=shown`, which messages name)."""
   # float32 means float32: no TF32 / bf16-pass matmuls on GPUs and TPUs,
   # neither in the exported graph nor in the reference it is checked with.
   precision = (jax.default_matmul_precision('highest')
@@ -341,7 +526,7 @@ def _export(fmt, trained, out: str, options, tolerance: float
     seconds = time.time() - start
     for name in info['files']:  # Some writers leave them private (0600).
       _as_created_tree(os.path.join(out, name.rstrip('/')))
-    verification = verify(fmt, trained, out, options, tolerance)
+    verification = verify(fmt, trained, out, options, tolerance, shown)
   with open(os.path.join(out, 'labels.txt'), 'w') as f:
     f.write('\n'.join(trained.labels) + '\n')
   s, c = trained.image_size, trained.channels
@@ -349,6 +534,18 @@ def _export(fmt, trained, out: str, options, tolerance: float
                                    or (s, s, c)))
   details = {k: v for k, v in info.items() if k not in ('files', 'warnings')}
   warnings = list(info.get('warnings', ()))  # The command prints them.
+  if trained.labels_are_placeholders:
+    warnings.append(
+        f'no class names: labels.txt holds placeholders ({trained.labels[0]}'
+        f' ... {trained.labels[-1]}). Export with --labels=DATASET (e.g. '
+        'imagenet2012, whose names are WordNet IDs) or --labels=FILE (one '
+        'name per line, in logit order)')
+  if fmt.dtypes and trained.compute_dtype() not in fmt.dtypes:
+    warnings.append(
+        f'the exported graph computes in {options.dtype}, the run in '
+        f'{trained.compute_dtype()} (--format={fmt.name} exports '
+        f'{" or ".join(fmt.dtypes)} only): its logits, and a few top-1 '
+        'classes, may differ from the run\'s evaluation and predict\'s')
   manifest = {
       'format': fmt.name, 'model': trained.architecture,
       'source': trained.source, 'files': info['files'] + [
@@ -356,8 +553,14 @@ def _export(fmt, trained, out: str, options, tolerance: float
       'batch': options.batch or 'dynamic', 'dtype': options.dtype,
       'input': ('encoded images (string [B]), pre-processing inside; '
                 if options.with_preprocessing else '') +
-               f'float32 {list(shape)} {fmt.layout} in [-1, 1]',
+               f'float32 {list(shape)} {fmt.layout} in [-1, 1]'
+               + ('' if options.batch else ', B >= 1'),
       'layout': fmt.layout,
+      'image_size': trained.image_size,
+      # The resolution its position embeddings were trained at (None: it
+      # has none); another than image_size: interpolated (--image_size).
+      'native_image_size': trained.native_image_size,
+      'output_activation': trained.output_activation,
       'pre_processing': '|'.join(trained.pp),
       'num_classes': trained.num_classes, 'labels': 'labels.txt',
       'checkpoint_step': trained.step,

@@ -5,11 +5,17 @@ The JAX function is serialised natively (`jax2tf.convert`: StableHLO in an
 variables, so the graph stays small at any model size. Signatures:
 
   * `serving_default`: float32 images [B, S, S, C] in [-1, 1] ->
-    {'logits', 'probabilities'} (B dynamic unless --batch=N);
+    {'logits', 'probabilities'} (B >= 1, dynamic unless --batch=N);
+    `probabilities` as the run's loss read the logits
+    (`Trained.output_activation`): softmax, or a sigmoid per class for
+    `loss=sigmoid` runs;
   * with `--with-preprocessing`, `serving_default` takes encoded images
     (string [B]: JPEG / PNG / GIF / BMP bytes) and runs the model's eval
     pre-processing (the same TensorFlow ops vit_jax evaluates with) inside
     the graph; the float signature stays as `serving_images`.
+
+Inputs of another shape (or an empty batch) fail with a message naming the
+expected input, checked before the model runs (not XLA's shape errors).
 
 TF Serving serves the directory as it is (`tensorflow_model_server
 --model_base_path=DIR/..` with the directory named by a version number, see
@@ -31,6 +37,39 @@ from vit_jax.export.registry import Format, register
 PLATFORMS = ('cpu', 'cuda', 'tpu')
 
 
+def _activation(name: str):
+  """`Trained.output_activation` in TensorFlow: logits -> probabilities."""
+  import tensorflow as tf
+  return {'softmax': lambda logits: tf.nn.softmax(logits, axis=-1),
+          'sigmoid': tf.sigmoid}[name]
+
+
+def _checked(values, expected, signature: str, what: str):
+  """`values`, once its shape is `expected` (None: any size >= 1): an
+  error naming the signature's input otherwise, before the model runs.
+
+  `Assert` says what is expected where the batch is dynamic; grappler
+  folds it away where the shape is fully static (--batch=N), and
+  `EnsureShape`, which it keeps, checks there."""
+  import tensorflow as tf
+  shape = tf.raw_ops.Shape(input=values)
+  rank = len(expected)
+  padded = tf.concat([shape, tf.zeros([rank], tf.int32)], 0)[:rank]
+  ok = tf.logical_and(tf.equal(tf.size(shape), rank), tf.reduce_all(
+      padded >= 1))
+  for i, size in enumerate(expected):
+    if size is not None:
+      ok = tf.logical_and(ok, tf.equal(padded[i], size))
+  dims = ', '.join('B' if d is None else str(d) for d in expected)
+  batch = 'B >= 1' if expected[0] is None else f'B = {expected[0]}'
+  check = tf.debugging.Assert(
+      ok, [f'{signature} takes {what} of shape [{dims}] ({batch}); got '
+           'shape', shape])
+  with tf.control_dependencies([check]):
+    return tf.ensure_shape(tf.identity(values), expected,
+                           name=f'{signature}_input_shape')
+
+
 def export(trained, out: str, options):
   import tensorflow as tf
   from jax.experimental import jax2tf
@@ -45,12 +84,21 @@ def export(trained, out: str, options):
                          native_serialization_platforms=PLATFORMS,
                          with_gradient=False)
 
+  activation = _activation(trained.output_activation)
+  floats = ('float32 images in [-1, 1] (the output of the eval '
+            'pre-processing in export.json)')
+
   def outputs(images):
     logits = tf_fn(module.params, images)
-    return {'logits': logits, 'probabilities': tf.nn.softmax(logits)}
+    return {'logits': logits, 'probabilities': activation(logits)}
+
+  def from_images(images):
+    signature = 'serving_images' if options.with_preprocessing else (
+        'serving_default')
+    return outputs(_checked(images, shape, signature, floats))
 
   images_fn = tf.function(
-      outputs, autograph=False,
+      from_images, autograph=False,
       input_signature=[tf.TensorSpec(shape, tf.float32, name='images')])
   signatures = {'serving_default': images_fn}
   if options.with_preprocessing:
@@ -60,6 +108,9 @@ def export(trained, out: str, options):
       return tf.cast(pp({'image': data})['image'], tf.float32)
 
     def from_bytes(encoded):
+      encoded = _checked(encoded, (options.batch,), 'serving_default',
+                         'encoded images (a string tensor of JPEG / PNG / '
+                         'GIF / BMP bytes)')
       images = tf.map_fn(decode, encoded, fn_output_signature=tf.TensorSpec(
           trained.image_shape, tf.float32))
       return outputs(images)
