@@ -147,6 +147,27 @@ def test_labels_from_tfds_info_and_from_a_file(workdir, tmp_path):
     trained_lib.load(workdir, labels=str(tmp_path / 'nmaes.txt'))
 
 
+def test_class_names_are_the_ones_the_run_recorded(workdir, tmp_path):
+  """The run records its class names when it starts (config.json): a
+  renamed class folder, or data not on the machine that predicts, does not
+  rename the model's classes; a record without them (runs before
+  2026-11-29) reads the dataset's."""
+  with open(os.path.join(workdir, 'config.json')) as f:
+    assert json.load(f)['class_names'] == [str(i) for i in range(10)]
+  run = trained_workdir.copy(workdir, tmp_path)
+  path = os.path.join(run, 'config.json')
+  with open(path) as f:
+    recorded = json.load(f)
+  recorded['class_names'] = [f'kind {i}' for i in range(10)]
+  with open(path, 'w') as f:
+    json.dump(recorded, f)
+  assert trained_lib.load(run).labels[3] == 'kind 3'
+  del recorded['class_names']
+  with open(path, 'w') as f:
+    json.dump(recorded, f)
+  assert trained_lib.load(run).labels[3] == '3'
+
+
 def test_npz_needs_a_model_name_and_predicts_alike(trained, tmp_path):
   from vit_jax.checkpoint import save_npz
   path = str(tmp_path / 'm.npz')

@@ -393,7 +393,8 @@ def _from_workdir(path: str, model: Optional[str],
   trained.step = _checkpoint_step(source)
   trained.params_kind = 'ema' if use_ema else 'raw'
   trained.has_ema = averages is not None
-  trained.labels = _dataset_labels(inp or ({'data': data} if data else {}))
+  trained.labels = _run_labels(recorded.get('class_names'), inp, data,
+                               workdir)
   trained.output_activation = _run_activation(config, source)
   return trained
 
@@ -427,6 +428,15 @@ def _head_classes(params, source: str, required: bool = True
         'without one): fine-tune it on labelled data first '
         '(configs/finetune.py with init=...)')
   return int(np.shape(head['bias'])[0])
+
+
+def _run_labels(recorded: Optional[List[str]], inp: Dict[str, Any],
+                data: Optional[str], workdir: str) -> List[str]:
+  """The class names the run recorded when it started (config.json), else
+  those of its dataset now (runs before 2026-11-29 recorded none)."""
+  if recorded:
+    return [str(n) for n in recorded]
+  return _dataset_labels(inp or ({'data': data} if data else {}))
 
 
 def _dataset_labels(input_config) -> List[str]:

@@ -121,6 +121,24 @@ def _init_params(source, state, state_sh, grid, source_grid):
                        ema_params=ema)
 
 
+def _class_names(config, workdir: str):
+  """The names of the labels the run trains on, to record with its config
+  (None where the data has none). Kept from the run's record when it has
+  them (a resume: the names it started with); never fails the run."""
+  recorded = run_files.read_config(workdir).get('class_names')
+  if recorded:
+    return recorded
+  if config.get('objective', 'supervised') != 'supervised':
+    return None  # No labels are learnt.
+  try:
+    return pipeline.class_names(config.input)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('no class names recorded for %s (%s: %s): predict and '
+                    'export will read them from the data, or take --labels',
+                    config.input.get('data'), type(e).__name__, e)
+    return None
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict,
                        workdir: str) -> Dict[str, Any]:
   """Trains (resuming from `workdir` when it holds a checkpoint); returns
@@ -132,7 +150,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       _check_finished_run(config, workdir, run.start)
     # After the restore accepted this config: a refused one (another model,
     # a changed input pipeline) leaves the run's record as it was.
-    run_files.write_config(workdir, config)
+    run_files.write_config(workdir, config,
+                           class_names=_class_names(config, workdir))
     try:
       outcome = train(run)
     except BaseException:
@@ -465,25 +484,21 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       **{f'train_{k}': float(v) for k, v in train_metrics.items()},
       **eval_metrics,
   }
-  path = run_files.write_summary(run.workdir, summary)
+  # A run that trained since its workdir's summary was written (extended,
+  # or trained again) keeps nothing of it; one resumed at its last step
+  # (it only evaluated) keeps what it lacks (train metrics of a checkpoint
+  # saved before they were recorded, metrics `mode=eval` merged in).
+  path = run_files.write_summary(run.workdir, summary,
+                                 fresh=step != run.start)
   logging.info('summary written to %s: %s', path, summary)
   return summary
 
 
 def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
   """The report of the run whose checkpoint step `init_from` is (its
-  summary.json, else config.json); None for an .npz or a foreign run."""
-  if init_from.endswith('.npz'):
-    return None
-  checkpoints = os.path.dirname(init_from.rstrip('/'))
-  if os.path.basename(checkpoints) != 'checkpoints':
-    return None  # A step directory copied out of its run's workdir.
-  workdir = os.path.dirname(checkpoints)
-  report = run_files.read_summary(workdir, own=False).get('report')
-  if report is None:
-    report = (run_files.read_config(workdir).get('config') or {}).get(
-        'report')
-  return report if isinstance(report, dict) and report else None
+  summary.json, else config.json); None for an .npz or a foreign run
+  (`run_files.init_report`, which `python -m vit_jax.vtab` reads too)."""
+  return run_files.init_report(init_from)
 
 
 def _cell_data(report: Dict[str, Any]) -> Optional[str]:
@@ -515,8 +530,12 @@ def _report(config, init_objective: Optional[str] = None,
   args); an overridden init makes the transfer overridden too. `ran`:
   (total steps, image shape) of the run, for `_record_transfer`."""
   report = config.report.to_dict() if 'report' in config else {}
-  if report.get('transfer') and init_report and (
-      init_report.get('task') == 'pretrain'):
+  if report.get('transfer'):
+    # Whether the pre-training fields are the init run's own (below):
+    # `python -m vit_jax.vtab` then lets the config args' ones differ.
+    report['pretrain_from_init'] = bool(
+        init_report and init_report.get('task') == 'pretrain')
+  if report.get('pretrain_from_init'):
     if init_report.get('overridden'):
       report['overridden'] = f'init run: {init_report["overridden"]}'
     for key in run_files.PRETRAIN_FIELDS:
@@ -588,6 +607,8 @@ def _record_transfer(report: Dict[str, Any], config, steps: int,
   ema = config.optim.get('ema_decay') or None
   report.update(lr=lr, steps=steps, image_size=h if h == w else [h, w],
                 ema_decay=ema)
+  if ema:  # Which parameters its metrics are of: the averages, or not.
+    report['eval_ema'] = config.get('eval_ema') or 'ema'
   if report.get('smoke') or report.get('overridden'):
     return
   protocol = paper.transfer_protocol(
@@ -604,6 +625,9 @@ def _record_transfer(report: Dict[str, Any], config, steps: int,
     why.append(f'Polyak averaging {ema}, the paper\'s {protocol["polyak"]}'
                if protocol['polyak'] else
                f'Polyak averaging {ema}, which the paper did not use here')
+  elif ema and report.get('eval_ema') == 'raw':
+    why.append('evaluated the raw parameters (eval_ema=raw), not the Polyak '
+               'averages the paper reports')
   split = config.input.get('eval_split')
   default = registry.get(config.input.data).eval_split
   if not report.get('sweep') and split not in (None, default):

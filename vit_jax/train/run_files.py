@@ -14,7 +14,7 @@ import os
 import shlex
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import jax
 from absl import logging
@@ -47,22 +47,40 @@ def write_json(workdir: str, name: str, content: Dict[str, Any]) -> str:
   return path
 
 
-def write_summary(workdir: str, summary: Dict[str, Any]) -> str:
+def write_summary(workdir: str, summary: Dict[str, Any], *,
+                  fresh: bool = False) -> str:
   """Writes summary.json atomically (process 0 only); returns its path.
 
-  Keys of an earlier summary in the workdir that this one lacks (e.g. the
-  final train metrics, when a finished run is resumed and only evaluates)
-  are kept.
+  An earlier summary in the workdir is merged in (its keys this one lacks
+  are kept) only where both describe one step of one training: this one
+  names no `steps` (the evaluator metrics `mode=eval` merges, after checking
+  that they are of the step the run finished at) or the earlier one's, and
+  the writer does not say `fresh` (a run that trained since it was written:
+  `loop.summarise`). Otherwise it is replaced whole: a finished run extended
+  by more steps, or trained again, keeps none of the earlier step's metrics
+  (a few-shot or ReaL accuracy of other parameters shown as the new step's).
   """
   if jax.process_index() == 0:
-    summary = {**read_summary(workdir), **summary}
+    earlier = read_summary(workdir)
+    then, now = earlier.get('steps'), summary.get('steps')
+    if earlier and (fresh or (now is not None and then != now)):
+      dropped = sorted(set(earlier) - set(summary))
+      if dropped:
+        logging.info('%s/%s of step %s replaced by step %s\'s: dropped %s',
+                     workdir, SUMMARY, then, now, ', '.join(dropped))
+      earlier = {}
+    summary = {**earlier, **summary}
   return write_json(workdir, SUMMARY, summary)
 
 
-def write_config(workdir: str, config, command: Optional[str] = None) -> str:
+def write_config(workdir: str, config, command: Optional[str] = None,
+                 class_names: Optional[Sequence[str]] = None) -> str:
   """Writes `workdir/config.json`: the run's full config and the command
   that started it (process 0 only), read back by `read_config` (predict,
-  export and the model card rebuild the evaluated model from it)."""
+  export and the model card rebuild the evaluated model from it), and the
+  name of each label the run trained on (`class_names`, where the data has
+  names): a class folder renamed, or data not on the machine that predicts,
+  does not rename the model's classes."""
   if command is None:
     script = sys.argv[0] if sys.argv else ''
     package = os.path.basename(os.path.dirname(os.path.abspath(script)))
@@ -72,6 +90,8 @@ def write_config(workdir: str, config, command: Optional[str] = None) -> str:
     command = shlex.join(prog + sys.argv[1:])
   content = {'command': command,
              'config': json.loads(config.to_json_best_effort())}
+  if class_names:
+    content['class_names'] = [str(n) for n in class_names]
   return write_json(workdir, CONFIG, content)
 
 
@@ -106,6 +126,27 @@ def first_difference(then: Any, now: Any, path: str = '', *,
     return None
   as_json = lambda v: json.loads(json.dumps(v, default=str))
   return None if as_json(then) == as_json(now) else (path, then, now)
+
+
+def init_report(path: Optional[str]) -> Optional[Dict[str, Any]]:
+  """The `report` of the vit_jax run `path` is (a workdir) or one of whose
+  checkpoint steps it is (`WORKDIR/checkpoints/<step>`): its summary.json's,
+  else its config.json's; None for an .npz, a step directory copied out of
+  its run's workdir, or anything else (another project's checkpoint)."""
+  if not path or str(path).endswith('.npz'):
+    return None
+  path = str(path).rstrip('/')
+  checkpoints = os.path.dirname(path)
+  if os.path.basename(checkpoints) == 'checkpoints':
+    workdir = os.path.dirname(checkpoints)
+  elif any((epath.Path(path) / name).exists() for name in (SUMMARY, CONFIG)):
+    workdir = path  # A workdir itself (what `init=` names).
+  else:
+    return None
+  report = read_summary(workdir, own=False).get('report')
+  if report is None:
+    report = (read_config(workdir).get('config') or {}).get('report')
+  return report if isinstance(report, dict) and report else None
 
 
 def described_params(config: Dict[str, Any]) -> Optional[bool]:
