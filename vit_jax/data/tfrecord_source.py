@@ -718,19 +718,19 @@ class TFRecordSource(Source):
              'readable images.')
     return BadImageError(f'{problem}. {fix}', [path])
 
-  def _first_features(self, path: str):
-    """The features of the first record of `path`; None if unreadable."""
+  def _first_features(self, path: str, kind: str) -> Optional[List[str]]:
+    """The names of the first record's features of `path` holding values
+    of `kind` ('bytes_list', 'int64_list'); None if unreadable."""
     try:
       first = next(iter(_records(path).take(1)))
-      return tf.train.Example.FromString(first.numpy()).features.feature
+      feature = tf.train.Example.FromString(first.numpy()).features.feature
     except (tf.errors.OpError, ValueError, StopIteration):
       return None
+    return sorted(k for k, f in feature.items() if getattr(f, kind).value)
 
   def _no_image_error(self, path: str) -> DataError:
     """The error for a record of `path` without one image in `image_key`."""
-    feature = self._first_features(path)
-    byte_features = (None if feature is None else sorted(
-        k for k, f in feature.items() if f.bytes_list.value))
+    byte_features = self._first_features(path, 'bytes_list')
     problem = (f'TFRecord file {path} has a record without an image: its '
                f'bytes feature {self.image_key!r} (input.image_key) is '
                'missing, empty or holds several values')
@@ -745,9 +745,7 @@ class TFRecordSource(Source):
 
   def _no_label_error(self, path: str) -> DataError:
     """The error for a record of `path` without a label in `label_key`."""
-    feature = self._first_features(path)
-    ints = (None if feature is None else sorted(
-        k for k, f in feature.items() if f.int64_list.value))
+    ints = self._first_features(path, 'int64_list')
     problem = (f'TFRecord file {path} has a record without a label: its '
                f'int64 list {self.label_key!r} (input.label_key) is empty or '
                'missing')
