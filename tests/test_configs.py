@@ -360,6 +360,17 @@ def test_vtab_driver_runs_skips_and_refuses_other_settings(tmp_path):
       bad.stderr)
 
 
+def test_vtab_driver_takes_task_names_as_the_config_does():
+  """`--tasks=vtab/dtd` is the registry's spelling, which configs/vtab.py's
+  `task=` accepts too; an unknown one is still refused by name."""
+  from absl import app
+  from vit_jax import vtab as driver  # Defines its flags: only here.
+  assert driver.tasks(['vtab/caltech101', 'dtd']) == ['caltech101', 'dtd']
+  assert vtab.get_config('task=vtab/dtd').input.data == 'vtab/dtd'
+  with pytest.raises(app.UsageError, match=r"unknown VTAB task\(s\) \['dtdd'\]"):
+    driver.tasks(['vtab/dtdd'])
+
+
 def test_vtab_set_overrides_every_tasks_config():
   """`--set=FIELD=VALUE` is the driver's `--config.FIELD=VALUE`: literals
   typed, paths as strings, wrong names and types refused by name."""

@@ -14,12 +14,30 @@ from vit_jax.train import run_files
 
 
 def test_summaries_merge_and_writes_leave_no_temporary_file(tmp_path):
+  """Metrics of one step merge (what `mode=eval` adds to the run's
+  summary, a run resumed at its last step); a summary of another step, or
+  of a run that trained since (`fresh`), replaces the earlier one whole:
+  a run extended without its few-shot or ReaL evaluator shows none of the
+  old step's numbers as the new step's."""
   workdir = str(tmp_path / 'run')  # Created on the first write.
-  run_files.write_summary(workdir, {'train_loss': 1.5, 'steps': 10})
-  run_files.write_summary(workdir, {'eval_accuracy': 0.5, 'steps': 20})
+  run_files.write_summary(workdir, {'train_loss': 1.5, 'steps': 10,
+                                    'eval_accuracy': 0.4})
+  run_files.write_summary(workdir, {'fewshot/cifar10/5shot': 0.7,
+                                    'real_accuracy': 0.45})  # mode=eval
+  run_files.write_summary(workdir, {'eval_accuracy': 0.5, 'steps': 10})
   assert run_files.read_summary(workdir) == {
-      'train_loss': 1.5, 'eval_accuracy': 0.5, 'steps': 20}
+      'train_loss': 1.5, 'eval_accuracy': 0.5, 'steps': 10,
+      'fewshot/cifar10/5shot': 0.7, 'real_accuracy': 0.45}
   assert sorted(os.listdir(workdir)) == ['summary.json']
+  run_files.write_summary(workdir, {'eval_accuracy': 0.6, 'steps': 20,
+                                    'train_loss': 1.2})
+  assert run_files.read_summary(workdir) == {
+      'train_loss': 1.2, 'eval_accuracy': 0.6, 'steps': 20}
+  run_files.write_summary(workdir, {'fewshot/cifar10/5shot': 0.8})
+  run_files.write_summary(workdir, {'eval_accuracy': 0.3, 'steps': 20},
+                          fresh=True)  # Trained again, from scratch.
+  assert run_files.read_summary(workdir) == {'eval_accuracy': 0.3,
+                                             'steps': 20}
 
 
 @pytest.mark.parametrize('text', ['{"steps": 1', '[1, 2]', '\xff'])
@@ -77,6 +95,28 @@ def test_vtab_treats_an_unreadable_summary_as_unfinished(tmp_path):
   assert vtab._finished(str(tmp_path), config) is False  # pylint: disable=protected-access
 
 
+def _vtab_task(tmp_path, init, **report):
+  """A finished VTAB task's workdir (summary.json) and its config."""
+  from vit_jax.configs import vtab as vtab_config
+  config = vtab_config.get_config('task=dtd,smoke=true')
+  config.init = init
+  recorded = {**config.report.to_dict(), 'lr': float(config.optim.lr),
+              **report}
+  workdir = str(tmp_path / 'dtd')
+  run_files.write_config(workdir, config, command='test')
+  run_files.write_summary(workdir, {
+      'steps': config.total_steps, 'eval_accuracy': 0.5, 'init': init,
+      'image_size': config.input.image_size, 'report': recorded})
+  return workdir, config
+
+
+def _other(config, **report):
+  other = config.copy_and_resolve_references()
+  for key, value in report.items():
+    other.report[key] = value
+  return other
+
+
 def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
     tmp_path):
   """The trainer writes the init run's own pre-training fields into the
@@ -85,15 +125,13 @@ def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
   init, or another lr, is still refused."""
   from absl import app
   from vit_jax import vtab
-  report = dict(model='ViT-B/16', pretrain='i21k', pretrain_epochs=90.0,
-                pretrain_optimizer='adam', task='vtab/dtd', lr=0.01)
-  config = ml_collections.ConfigDict(dict(
-      report=report, init='/w/pre', total_steps=10,
-      input=dict(image_size=32), optim=dict(lr=0.01)))
-  run_files.write_summary(str(tmp_path), {
-      'steps': 10, 'eval_accuracy': 0.5, 'init': '/w/pre', 'image_size': 32,
-      'report': {**report, 'pretrain_epochs': 30.0}})
-  assert vtab._finished(str(tmp_path), config) is True  # pylint: disable=protected-access
+  pre = str(tmp_path / 'pre')
+  run_files.write_summary(pre, {'report': dict(
+      model='ViT-B/16', pretrain='i21k', pretrain_epochs=30.0,
+      pretrain_optimizer='adam', task='pretrain')})
+  # A record of before `pretrain_from_init`: the init run's report says.
+  workdir, config = _vtab_task(tmp_path, pre, pretrain_epochs=30.0)
+  assert vtab._finished(workdir, config) is True  # pylint: disable=protected-access
   for field, value in (('init', '/w/other'), ('optim.lr', 0.03)):
     other = config.copy_and_resolve_references()
     if field == 'init':
@@ -101,7 +139,68 @@ def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
     else:  # The lr trained with (`--set=optim.lr=`), whatever the args said.
       other.optim.lr = value
     with pytest.raises(app.UsageError, match='other settings'):
-      vtab._finished(str(tmp_path), other)  # pylint: disable=protected-access
+      vtab._finished(workdir, other)  # pylint: disable=protected-access
+
+
+def test_vtab_refuses_a_task_of_another_pretraining_from_an_npz(tmp_path):
+  """An .npz init has no report of its own: the task's report is its
+  config args' pre-training, and a command naming another (jft for a task
+  recorded as i21k) is refused, not skipped as finished under the wrong
+  label; a recorded `pretrain_from_init` decides where present."""
+  from absl import app
+  from vit_jax import vtab
+  npz = '/ckpt/ViT-B_16.npz'
+  workdir, config = _vtab_task(tmp_path, npz)
+  assert vtab._finished(workdir, config) is True  # pylint: disable=protected-access
+  with pytest.raises(app.UsageError, match=re.escape(
+      "other settings (pretrain, pretrain_epochs: ['i21k', 90.0] there, "
+      "['jft', 7.0] now)")):
+    vtab._finished(workdir, _other(config, pretrain='jft',  # pylint: disable=protected-access
+                                   pretrain_epochs=7.0))
+  workdir, config = _vtab_task(tmp_path / 'b', '/w/pre',
+                               pretrain_from_init=True)
+  assert vtab._finished(workdir, _other(config, pretrain='jft')) is True  # pylint: disable=protected-access
+  workdir, config = _vtab_task(tmp_path / 'c', '/w/pre',
+                               pretrain_from_init=False)
+  with pytest.raises(app.UsageError, match='other settings'):
+    vtab._finished(workdir, _other(config, pretrain='jft'))  # pylint: disable=protected-access
+
+
+def test_vtab_reads_a_task_recorded_before_a_report_key_existed(tmp_path):
+  """A task finished before `report.transfer` existed is compared over
+  the keys its record has, and skipped, not refused."""
+  from vit_jax import vtab
+  workdir, config = _vtab_task(tmp_path, None)
+  summary = run_files.read_summary(workdir)
+  del summary['report']['transfer']
+  run_files.write_json(workdir, run_files.SUMMARY, summary)
+  assert vtab._finished(workdir, config) is True  # pylint: disable=protected-access
+
+
+def test_vtab_refuses_to_resume_an_interrupted_task_under_other_settings(
+    tmp_path):
+  """A task interrupted after a checkpoint (config.json, no summary yet)
+  would resume half-trained at the old settings: another lr or init is
+  refused as for a finished task; the same settings resume; one that
+  failed before its first save starts afresh."""
+  from absl import app
+  from vit_jax import vtab
+  workdir, config = _vtab_task(tmp_path, '/w/pre')
+  os.remove(os.path.join(workdir, 'summary.json'))
+  assert vtab._finished(workdir, config) is False  # pylint: disable=protected-access
+  lower = config.copy_and_resolve_references()
+  lower.optim.lr = 0.003
+  assert vtab._finished(workdir, lower) is False  # No checkpoint: afresh.  # pylint: disable=protected-access
+  os.makedirs(os.path.join(workdir, 'checkpoints', '500'))
+  assert vtab._finished(workdir, config) is False  # Resumes.  # pylint: disable=protected-access
+  with pytest.raises(app.UsageError, match=re.escape(
+      'holds an interrupted VTAB run (a checkpoint, no summary.json yet) '
+      'with other settings (lr: [0.01] there, [0.003] now)')):
+    vtab._finished(workdir, lower)  # pylint: disable=protected-access
+  other = config.copy_and_resolve_references()
+  other.init = '/w/other'
+  with pytest.raises(app.UsageError, match=r'other settings \(init'):
+    vtab._finished(workdir, other)  # pylint: disable=protected-access
 
 
 def test_vtab_refuses_a_task_trained_with_other_set_values(tmp_path):

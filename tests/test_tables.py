@@ -303,16 +303,56 @@ def test_cli(runs_dir):
       proc.stderr)
 
 
+def _sweep_rows(md):
+  """{(setting, task, lr): (dev accuracy, mark)} of the LR-sweep table."""
+  rows = {}
+  for line in _section(md, 'LR sweeps'):
+    cells = _cells(line)
+    if line.startswith('| ') and len(cells) == 6 and cells[2] not in (
+        'lr', '---:'):
+      rows[tuple(cells[:3])] = tuple(cells[3:5])
+  return rows
+
+
+def _sweep(lr, acc, task='cifar10', **kw):
+  run = _run('ViT-B/16', task, acc, lr=lr, sweep=True, **kw)
+  return run
+
+
 def test_sweep_table_marks_the_best_lr(tmp_path):
-  for lr, acc in ((0.001, 0.91), (0.003, 0.95), (0.01, 0.93)):
-    run = _run('ViT-B/16', 'cifar10', acc, lr=lr)
-    run['report']['sweep'] = True
-    _write(tmp_path, f'sweep_{lr}', run)
-  text = tables.render(tables.load_runs([str(tmp_path)]), tables='sweep')
-  rows = [l for l in text.splitlines() if l.startswith('| ViT-B/16')]
-  assert len(rows) == 3
-  best = [l for l in rows if '| best |' in l]
-  assert len(best) == 1 and '| 0.003 |' in best[0] and '95.00' in best[0]
+  """The best of a group's runs with a dev accuracy; a tie says so; a
+  group without any marks none best; an incomplete Table 4 grid is
+  counted; overridden sweeps of two pre-trainings are two groups, labelled
+  with how they fine-tuned and why they are overridden."""
+  for lr, acc in ((0.001, 0.91), (0.003, 0.95), (0.01, 0.93), (0.03, 0.90)):
+    _write(tmp_path, f'c10/{lr}', _sweep(lr, acc))
+  for lr, acc in ((0.001, 0.80), (0.003, 0.85), (0.01, 0.85)):
+    _write(tmp_path, f'c100/{lr}', _sweep(lr, acc, task='cifar100'))
+  for lr in (0.001, 0.003):
+    _write(tmp_path, f'pets/{lr}', _sweep(lr, None, task='oxford_iiit_pet'))
+  why = "1000 steps, the paper's 500"
+  _write(tmp_path, 'flowers_jft/0.01', _sweep(
+      0.01, 0.70, task='oxford_flowers102', steps=1000, overridden=why))
+  _write(tmp_path, 'flowers_i21k/0.003', _sweep(
+      0.003, 0.90, task='oxford_flowers102', steps=1000, overridden=why,
+      pretrain='i21k', epochs=90))
+  rows = _sweep_rows(tables.render(tables.load_runs([str(tmp_path)]),
+                                   tables='sweep'))
+  jft = 'ViT-B/16 (jft, 7 ep)'
+  assert rows[(jft, 'cifar10', '0.003')] == ('95.00', 'best')
+  assert [m for (s, t, _), (_, m) in rows.items() if t == 'cifar10'] == [
+      '', 'best', '', '']
+  tie = 'tie; 3/4 LRs (none at 0.03)'
+  assert rows[(jft, 'cifar100', '0.003')] == ('85.00', tie)
+  assert rows[(jft, 'cifar100', '0.01')] == ('85.00', tie)
+  assert rows[(jft, 'oxford_iiit_pet', '0.001')] == (
+      '—', 'no dev accuracy; 0/4 LRs (none at 0.001, 0.003, 0.01, 0.03)')
+  assert rows[(jft, 'oxford_iiit_pet', '0.003')] == ('—', '')
+  label = f' [1000 steps; overridden: {why}]'
+  assert rows[(jft + label, 'oxford_flowers102', '0.01')][1].startswith(
+      'best; 1/4 LRs')
+  assert rows[('ViT-B/16 (i21k, 90 ep)' + label, 'oxford_flowers102',
+               '0.003')][1].startswith('best; 1/4 LRs')
 
 
 def test_real_cell_of_a_run_on_imagenet2012_real_is_its_real_accuracy(
@@ -497,7 +537,8 @@ def test_table2_imagenet_cells_take_only_table2_runs(tmp_path):
   # Without Table 2, the table2 run is listed under `other`, saying why.
   md = tables.render(runs, tables='6,other', flops='analytic')
   other = '\n'.join(_section(md, 'Other runs'))
-  assert 'i1k_518' in other and 'table2 run' in other
+  assert 'i1k_518' in other and (
+      'cell in Table 2 (not rendered: --tables=2)') in other
   assert 'i1k_384' not in other and 'c10' not in other
   # The matcher's rule: Table 2's ImageNet / ReaL cells of those models.
   h14 = tables._setting('ViT-H/14', 'jft', 14)
@@ -595,3 +636,144 @@ def test_docs_excerpt_is_the_paper_only_output(monkeypatch):
     for g, w in zip(number.findall(got), number.findall(want)):
       g, w = float(g.replace(',', '')), float(w.replace(',', ''))
       assert g == pytest.approx(w, rel=0.01, abs=0.05), (got, want)
+
+
+def test_a_smoke_stand_in_counts_as_missing_in_group_means(tmp_path):
+  """18 real tasks and a smoke stand-in are no complete Structured or VTAB
+  mean (Table 2 would compare it with the paper); the stand-in's cell
+  says smoke; a column of stand-ins only has means marked smoke. The
+  optimizer study's average likewise."""
+  l16 = dict(pretrain='i21k', epochs=90)
+  for i, task in enumerate(VTAB[:-1]):
+    _write(tmp_path, f'l16/{task}', _run('ViT-L/16', f'vtab/{task}', 0.70,
+                                         **l16))
+  _write(tmp_path, f'l16/{VTAB[-1]}', _run(
+      'ViT-L/16', f'vtab/{VTAB[-1]}', 0.99, smoke=True, **l16))
+  for task in VTAB:
+    _write(tmp_path, f'b16/{task}', _run('ViT-B/16', f'vtab/{task}', 0.30,
+                                         smoke=True, **l16))
+  for i, dataset in enumerate(paper.OPTIMIZER_DATASETS):
+    _write(tmp_path, f'r50/{dataset}', _run(
+        'BiT-R50x1', dataset, 0.9, pretrain_optimizer='sgd', smoke=i == 0))
+  md = tables.render(tables.load_runs([str(tmp_path)]),
+                     tables='2,optim,vtab', flops='analytic')
+  col = 'ViT-L/16 (i21k, 90 ep) (smoke)'
+  last = VTAB[-1]
+  assert registry.get(f'vtab/{last}').group == 'vtab-structured'
+  assert _col(md, 'VTAB-1k', col, last) == '99.00 (smoke)'
+  assert _col(md, 'VTAB-1k', col, '**Structured mean**') == (
+      '7/8 tasks + 1 smoke')
+  assert _col(md, 'VTAB-1k', col, '**Natural mean**') == '70.00'
+  assert _col(md, 'VTAB-1k', col, '**VTAB mean (19)**') == (
+      '72.72 / 18/19 tasks + 1 smoke')
+  assert _col(md, 'Table 2', 'ViT-L/16 (I21k)', 'VTAB (19 tasks)') == (
+      '72.72 / 18/19 tasks + 1 smoke')
+  smoke = 'ViT-B/16 (i21k, 90 ep) (smoke)'
+  assert _col(md, 'VTAB-1k', smoke, '**Natural mean**') == '30.00 (smoke)'
+  assert _col(md, 'VTAB-1k', smoke, '**VTAB mean (19)**') == '30.00 (smoke)'
+  assert _col(md, 'ResNet optimizer study', 'BiT-R50x1 SGD', 'average') == (
+      '88.79 / 4/5 datasets + 1 smoke')
+
+
+def test_a_cell_averaging_runs_of_different_lrs_names_them(tmp_path):
+  """Table 2 / 6 / optimizer cells, like VTAB's, say when the runs they
+  average were trained at different learning rates."""
+  _write(tmp_path, 'a', _run('ViT-B/32', 'cifar10', 0.98, lr=0.01))
+  _write(tmp_path, 'b', _run('ViT-B/32', 'cifar10', 0.99, lr=0.003))
+  md = tables.render(tables.load_runs([str(tmp_path)]), tables='6',
+                     flops='analytic')
+  assert _col(md, 'Table 6', 'C10', 'ViT-B/32', '7') == (
+      '98.61 / 98.50 (-0.11; mean of 2 ± 0.71; lr 0.003, 0.01)')
+
+
+def test_a_copied_workdir_counts_once_with_a_warning(tmp_path, capsys):
+  """`cp -r runs backup`: the same run's identical summary (the trainer's
+  wall-clock seconds too) is read once, naming both paths."""
+  summary = {**_run('ViT-B/32', 'cifar10', 0.98), 'wall_s': 1234.5}
+  _write(tmp_path, 'runs/c10', summary)
+  _write(tmp_path, 'backup/c10', summary)
+  _write(tmp_path, 'runs/c10_again', {**summary, 'wall_s': 1200.0})
+  skipped = []
+  runs = tables.load_runs([str(tmp_path)], skipped=skipped)
+  assert sorted(r.workdir for r in runs) == [
+      str(tmp_path / 'backup/c10'), str(tmp_path / 'runs/c10_again')]
+  assert skipped == [f'{tmp_path}/runs/c10/summary.json: a copy of '
+                     f'{tmp_path}/backup/c10/summary.json (an identical '
+                     'summary.json); counted once']
+  assert tables.main([f'--workdirs={tmp_path}', '--tables=6',
+                      '--flops=analytic']) == 0
+  out, err = capsys.readouterr()
+  assert 'mean of 2 ±' in out and 'mean of 3' not in out
+  assert 'a copy of' in err
+  with pytest.warns(UserWarning, match='a copy of'):
+    assert len(tables.load_runs([str(tmp_path)])) == 2
+  # gs:// paths are told apart by their text: `dir/` and `dir` list one file.
+  assert tables._file_key('gs://b/runs//c10/summary.json') == (
+      tables._file_key('gs://b/runs/c10/summary.json'))
+
+
+def test_other_names_the_table_not_rendered_that_has_the_runs_cell(tmp_path):
+  _write(tmp_path, 'c10', _run('ViT-B/32', 'cifar10', 0.98))
+  _write(tmp_path, 'i1k', _run('ViT-B/16', 'cifar10', 0.97, pretrain='i1k',
+                               epochs=300))
+  md = tables.render(tables.load_runs([str(tmp_path)]), tables='2,other',
+                     flops='analytic')
+  assert _col(md, 'Other runs', 'why here', str(tmp_path / 'c10')) == (
+      'cell in Table 6 (not rendered: --tables=6)')
+  assert _col(md, 'Other runs', 'why here', str(tmp_path / 'i1k')) == (
+      'no paper cell')
+
+
+def test_unreadable_and_out_of_range_summaries_are_skipped(tmp_path, capsys):
+  """A dangling summary.json symlink, an accuracy in percent or above 1:
+  skipped with a warning naming the path, as docs/tables.md promises."""
+  _write(tmp_path, 'good', _run('ViT-B/32', 'cifar10', 0.98))
+  (tmp_path / 'gone').mkdir()
+  (tmp_path / 'gone' / 'summary.json').symlink_to(tmp_path / 'nowhere.json')
+  _write(tmp_path, 'percent', _run('ViT-B/32', 'cifar10', 98.6))
+  _write(tmp_path, 'fewshot', {**_run('ViT-B/32', 'cifar100', 0.9),
+                               'fewshot/cifar10/5shot': 75.0})
+  assert tables.main([f'--workdirs={tmp_path}', '--tables=6',
+                      '--flops=analytic']) == 0
+  out, err = capsys.readouterr()
+  assert f'warning: skipped malformed {tmp_path}/gone/summary.json' in err
+  assert (f'warning: skipped malformed {tmp_path}/percent/summary.json: '
+          'eval_accuracy=98.6 is not a fraction in [0, 1]') in err
+  assert 'fewshot/cifar10/5shot=75.0 is not a fraction' in err
+  assert '98.61 / 98.00 (-0.61)' in out and '9,860' not in out
+  assert '90.49 / —' in out
+
+
+def test_a_polyak_table2_run_evaluated_raw_fills_no_cell():
+  """Table 2's ImageNet fine-tuning reports the Polyak averages: a run
+  that evaluated the raw parameters (`eval_ema=raw`) is marked
+  overridden, and its report says which parameters it evaluated."""
+  from vit_jax.configs import finetune
+  from vit_jax.train import loop
+  config = finetune.get_config('model=ViT-L/16,data=imagenet2012,lr=0.01,'
+                               'table2=true,pretrain=jft')
+  config.init = '/runs/l16'
+  ran = (config.total_steps, (config.input.image_size,) * 2 + (3,))
+  report = loop._report(config, 'supervised', None, ran=ran)
+  assert report['eval_ema'] == 'ema' and 'overridden' not in report
+  config.eval_ema = 'raw'
+  report = loop._report(config, 'supervised', None, ran=ran)
+  assert report['eval_ema'] == 'raw'
+  assert 'eval_ema=raw' in report['overridden']
+  assert tables.Run('w/summary.json', {'report': report}).setting is None
+
+
+def test_the_vtab_driver_lists_runs_no_cell_takes(tmp_path):
+  """`python -m vit_jax.vtab` with its own `steps=` (or a --set off the
+  paper's protocol) trains overridden runs: its output lists them with
+  their accuracy and the reason instead of an empty table."""
+  from vit_jax import vtab as driver  # Defines its flags: only here.
+  why = "300 steps, the paper's 2500"
+  for task in VTAB[:2]:
+    _write(tmp_path, task, _run('ViT-B/16', f'vtab/{task}', 0.6,
+                                pretrain='i21k', epochs=90, overridden=why))
+  md = driver.report(str(tmp_path))
+  assert _col(md, 'Other runs', 'why here', str(tmp_path / VTAB[0])) == (
+      f'overridden: {why}')
+  assert _col(md, 'Other runs', 'eval_accuracy (%)',
+              str(tmp_path / VTAB[1])) == '60.00'

@@ -16,7 +16,9 @@ fine-tuning runs). Table 2's ImageNet fine-tuning of ViT-L/16 and ViT-H/14
 cell: only Table 2's ImageNet and ReaL cells of those models take such runs,
 and only they (`Matcher.variant`). Tables: '2' (state of the
 art), '6' (scaling study), 'optim' (ResNets, Adam vs SGD), 'vtab' (per task),
-'fewshot' and 'other' (summaries no table shows).
+'fewshot', 'sweep' (LR sweeps by group) and 'other' (summaries no rendered
+table shows, and why). Smoke stand-ins (`report.smoke`) fill a cell only
+where no real run does, marked, and count as missing in group means.
 
 Comparison cells read `paper / ours (ours - paper)`, accuracies in percent.
 Where no pre-training run exists, exaFLOPs and TPUv3-core-days are our
@@ -36,7 +38,9 @@ import glob
 import json
 import math
 import os
+import re
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -186,11 +190,21 @@ def _summary_files(path: str) -> list[str]:
   return sorted(set(found))
 
 
+def _read_errors(path: str) -> tuple[type[BaseException], ...]:
+  """What reading `path` raises when it cannot be read (a dangling
+  symlink, no permission, an object gone from its bucket)."""
+  errors = (json.JSONDecodeError, UnicodeDecodeError, OSError)
+  if '://' in path:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    errors += (tf.errors.OpError,)
+  return errors
+
+
 def _read_run(path: str) -> Run:
   try:
     with _fs(path).GFile(path, 'r') as f:
       summary = json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+  except _read_errors(path) as e:
     raise TablesError(f'malformed {path}: {e}') from e
   if not isinstance(summary, dict):
     raise TablesError(f'malformed {path}: expected a JSON object, got '
@@ -201,6 +215,13 @@ def _read_run(path: str) -> Run:
   if metrics:
     raise TablesError(f'malformed {path}: {metrics[0]}='
                       f'{summary[metrics[0]]!r} is not a number')
+  # Accuracies are fractions (a percent would render as 9,860.00).
+  metrics = sorted(k for k, v in summary.items()
+                   if ('accuracy' in k or k.startswith('fewshot/'))
+                   and not 0 <= v <= 1)
+  if metrics:
+    raise TablesError(f'malformed {path}: {metrics[0]}='
+                      f'{summary[metrics[0]]!r} is not a fraction in [0, 1]')
   report = summary.get('report')
   if report is not None and not isinstance(report, dict):
     raise TablesError(f'malformed {path}: "report" must be an object, got '
@@ -231,21 +252,47 @@ def load_runs(paths: Iterable[str] | str, *,
       path = os.path.expanduser(path)
     for f in _summary_files(path):
       # One file given twice (`runs,./runs/c10`, a symlink) is one run.
-      key = f if '://' in f else os.path.realpath(f)
+      key = _file_key(f)
       if key not in seen:
         seen.add(key)
         files.append(f)
-  runs = []
+  runs, copies = [], {}
   for f in files:
     try:
-      runs.append(_read_run(f))
+      run = _read_run(f)
     except TablesError as e:
       if skipped is None:
         raise
       skipped.append(str(e))
+      continue
+    # A copy of a workdir (`cp -r runs backup`) is the same run: identical
+    # summaries with the trainer's wall-clock seconds are never two runs.
+    key = (json.dumps(run.summary, sort_keys=True, default=str)
+           if 'wall_s' in run.summary else None)
+    if key in copies:
+      why = (f'{f}: a copy of {copies[key]} (an identical summary.json); '
+             'counted once')
+      if skipped is None:
+        warnings.warn(why)
+      else:
+        skipped.append(why)
+      continue
+    if key is not None:
+      copies[key] = f
+    runs.append(run)
   if not runs and skipped:
     raise TablesError('; '.join(skipped))
   return runs
+
+
+def _file_key(path: str) -> str:
+  """One spelling of a summary file: its real path (local: symlinks,
+  `./`), or the URL with its slashes collapsed (`gs://b/runs/` and
+  `gs://b/runs` list `gs://b/runs//c10/...` and `gs://b/runs/c10/...`)."""
+  if '://' not in path:
+    return os.path.realpath(path)
+  scheme, rest = path.split('://', 1)
+  return f'{scheme}://{re.sub("/+", "/", rest)}'
 
 
 # --------------------------------------------------------------------------
@@ -265,6 +312,12 @@ class Pick:
   def n(self) -> int:
     return len(self.runs)
 
+  @property
+  def smoke(self) -> bool:
+    """Whether smoke stand-ins make the cell (never mixed with real runs:
+    `_cell_runs`)."""
+    return any(r.report.get('smoke') for r in self.runs)
+
   def _values(self, value: Callable[[Run], float | None]) -> list[float]:
     return [v for v in map(value, self.runs) if v is not None]
 
@@ -275,7 +328,8 @@ class Pick:
   def note(self, value: Callable[[Run], float | None] | None = None, *,
            percent: bool = True) -> str:
     """'mean of n ± std' (of `value`: in % of a fraction where `percent`,
-    else in its own units) and 'smoke' (a `report.smoke` stand-in run), if
+    else in its own units), 'lr a, b' (the learning rates of runs averaged
+    although they differ) and 'smoke' (a `report.smoke` stand-in run), if
     so."""
     notes = []
     if self.n > 1:
@@ -290,7 +344,12 @@ class Pick:
                      + (f'{100 * std:.2f}' if percent else _num(std)))
       else:
         notes.append(f'1 of {self.n} runs reported')
-    if any(r.report.get('smoke') for r in self.runs):
+    lrs = {r.report.get('lr') for r in self.runs}
+    if len(lrs) > 1:
+      numbers = sorted(lr for lr in lrs if isinstance(lr, (int, float)))
+      notes.append('lr ' + ', '.join([f'{lr:g}' for lr in numbers] + [
+          '?' for lr in lrs if not isinstance(lr, (int, float))]))
+    if self.smoke:
       notes.append('smoke')
     return '; '.join(notes)
 
@@ -464,6 +523,11 @@ class _Ctx:
   match: Matcher
   compare: bool = True  # False: --paper-only.
   flops: str = 'xla'
+  # The tables being rendered (`other` says where a run's cell is in
+  # another), and whether cost cells without a run estimate (the probe of
+  # `_unrendered_cells` needs none).
+  rendered: tuple[str, ...] = TABLES
+  estimates: bool = True
 
   def acc_cell(self, ref, setting: Setting, dataset: str,
                table2: bool = False) -> str:
@@ -490,6 +554,8 @@ class _Ctx:
       note = pick.note(cost, percent=False)
       notes += [note] if note else []
       return cell(ref, value, decimals=None, note='; '.join(notes))
+    if not self.estimates:
+      return ''
     est = estimate(setting.model, setting.pretrain, setting.epochs,
                    self.flops)
     if est is None:
@@ -498,14 +564,33 @@ class _Ctx:
     return cell(ref, value, decimals=None, est=True)
 
   def vtab_cell(self, ref, setting: Setting) -> str:
-    accs = _vtab_accuracies(self.match, setting)
+    """The mean of the 19 tasks (see `_aggregate`) beside `ref`."""
     if not self.compare:
       return cell(ref, compare=False)
-    if len(accs) == len(_vtab_tasks()):
-      return cell(ref, 100 * sum(accs.values()) / len(accs),
-                  note='smoke' if _vtab_smoke(self.match, setting) else '')
-    missing = f'{len(accs)}/{len(_vtab_tasks())} tasks' if accs else '—'
-    return cell(ref, None, missing=missing)
+    values = _vtab_values(self.match, setting, _vtab_tasks())
+    mean, note = _aggregate(values, 'tasks')
+    if mean is not None:
+      return cell(ref, 100 * mean, note=note)
+    return cell(ref, None, missing=note if any(
+        v is not None for v, _ in values) else '—')
+
+
+def _aggregate(values: Sequence[tuple[float | None, bool]],
+               unit: str) -> tuple[float | None, str]:
+  """(mean, note) of a group mean's `values`, (value or None, whether a
+  smoke stand-in's): the mean where every one is a real run's; where every
+  one is a stand-in's, their mean noted 'smoke'; else no mean, and the note
+  says what there is, a stand-in counted as missing: '18/19 tasks + 1
+  smoke' (a stand-in's number averaged with real ones would pass for a
+  real group mean)."""
+  real = [v for v, smoke in values if v is not None and not smoke]
+  smoke = [v for v, is_smoke in values if v is not None and is_smoke]
+  if values and len(real) == len(values):
+    return sum(real) / len(real), ''
+  if values and len(smoke) == len(values):
+    return sum(smoke) / len(smoke), 'smoke'
+  note = f'{len(real)}/{len(values)} {unit}'
+  return None, note + (f' + {len(smoke)} smoke' if smoke else '')
 
 
 def _vtab_tasks() -> tuple[str, ...]:
@@ -522,19 +607,15 @@ def _vtab_group(task: str) -> str:
 
 def _vtab_smoke(match: Matcher, setting: Setting) -> bool:
   """Whether smoke runs stand in for any of `setting`'s VTAB tasks."""
-  return any(r.report.get('smoke') for task in _vtab_tasks()
-             for r in match.pick(setting, task).runs)
+  return any(match.pick(setting, task).smoke for task in _vtab_tasks())
 
 
-def _vtab_accuracies(match: Matcher, setting: Setting) -> dict[str, float]:
-  """{task: mean top-1 fraction} of the VTAB tasks `setting` has runs
-  for."""
-  out = {}
-  for task in _vtab_tasks():
-    value = match.pick(setting, task).mean(lambda r: r.accuracy)
-    if value is not None:
-      out[task] = value
-  return out
+def _vtab_values(match: Matcher, setting: Setting, tasks: Sequence[str]
+                 ) -> list[tuple[float | None, bool]]:
+  """(mean top-1 fraction or None, whether smoke stand-ins') of each of
+  `tasks` for `setting`: what `_aggregate` takes."""
+  picks = [match.pick(setting, task) for task in tasks]
+  return [(p.mean(lambda r: r.accuracy), p.smoke) for p in picks]
 
 
 # --------------------------------------------------------------------------
@@ -554,7 +635,8 @@ _PAPER_COSTS_NOTE = ('Compute: paper / our accounting estimate (ours − paper);
                      'utilisation the paper implies.')
 _TABLE2_NOTE = ('BiT-L and Noisy Student: paper only (Noisy Student ImageNet: '
                 '"88.4/88.5" in the paper).')
-_TABLE2_VTAB_NOTE = ' VTAB: mean of the 19 tasks, once all have a run.'
+_TABLE2_VTAB_NOTE = (' VTAB: mean of the 19 tasks, once all have a run (a '
+                     'smoke stand-in counts as missing).')
 _TABLE2_COMPARE_NOTE = (
     _TABLE2_VTAB_NOTE + ' ImageNet and ReaL of '
     f'{" and ".join(paper.TABLE2_FINETUNE_RES)}: only runs of Table 2\'s '
@@ -562,7 +644,9 @@ _TABLE2_COMPARE_NOTE = (
     'other cell takes.')
 _TABLE6_NOTE = ('core-days: of the pre-training run, TPUv3 cores unless noted '
                 '(the paper prints none for Table 6).')
-_VTAB_NOTE = ('Group means only when all of the group\'s tasks have a run; '
+_VTAB_NOTE = ('Group means only when all of the group\'s tasks have a run '
+              '(a smoke stand-in counts as missing: "18/19 tasks + 1 smoke"; '
+              'a mean of stand-ins only says "smoke"); '
               'the overall mean shows paper / ours (ours − paper) where '
               'Table 2 has the model.')
 
@@ -640,14 +724,18 @@ def table_optim(ctx: _Ctx) -> list[str]:
 
 def _average_cell(ctx: _Ctx, ref: Mapping[str, float],
                   setting: Setting) -> str:
-  accs = [ctx.match.accuracy(setting, d)[0] for d in paper.OPTIMIZER_DATASETS]
-  have = [a for a in accs if a is not None]
-  if not ctx.compare or len(have) == len(accs):
-    return cell(ref['average'], sum(have) / len(have) if have else None,
-                compare=ctx.compare)
-  n = len(accs)
-  return cell(ref['average'], None, missing=f'{len(have)}/{n} datasets'
-              if have else '—')
+  """The mean of the study's datasets (see `_aggregate`) beside `ref`."""
+  if not ctx.compare:
+    return cell(ref['average'], compare=False)
+  values = []
+  for dataset in paper.OPTIMIZER_DATASETS:
+    acc, pick = ctx.match.accuracy(setting, dataset)
+    values.append((acc, pick.smoke))
+  mean, note = _aggregate(values, 'datasets')
+  if mean is not None:
+    return cell(ref['average'], mean, note=note)
+  return cell(ref['average'], None, missing=note if any(
+      a is not None for a, _ in values) else '—')
 
 
 def table_vtab(ctx: _Ctx) -> list[str]:
@@ -655,7 +743,6 @@ def table_vtab(ctx: _Ctx) -> list[str]:
   settings = ctx.match.settings('vtab/')
   if not settings:
     return []
-  cols = {s: _vtab_accuracies(ctx.match, s) for s in settings}
   rows = []
   for group, name in VTAB_GROUPS:
     tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
@@ -665,7 +752,7 @@ def table_vtab(ctx: _Ctx) -> list[str]:
   for group, name in VTAB_GROUPS:
     tasks = [t for t in _vtab_tasks() if _vtab_group(t) == group]
     rows.append([f'**{name} mean**', ''] + [
-        _mean_of(cols[s], tasks) for s in settings])
+        _mean_of(ctx.match, s, tasks) for s in settings])
   rows.append(['**VTAB mean (19)**', ''] + [
       _vtab_mean_cell(ctx, s) for s in settings])
   labels = [s.label() + (' (smoke)' if _vtab_smoke(ctx.match, s) else '')
@@ -678,29 +765,25 @@ def table_vtab(ctx: _Ctx) -> list[str]:
 def _vtab_task_cell(pick: Pick) -> str:
   """A task's accuracy; where several runs make it, their count and
   spread, and their learning rates when they differ (runs of another LR
-  are averaged in: the note says so)."""
+  are averaged in: the note says so); 'smoke' for a stand-in's."""
   value = pick.mean(lambda r: r.accuracy)
-  if value is None or pick.n < 2:
-    return _pct(value)
-  notes = [n for n in pick.note().split('; ') if n and n != 'smoke']
-  lrs = sorted({r.report.get('lr') for r in pick.runs}, key=str)
-  if len(lrs) > 1:
-    notes.append('lr ' + ', '.join(str(lr) for lr in lrs))
-  return f'{_pct(value)} ({"; ".join(notes)})' if notes else _pct(value)
+  note = pick.note() if value is not None else ''
+  return f'{_pct(value)} ({note})' if note else _pct(value)
 
 
-def _mean_of(accs: Mapping[str, float], tasks: Sequence[str]) -> str:
-  have = [accs[t] for t in tasks if t in accs]
-  if len(have) < len(tasks):
-    return f'{len(have)}/{len(tasks)} tasks'
-  return _pct(sum(have) / len(have))
+def _mean_of(match: Matcher, setting: Setting, tasks: Sequence[str]) -> str:
+  """The mean of `tasks` (see `_aggregate`), else what there is."""
+  mean, note = _aggregate(_vtab_values(match, setting, tasks), 'tasks')
+  if mean is None:
+    return note
+  return _pct(mean) + (f' ({note})' if note else '')
 
 
 def _vtab_mean_cell(ctx: _Ctx, setting: Setting) -> str:
   for label, p in paper.TABLE2_PRETRAIN.items():
     if _setting(p['model'], p['pretrain'], p['epochs']) == setting:
       return ctx.vtab_cell(paper.TABLE2[label]['vtab'], setting)
-  return _mean_of(_vtab_accuracies(ctx.match, setting), _vtab_tasks())
+  return _mean_of(ctx.match, setting, _vtab_tasks())
 
 
 def table_fewshot(ctx: _Ctx) -> list[str]:
@@ -733,11 +816,34 @@ def _run_label(run: Run) -> str:
   return f'{s.label()} → {run.task}{extra}{smoke}'
 
 
+# How `other` names the tables by their `--tables` key.
+_TABLE_NAMES = {'2': 'Table 2', '6': 'Table 6', 'optim': 'the optimizer study',
+                'vtab': 'the VTAB table', 'fewshot': 'the few-shot table'}
+
+
+def _unrendered_cells(ctx: _Ctx) -> dict[str, list[str]]:
+  """{run path: the `--tables` keys of the tables not rendered that would
+  show it}: each such table built on the side (no estimates), its runs
+  noted."""
+  out: dict[str, list[str]] = {}
+  for name in _TABLE_NAMES:
+    if name in ctx.rendered:
+      continue
+    probe = _Ctx(Matcher(ctx.match.runs), compare=True, flops=ctx.flops,
+                 estimates=False)
+    BUILDERS[name](probe)
+    for path in probe.match.used:
+      out.setdefault(path, []).append(name)
+  return out
+
+
 def table_other(ctx: _Ctx) -> list[str]:
-  """Runs no other table shows: no report, or no paper cell."""
+  """Runs no other table shows: no report, no paper cell, or a cell in a
+  table not rendered."""
   runs = ctx.match.unused()
   if not runs:
     return []
+  elsewhere = _unrendered_cells(ctx)
   rows = []
   for run in runs:
     s = run.summary
@@ -747,7 +853,11 @@ def table_other(ctx: _Ctx) -> list[str]:
       why = f'report lacks {", ".join(run.missing)}'
     elif run.report.get('overridden'):
       why = f'overridden: {run.report["overridden"]}'
-    elif run.variant == TABLE2:  # Table 2 not rendered, or another model.
+    elif run.path in elsewhere:
+      names = elsewhere[run.path]
+      why = (f'cell in {", ".join(_TABLE_NAMES[n] for n in names)} (not '
+             f'rendered: --tables={",".join(names)})')
+    elif run.variant == TABLE2:  # Another model's: no table takes it.
       why = ('table2 run: only Table 2\'s ImageNet / ReaL cells of '
              f'{", ".join(paper.TABLE2_FINETUNE_RES)} take it')
     else:
@@ -762,25 +872,89 @@ def table_other(ctx: _Ctx) -> list[str]:
        'why here'], rows, 'lllrrl')]
 
 
+def _sweep_label(run: Run) -> str:
+  """The group of a sweep run: the pre-training its report names (also
+  where the command line overrode the run), with how it fine-tuned (steps,
+  resolution, `table2`), the architecture trained where it is not the
+  report's model, `smoke` and the reason it is `overridden`. Runs of one
+  label differ only in their learning rate."""
+  r = run.report
+  trained = run.summary.get('architecture') or run.summary.get('model', '?')
+  try:
+    base = _setting(r['model'], r['pretrain'], r['pretrain_epochs'],
+                    r.get('pretrain_optimizer')).label()
+  except (KeyError, TypeError, ValueError):  # No report, or part of one.
+    base = str(trained)
+  parts = []
+  if r.get('steps') is not None:
+    parts.append(f'{r["steps"]} steps')
+  size = r.get('image_size')
+  if size is not None:
+    parts.append(('x'.join(map(str, size)) if isinstance(size, list)
+                  else str(size)) + ' px')
+  if r.get('table2'):
+    parts.append('table2')
+  if r.get('model') is not None and trained != r.get('model'):
+    parts.append(f'trained {trained}')
+  if r.get('smoke'):
+    parts.append('smoke')
+  if r.get('overridden'):
+    parts.append(f'overridden: {r["overridden"]}')
+  return base + (f' [{"; ".join(parts)}]' if parts else '')
+
+
+def _lr(run: Run) -> float | None:
+  lr = run.report.get('lr')
+  return float(lr) if isinstance(lr, (int, float)) else None
+
+
 def table_sweep(ctx: _Ctx) -> list[str]:
   """LR-sweep runs (dev-split accuracy) by setting and task; the LR to
   run on the full train split is the best of each group."""
   groups: dict[tuple[str, str], list[Run]] = {}
   for run in ctx.match.runs:
     if run.sweep:
-      groups.setdefault((_run_label(run), str(run.task)), []).append(run)
+      groups.setdefault((_sweep_label(run), str(run.task)), []).append(run)
   if not groups:
     return []
   rows = []
   for (label, task), runs in sorted(groups.items()):
-    best = max(runs, key=lambda r: r.accuracy or -1.0)
-    for run in sorted(runs, key=lambda r: r.report.get('lr') or 0.0):
+    runs = sorted(runs, key=lambda r: (_lr(r) is None, _lr(r) or 0.0,
+                                       r.path))
+    marks = _sweep_marks(task, runs)
+    for run in runs:
       rows.append([label, task, str(run.report.get('lr', '?')),
-                   _pct(run.accuracy), 'best' if run is best else '',
+                   _pct(run.accuracy), marks.get(run.path, ''),
                    run.workdir])
-  return ['## LR sweeps (dev-split accuracy, %)', '', *_md_table(
-      ['setting', 'task', 'lr', 'dev accuracy', '', 'workdir'], rows,
-      'llrrll')] + _vtab_sweep(ctx)
+  return ['## LR sweeps (dev-split accuracy, %)', '',
+          'Each group: one setting and task, as the run was fine-tuned '
+          '(steps, px; overridden runs with the reason); "best" among its '
+          'runs with a dev accuracy ("tie" where several share it), with the '
+          'paper\'s grid (Table 4) swept so far where incomplete.', '',
+          *_md_table(['setting', 'task', 'lr', 'dev accuracy', '',
+                      'workdir'], rows, 'llrrll')] + _vtab_sweep(ctx)
+
+
+def _sweep_marks(task: str, runs: Sequence[Run]) -> dict[str, str]:
+  """{run path: mark} of a sweep group (`runs` by LR): 'best' on the run
+  with the best dev accuracy, 'tie' on each where several share it, 'no
+  dev accuracy' on the first where none has one; where the paper's Table 4
+  grid for `task` is not swept yet (no dev accuracy at some of its rates),
+  the mark says so: 'best; 2/4 LRs (none at 0.01, 0.03)'."""
+  scored = [r for r in runs if r.accuracy is not None]
+  top = max((r.accuracy for r in scored), default=None)
+  tied = [r for r in scored if r.accuracy == top]
+  marks = {r.path: 'best' if len(tied) == 1 else 'tie' for r in tied}
+  if not marks:
+    marks[runs[0].path] = 'no dev accuracy'
+  grid = paper.TABLE4.get(task, {}).get('lr_sweep') or ()
+  swept = {_lr(r) for r in scored}
+  missing = [lr for lr in grid if lr not in swept]
+  if len(grid) > 1 and missing:
+    incomplete = (f'{len(grid) - len(missing)}/{len(grid)} LRs (none at '
+                  f'{", ".join(f"{lr:g}" for lr in missing)})')
+    marks = {p: f'{m}; {incomplete}' for p, m in marks.items()}
+  return marks
 
 
 def _vtab_sweep(ctx: _Ctx) -> list[str]:
@@ -791,12 +965,10 @@ def _vtab_sweep(ctx: _Ctx) -> list[str]:
   groups: dict[tuple[str, float], dict[str, list[float]]] = {}
   for run in ctx.match.runs:
     task = str(run.task)
-    if (run.sweep and run.accuracy is not None and run.setting is not None
-        and _vtab_name(task) in _vtab_tasks()):
-      key = (run.setting.label() + (' (smoke)' if run.report.get('smoke')
-                                    else ''),
-             float(run.report.get('lr') or 0.0))
-      groups.setdefault(key, {}).setdefault(_vtab_name(task), []).append(
+    # `vtab/cifar100`, not the Table 4 dataset `cifar100`.
+    if run.sweep and run.accuracy is not None and task in _vtab_tasks():
+      key = (_sweep_label(run), _lr(run) or 0.0)
+      groups.setdefault(key, {}).setdefault(task, []).append(
           run.accuracy)
   if not groups:
     return []
@@ -804,13 +976,17 @@ def _vtab_sweep(ctx: _Ctx) -> list[str]:
            for key, tasks in groups.items()}
   complete = [k for k, tasks in groups.items()
               if len(tasks) == len(_vtab_tasks())]
-  best = {}
+  top = {}
   for key in complete:
-    if key[0] not in best or means[key] > means[best[key[0]]]:
-      best[key[0]] = key
+    top[key[0]] = max(top.get(key[0], means[key]), means[key])
+  marks = {}
+  for key in complete:
+    if means[key] == top[key[0]]:
+      tied = sum(means[k] == means[key] for k in complete if k[0] == key[0])
+      marks[key] = 'best' if tied == 1 else 'tie'
   rows = [[label, f'{lr:g}', f'{len(groups[(label, lr)])}/'
            f'{len(_vtab_tasks())}', _pct(means[(label, lr)]),
-           'best' if best.get(label) == (label, lr) else '']
+           marks.get((label, lr), '')]
           for label, lr in sorted(groups)]
   return ['', '### VTAB: one learning rate for all tasks (mean val200 '
           'accuracy, %)', '', *_md_table(
@@ -843,7 +1019,8 @@ def _parse_tables(tables: Iterable[str] | str) -> list[str]:
 
 def _render(ctx: _Ctx, tables, header: list[str]) -> str:
   blocks = [header]
-  for name in _parse_tables(tables):
+  ctx.rendered = tuple(_parse_tables(tables))
+  for name in ctx.rendered:
     block = BUILDERS[name](ctx)
     if block:
       blocks.append(block)

@@ -6,9 +6,12 @@
 
 Runs `configs/vtab.py:<config_args>,task=<task>` for every task, each in
 `<workdir>/<task>` (a finished task is skipped, an interrupted one resumes
-from its checkpoint), then prints the per-task table with the Natural /
-Specialized / Structured and overall means (`python -m vit_jax.tables`
-renders the same table later from the workdirs). A task that fails (its
+from its checkpoint; one that holds a run with other settings, finished or
+not, is refused), then prints the per-task table with the Natural /
+Specialized / Structured and overall means, and the runs no cell takes with
+the reason (its own `steps=` / `res=`, a `--set` off the paper's protocol:
+`overridden`; LR sweeps by rate) (`python -m vit_jax.tables
+--tables=vtab,sweep,other` renders the same later from the workdirs). A task that fails (its
 data not prepared, say) does not stop the others (in a one-process run):
 the failures are listed before the table and the exit status is 1;
 re-running trains only what is missing.
@@ -41,6 +44,8 @@ def tasks(names) -> list:
   every = [t[len('vtab/'):] for t in registry.VTAB_TASKS]
   if list(names) == ['all']:
     return every
+  # `vtab/dtd` as the registry (and configs/vtab.py's task=) spell it.
+  names = [n[len('vtab/'):] if n.startswith('vtab/') else n for n in names]
   unknown = sorted(set(names) - set(every))
   if unknown:
     raise app.UsageError(f'unknown VTAB task(s) {unknown}; known: '
@@ -80,42 +85,94 @@ def override(config, item: str) -> None:
 
 
 def _finished(workdir: str, config) -> bool:
-  """Whether `workdir` holds this config's finished run; an earlier run
-  with other settings (model, init, lr, ...) is an error, not a skip."""
+  """Whether `workdir` holds this config's finished run. An earlier run
+  there with other settings (model, init, lr, ...) is an error, not a skip;
+  so is an interrupted one (config.json and a checkpoint, no summary.json
+  yet), which re-running would resume under the new settings."""
   from vit_jax.train import run_files  # Loads no TensorFlow.
   summary = run_files.read_summary(workdir)
-  if not summary:
-    return False
+  recorded = run_files.read_config(workdir).get('config') or {}
+  if not summary and not (recorded and _has_checkpoint(workdir)):
+    return False  # A new task, or one that failed before its first save.
+  what = ('a VTAB run' if summary else 'an interrupted VTAB run (a '
+          'checkpoint, no summary.json yet)')
   # The trainer records the learning rate it trained with (--set may
   # change the config args' one).
   ours = {**config.report.to_dict(), 'lr': float(config.optim.lr),
           'init': config.init, 'image_size': config.input.image_size}
-  theirs = {**summary.get('report', {}), 'init': summary.get('init'),
-            'image_size': summary.get('image_size')}
-  # The trainer takes the pre-training fields from the init run's own
-  # report: with the same init, theirs are the truer ones.
-  same_init = theirs['init'] == ours['init']
-  changed = sorted(k for k in ours if theirs.get(k) != ours[k] and not (
-      same_init and k in run_files.PRETRAIN_FIELDS))
+  theirs = _recorded_settings(summary, recorded)
+  # Compared over the keys the record has: one written before a report
+  # key existed (`transfer`, ...) lacks it.
+  changed = [k for k in sorted(ours) if k in theirs and theirs[k] != ours[k]]
+  if (set(changed) & set(run_files.PRETRAIN_FIELDS)
+      and theirs.get('init') == ours['init']
+      and _pretraining_from_init(theirs, summary)):
+    # The trainer takes (took) them from the init run's own report: with
+    # the same init, the config args' ones do not matter.
+    changed = [k for k in changed if k not in run_files.PRETRAIN_FIELDS]
   if changed:
     raise app.UsageError(
-        f'{workdir} holds a VTAB run with other settings ({", ".join(changed)}'
+        f'{workdir} holds {what} with other settings ({", ".join(changed)}'
         f': {[theirs.get(k) for k in changed]} there, '
         f'{[ours[k] for k in changed]} now); use a new --workdir')
   # Every other setting (`--set=input.batch_size=...`, an optimizer field)
   # as the task's config.json recorded it.
-  recorded = run_files.read_config(workdir).get('config') or {}
   found = run_files.first_difference(
       recorded, json.loads(config.to_json_best_effort()),
       skip=_NOT_RESULTS, skip_keys=frozenset({'data_dir'}))
   if found:
     field, then, now = found
     raise app.UsageError(
-        f'{workdir} holds a VTAB run with other settings ({field}: '
+        f'{workdir} holds {what} with other settings ({field}: '
         f'{then!r} there, {now!r} now); use a new '
         '--workdir, or the --set values it was trained with')
   return summary.get('steps') == config.total_steps and (
       'eval_accuracy' in summary)
+
+
+def _has_checkpoint(workdir: str) -> bool:
+  """Whether `workdir` has a saved step to resume from (the trainer's
+  `checkpoints/<step>`; a save in progress is named otherwise)."""
+  from etils import epath
+  path = epath.Path(workdir) / 'checkpoints'
+  return path.is_dir() and any(p.name.isdigit() for p in path.iterdir())
+
+
+def _recorded_settings(summary, recorded) -> dict:
+  """What `_finished` compares, as the task's workdir recorded it: the
+  report, init and resolution of its summary.json (the trainer's: the lr
+  it trained with), else of its config.json (an interrupted run: the
+  config's report, its `optim.lr`). Only keys the record has."""
+  if summary:
+    report = summary.get('report')
+    theirs = dict(report) if isinstance(report, dict) else {}
+    theirs.update({k: summary[k] for k in ('init', 'image_size')
+                   if k in summary})
+    return theirs
+  report = recorded.get('report')
+  theirs = dict(report) if isinstance(report, dict) else {}
+  if 'init' in recorded:
+    theirs['init'] = recorded['init']
+  lr = (recorded.get('optim') or {}).get('lr')
+  if lr is not None:
+    theirs['lr'] = float(lr)
+  size = (recorded.get('input') or {}).get('image_size')
+  if size is not None:
+    theirs['image_size'] = size
+  return theirs
+
+
+def _pretraining_from_init(theirs, summary) -> bool:
+  """Whether the trainer takes (or took) the task's pre-training fields
+  from its init run's own report (`loop._report`): as its report recorded
+  (`pretrain_from_init`), else (older runs, an interrupted one) whether the
+  init is one of our pre-training runs. An .npz, a run that is gone or
+  not a pre-training: no, and the config args' fields are the record's."""
+  from vit_jax.train import run_files
+  if 'pretrain_from_init' in theirs:
+    return bool(theirs['pretrain_from_init'])
+  found = run_files.init_report(summary.get('init_from') or theirs.get('init'))
+  return bool(found) and found.get('task') == 'pretrain'
 
 
 # Config fields that change where data lives (`data_dir` at any depth too),
@@ -130,13 +187,32 @@ _NOT_RESULTS = frozenset((
     'input.prepare'))
 
 
+# The driver's tables: the per-task one, and the runs it cannot show with
+# the reason (`overridden`: its own `steps=` / `res=` args, a `--set` off the
+# paper's protocol; `sweep`: dev-split accuracies, by learning rate).
+TABLES = 'vtab,sweep,other'
+
+
+def report(root: str) -> str:
+  """The Markdown tables of the task runs below `root` (`TABLES`); a
+  summary that cannot be read is logged, not shown."""
+  from vit_jax import tables
+  skipped = []
+  try:
+    runs = tables.load_runs([root], skipped=skipped)
+  except tables.TablesError as e:
+    return f'no table: {e}'
+  for why in skipped:
+    logging.warning('not in the table: %s', why)
+  return tables.render(runs, tables=TABLES)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   runtime.setup()
   import jax
   from vit_jax.configs import vtab as vtab_config
-  from vit_jax import tables
   try:
     root = outputs.directory(_WORKDIR.value)
   except outputs.OutputPathError as e:
@@ -177,11 +253,7 @@ def main(argv):
   for task, why in failed.items():
     print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
   if jax.process_index() == 0 and len(failed) < len(names):
-    skipped = []
-    print(tables.render(tables.load_runs([root], skipped=skipped),
-                        tables='vtab'))
-    for why in skipped:
-      logging.warning('not in the table: %s', why)
+    print(report(root))
   if failed:
     sys.exit(1)
 
