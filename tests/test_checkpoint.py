@@ -324,7 +324,7 @@ def test_load_pretrained_names_missing_key(vit):
 
 
 @pytest.mark.parametrize('prefix,others', [
-    ('params/', {}),  # big_vision.
+    ('params/', {}),  # Our layout under a training prefix.
     ('opt/target/', {'opt/state/step': np.int64(7)}),  # Flax optimizer.
 ])
 def test_training_checkpoints_load_without_their_prefix(tmp_path, vit, caplog,

@@ -830,3 +830,39 @@ def test_an_evaluation_measured_otherwise_is_not_the_runs(tmp_path):
   assert "config.evals.fs_l2 is not one of the run's evaluators (fewshot) " \
       "but writes 'fewshot/digits/5shot'" in same(
           new, {'fs_l2': {'fewshot/digits/5shot': 0.44}})
+
+
+def test_another_datasets_evaluator_does_not_inherit_skip_bad_images():
+  """A folder run skipping bad files evaluates on cifar10 / digits too:
+  their kinds refuse the option, which is the run's, not theirs."""
+  import types
+  from vit_jax.evaluators import base
+  config = ml_collections.ConfigDict(dict(input=dict(
+      data='folder', data_dir='/x', skip_bad_images=True,
+      train_split='train[:90%]', eval_split='train[90%:]')))
+  context = types.SimpleNamespace(config=config)
+  inp = base.eval_input(ml_collections.ConfigDict(dict(data='digits')),
+                        context)
+  assert inp.data == 'digits' and not inp.skip_bad_images
+  assert base.eval_input(ml_collections.ConfigDict({}),
+                         context).skip_bad_images  # Its own data: kept.
+
+
+def test_a_folder_run_of_the_earlier_file_order_is_not_merged(tmp_path):
+  """Folder runs before 2026-11-29 held out other images of a slice:
+  `mode=eval` of such a run writes eval_summary.json only."""
+  from configs import smoke
+  from vit_jax.train import eval_run, run_files
+  config = smoke.get_config('data=digits,steps=10,batch=32')
+  config.input.data, config.input.data_dir = 'folder', str(tmp_path)
+  config.input.train_split, config.input.eval_split = ('train[:90%]',
+                                                       'train[90%:]')
+  workdir = str(tmp_path)
+  run_files.write_config(workdir, config, command='test')
+  summary = {'steps': 10, 'image_size': 16}
+  run_files.write_json(workdir, run_files.SUMMARY, summary)
+  same = lambda: eval_run._not_the_runs_evaluation(config, workdir, 10, 16)
+  assert 'in the order before 2026-11-29' in same()
+  run_files.write_json(workdir, run_files.SUMMARY,
+                       {**summary, 'file_order': 'path_hash'})
+  assert same() is None

@@ -241,3 +241,17 @@ def test_reading_a_workdir_loads_no_tensorflow(tmp_path):
                        text=True, env=dict(os.environ, JAX_PLATFORMS='cpu'))
   assert out.returncode == 0, out.stderr[-2000:]
   assert out.stdout.strip() == 'False'
+
+
+def test_class_names_are_kept_only_by_a_resumed_run(tmp_path):
+  """A resumed run records the names it started with; a fresh start (an
+  attempt that saved no checkpoint, a reused workdir) reads the data's."""
+  from vit_jax.configs import smoke
+  from vit_jax.train import loop
+  config = smoke.get_config('data=digits')
+  run_files.write_config(str(tmp_path), config, command='test',
+                         class_names=['cat', 'dog'])
+  assert loop._class_names(config, str(tmp_path), resuming=True) == [
+      'cat', 'dog']
+  assert loop._class_names(config, str(tmp_path), resuming=False) == [
+      str(i) for i in range(10)]

@@ -145,8 +145,9 @@ def _read_array(data, key, path):
 
 
 # Training checkpoints hold the model's parameters under a prefix, beside
-# the optimizer's state: big_vision's under `params/`, vision_transformer's
-# old Flax-optimizer ones under `opt/target/` (`opt/state/...` beside them).
+# the optimizer's state: vision_transformer's old Flax-optimizer ones under
+# `opt/target/` (`opt/state/...` beside them), others under `params/` (in
+# this layout; big_vision's ViT names its position embeddings otherwise).
 TRAINING_PREFIXES = ('params/', 'opt/target/')
 
 

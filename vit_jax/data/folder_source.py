@@ -71,6 +71,10 @@ SPLIT_DIRS = {'train': 'train', 'training': 'train',
 # Keys the hash that orders each split's files: changing it changes which
 # files every slice (`train[90%:]`) of every folder dataset holds.
 _ORDER_KEY = b'vit_jax.folder_source'
+# Names that order (`FolderSource.file_order`), recorded in pipeline states
+# and summary.json: runs before 2026-11-29 read their files in a seeded
+# permutation of the whole list, whose slices hold other files.
+FILE_ORDER = 'path_hash'
 # Words of folder names that look like a split level rather than classes.
 _SPLIT_WORDS = re.compile(
     r'^(train.*|test.*|val|valid.*|eval.*|dev|holdout|folds?|split)$')
@@ -278,6 +282,8 @@ def is_decode_error(error: Exception) -> bool:
 @register('folder')
 class FolderSource(Source):
   """Class sub-folders of images; see the module docstring."""
+
+  file_order = FILE_ORDER  # What orders its files (pipeline states record it).
 
   def __init__(self, spec: DatasetSpec, input_config):
     self.spec = spec

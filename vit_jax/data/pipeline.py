@@ -261,7 +261,10 @@ class TrainIterator:
             'mixup': st.mixup, 'skip_bad_images': st.skip_bad_images,
             'data_dir': st.data_dir,
             # Only when on: states saved before CutMix existed still match.
-            **({'cutmix': st.cutmix} if st.cutmix else {})}
+            **({'cutmix': st.cutmix} if st.cutmix else {}),
+            # Sources whose file order changed between versions (folders).
+            **({'file_order': st.source.file_order}
+               if getattr(st.source, 'file_order', None) else {})}
 
   def get_state(self) -> Dict[str, Any]:
     """The position after the last batch returned, JSON-serialisable."""
@@ -282,6 +285,15 @@ class TrainIterator:
     mine = self._identity()
     diff = {k: (state.get(k), v) for k, v in mine.items()
             if state.get(k) != v}
+    if 'file_order' in diff:
+      raise DataError(
+          'cannot resume the input pipeline exactly: the run read its '
+          f'files in another order ({diff["file_order"][0]!r}; image '
+          'folders are ordered by a hash of each path since 2026-11-29), so '
+          'its train and held-out slices hold other images now. Start '
+          'afresh from its weights: a new --workdir with --config.init='
+          '<this workdir> (the encoder carries over; head, optimiser and '
+          'schedule restart).')
     if diff:
       raise DataError(
           'cannot resume the input pipeline exactly: the saved state was '

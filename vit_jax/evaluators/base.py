@@ -109,6 +109,8 @@ def eval_input(cfg: ml_collections.ConfigDict,
   if cfg.get('data', inp.data) != inp.data:
     inp.data = cfg.data
     inp.train_split = inp.eval_split = None
+    # The run's skipping is for its own data (other kinds refuse it).
+    inp.skip_bad_images = None
   if cfg.get('data_dir'):
     inp.data_dir = cfg.data_dir
   if cfg.get('pp'):

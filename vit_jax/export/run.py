@@ -192,12 +192,23 @@ def _alive(host: Optional[str], pid: int) -> bool:
   return True
 
 
+_OLD_FORMAT_AGE_S = 24 * 3600  # An earlier version's staging folder: stale.
+
+
+def _age_s(path: str) -> float:
+  try:
+    return time.time() - os.path.getmtime(path)
+  except OSError:
+    return 0.0
+
+
 def _remove_stale(out: str) -> None:
   """Removes what killed exports to `out` left beside it: staging folders
   (`.<name>.new-<host>-<pid>-<random>`, of earlier versions
   `.<name>.new-<random>`) and earlier exports moved aside for a swap that
   completed (`.<name>.old-<host>-<pid>`), of processes no longer running on
-  this machine. Nothing else is touched, nor folders of exports running."""
+  this machine (an earlier version's, without a pid: once a day old).
+  Nothing else is touched, nor folders of exports running."""
   real = os.path.realpath(out)
   parent, name = os.path.dirname(real), re.escape(os.path.basename(real))
   staging = re.compile(rf'\.{name}\.new-(?:(?P<host>[A-Za-z0-9._]+)-'
@@ -216,6 +227,8 @@ def _remove_stale(out: str) -> None:
     pid = match.group('pid')
     if pid is not None and _alive(match.group('host'), int(pid)):
       continue
+    if pid is None and _age_s(path) < _OLD_FORMAT_AGE_S:
+      continue  # An earlier version's (no pid): maybe still exporting.
     if match.re is aside and not os.path.isdir(real):
       logging.warning(
           'the earlier export of --out=%s is in %s: an export replacing it '

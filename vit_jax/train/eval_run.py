@@ -36,7 +36,7 @@ from etils import epath
 
 from vit_jax import evaluators, models, selfsup
 from vit_jax.checkpoint import CheckpointNotFoundError, load_pretrained
-from vit_jax.data import pipeline, prepare
+from vit_jax.data import folder_source, pipeline, prepare, registry
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, lock, orbax_state, reporting
 from vit_jax.train import run_files
@@ -225,6 +225,13 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
             f'({run.get("steps")})')
   if run.get('image_size', image_size) != image_size:
     return f'image size {image_size}, the run\'s is {run["image_size"]}'
+  inp = config.input
+  if (registry.get(inp.data).source == 'folder'
+      and run.get('file_order') != folder_source.FILE_ORDER
+      and any('[' in (inp.get(k) or '') for k in ('train_split',
+                                                   'eval_split'))):
+    return ('the run read its image folder in the order before 2026-11-29: '
+            'its held-out slice held other images than this version\'s')
   if (config.get('objective') == 'mpp' and run.get('mpp_eval_corruption')
       != evaluators.mpp.CORRUPTION):
     return ('the run\'s MPP evaluation drew its corruption per global batch '

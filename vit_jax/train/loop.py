@@ -27,7 +27,8 @@ from absl import logging
 
 from vit_jax import accounting, evaluators, heap, models, paper, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.data import pipeline, prepare, preprocess, registry
+from vit_jax.data import folder_source, pipeline, prepare, preprocess
+from vit_jax.data import registry
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, eval_run, lock, optim, orbax_state
 from vit_jax.train import preemption, profiling
@@ -121,12 +122,13 @@ def _init_params(source, state, state_sh, grid, source_grid):
                        ema_params=ema)
 
 
-def _class_names(config, workdir: str):
+def _class_names(config, workdir: str, resuming: bool):
   """The names of the labels the run trains on, to record with its config
-  (None where the data has none). Kept from the run's record when it has
-  them (a resume: the names it started with); never fails the run."""
+  (None where the data has none). A resumed run keeps those it started
+  with (its record's); a fresh start (also after an attempt that saved no
+  checkpoint) reads them from the data. Never fails the run."""
   recorded = run_files.read_config(workdir).get('class_names')
-  if recorded:
+  if resuming and recorded:
     return recorded
   if config.get('objective', 'supervised') != 'supervised':
     return None  # No labels are learnt.
@@ -150,8 +152,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       _check_finished_run(config, workdir, run.start)
     # After the restore accepted this config: a refused one (another model,
     # a changed input pipeline) leaves the run's record as it was.
-    run_files.write_config(workdir, config,
-                           class_names=_class_names(config, workdir))
+    run_files.write_config(
+        workdir, config,
+        class_names=_class_names(config, workdir, resuming=run.start > 0))
     try:
       outcome = train(run)
     except BaseException:
@@ -478,6 +481,8 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'objective': config.get('objective', 'supervised'),
       **({'mpp_eval_corruption': evaluators.mpp.CORRUPTION}
          if config.get('objective') == 'mpp' else {}),
+      **({'file_order': folder_source.FILE_ORDER}
+         if registry.get(config.input.data).source == 'folder' else {}),
       'report': _report(config, run.saved.get('init_objective'),
                         run.saved.get('init_report'),
                         ran=(run.steps, run.image_shape)),
