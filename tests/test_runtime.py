@@ -99,3 +99,85 @@ def test_tpu_device_ids_cover_the_installed_jaxs():
   if ids is None:
     pytest.skip('this JAX keeps its TPU PCI ids elsewhere')
   assert set(ids) <= runtime.TPU_PCI_DEVICE_IDS
+
+
+@pytest.mark.parametrize('given, missing', [
+    (dict(coordinator='10.0.0.1:1234'), '--num_processes, --process_id'),
+    (dict(coordinator='10.0.0.1:1234', num_processes=2), '--process_id'),
+    (dict(num_processes=2, process_id=0), '--coordinator'),
+    (dict(process_id=1), '--coordinator, --num_processes'),
+])
+def test_a_partial_set_of_process_flags_is_a_clear_error(calls, given,
+                                                          missing):
+  """--coordinator alone gave a raw JAX ValueError traceback."""
+  with flagsaver.flagsaver(**{**NO_FLAGS, **given}):
+    with pytest.raises(ValueError, match=f'^{missing} not set: a multi-'
+                       'process run needs --coordinator'):
+      runtime.init_distributed()
+  assert calls == []
+
+
+def test_a_process_id_out_of_range_is_a_clear_error(calls):
+  with flagsaver.flagsaver(coordinator='10.0.0.1:1234', num_processes=2,
+                           process_id=2):
+    with pytest.raises(ValueError, match='process ids run from 0 to '
+                       'num_processes - 1'):
+      runtime.init_distributed()
+  assert calls == []
+
+
+class _PastTheCheck(Exception):
+  pass
+
+
+def _past_the_check(_):
+  raise _PastTheCheck  # Set-up went on to prepare the data.
+
+
+@pytest.mark.parametrize('other, error', [(0, None), (1, 'process')])
+def test_processes_with_different_configs_stop_in_setup(monkeypatch, other,
+                                                        error):
+  """A process started with another batch size passed set-up and aborted
+  later inside the step with a gloo "collective mismatch"."""
+  import ml_collections
+  import numpy as np
+  from jax.experimental import multihost_utils
+  from vit_jax.data import prepare
+  from vit_jax.train import loop
+  config = ml_collections.ConfigDict({'input': {'batch_size': 64}})
+  gathered = []
+
+  def allgather(x):
+    gathered.append(np.asarray(x))
+    # Process 1's digest: its own unless `other`, then another config's.
+    mine = np.asarray(x)
+    other_config = ml_collections.ConfigDict({'input': {'batch_size': 32}})
+    import hashlib
+    theirs = np.frombuffer(hashlib.sha256(other_config.to_json_best_effort(
+        sort_keys=True).encode()).digest()[:8], np.int32)
+    return np.stack([mine, theirs if other else mine])
+
+  monkeypatch.setattr(jax, 'process_count', lambda: 2)
+  monkeypatch.setattr(multihost_utils, 'process_allgather', allgather)
+  monkeypatch.setattr(prepare, 'ensure_prepared', _past_the_check)
+  if error:
+    with pytest.raises(ValueError, match=r"processes' configs differ: "
+                       r'process\(es\) \[1\] were started with another '
+                       'config than process 0'):
+      loop.setup(config, '/nonexistent')
+  else:
+    with pytest.raises(_PastTheCheck):
+      loop.setup(config, '/nonexistent')
+  assert len(gathered) == 1 and gathered[0].nbytes == 8
+
+
+def test_one_process_does_not_compare_configs(monkeypatch):
+  import ml_collections
+  from jax.experimental import multihost_utils
+  from vit_jax.data import prepare
+  from vit_jax.train import loop
+  monkeypatch.setattr(multihost_utils, 'process_allgather',
+                      lambda x: pytest.fail('gathered on one process'))
+  monkeypatch.setattr(prepare, 'ensure_prepared', _past_the_check)
+  with pytest.raises(_PastTheCheck):
+    loop.setup(ml_collections.ConfigDict({'input': {}}), '/nonexistent')

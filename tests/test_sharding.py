@@ -232,3 +232,39 @@ def test_bit_sharded_gradients_match_one_device(mesh, init):
   np.testing.assert_allclose(*res['loss'], atol=1e-5)
   # float32 rounding through 26 layers (observed ~3e-5 of each leaf's max).
   assert res['grad_rel_diff'] < 2e-4
+
+
+def test_rule_dimension_the_model_axis_does_not_divide_is_logged(caplog):
+  """ViT-B/16 with model=8: the 12 heads of q/k/v do not divide by 8 and
+  stayed replicated without a word."""
+  mesh = shd.abstract_mesh(8, data=1, model=8)
+  params = {'query': {'kernel': jax.ShapeDtypeStruct((768, 12, 64),
+                                                     jnp.float32)},
+            'mlp': {'kernel': jax.ShapeDtypeStruct((768, 3072),
+                                                   jnp.float32)}}
+  axes = {'query': {'kernel': ('embed', 'heads', 'kv')},
+          'mlp': {'kernel': ('embed', 'mlp')}}
+  with caplog.at_level('WARNING'):
+    sh = shd.param_shardings(params, mesh, axes=axes)
+  assert sh['query']['kernel'].spec == jax.sharding.PartitionSpec(
+      None, None, None)
+  assert sh['mlp']['kernel'].spec == jax.sharding.PartitionSpec(None, 'model')
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelname == 'WARNING']
+  assert len(warnings) == 1, warnings
+  assert "query/kernel (768, 12, 64) dim 'heads'=12 over 'model' of size 8" \
+      in warnings[0]
+  assert 'mlp/kernel' not in warnings[0]
+
+
+def test_override_with_a_misspelled_logical_axis_is_a_clear_error():
+  """('embed', 'mpl') was silently taken as replicated."""
+  model = models.create('ViT-test', num_classes=8)
+  abstract = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, 28, 28, 3)))['params']
+  mesh = shd.make_mesh(data=1, devices=jax.devices()[:1])
+  with pytest.raises(ValueError, match=r"logical axis 'mpl', which no rule "
+                     r"knows; the known ones are \[.*'mlp'"):
+    shd.param_shardings(abstract, mesh,
+                        overrides=(('MlpBlock_0/Dense_0/kernel$',
+                                    ('embed', 'mpl')),))

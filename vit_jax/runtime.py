@@ -75,6 +75,31 @@ def _on_tpu_vm() -> bool:
               or os.environ.get('CLOUD_TPU_TASK_ID') or _tpu_chips_present())
 
 
+def _distributed_flags() -> bool:
+  """Whether --coordinator, --num_processes and --process_id are given;
+  they go together (a partial set is an error naming the missing ones)."""
+  given = {'--coordinator': _COORDINATOR.value,
+           '--num_processes': _NUM_PROCESSES.value,
+           '--process_id': _PROCESS_ID.value}
+  missing = [k for k, v in given.items() if v is None]
+  if len(missing) == len(given):
+    return False
+  if missing:
+    raise ValueError(
+        f'{", ".join(missing)} not set: a multi-process run needs '
+        '--coordinator (host:port of process 0), --num_processes and '
+        '--process_id (0 to num_processes - 1) together, on every process; '
+        'pass none of them for one process (or on a Cloud TPU VM, where JAX '
+        'finds the workers itself)')
+  if _NUM_PROCESSES.value < 1 or not (
+      0 <= _PROCESS_ID.value < _NUM_PROCESSES.value):
+    raise ValueError(
+        f'--process_id={_PROCESS_ID.value} with --num_processes='
+        f'{_NUM_PROCESSES.value}: process ids run from 0 to num_processes - '
+        '1; give each process its own')
+  return True
+
+
 def init_distributed() -> None:
   """`jax.distributed` from the flags; on a Cloud TPU VM, from JAX's own
   detection (the TPU metadata server finds every worker of a pod; a single
@@ -85,7 +110,7 @@ def init_distributed() -> None:
   import jax
   if jax.distributed.is_initialized():  # A second run in this process.
     return
-  if _COORDINATOR.value or _NUM_PROCESSES.value:
+  if _distributed_flags():
     # Cross-process collectives for CPU devices (harmless elsewhere); set
     # before initialize, which must precede any backend use.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')

@@ -28,6 +28,7 @@ import math
 import re
 from typing import Any, Optional, Sequence, Tuple
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -72,11 +73,102 @@ class MeshError(ValueError):
 
 def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
               devices: Optional[Sequence[Any]] = None) -> Mesh:
-  """A (data, fsdp, model) mesh over all devices; one axis may be -1 (fill)."""
+  """A (data, fsdp, model) mesh over all devices; one axis may be -1 (fill).
+
+  Devices are placed by `jax.make_mesh` (the physical torus). With several
+  processes, where that placement would put a batch row (a `model` group) on
+  more than one process, or cannot place the shape at all (a TPU torus only
+  splits into the products of its axes), the devices are placed host by host
+  instead (`_host_aware_devices`): every `model` group stays on one host.
+  """
   devices = list(jax.devices() if devices is None else devices)
-  return jax.make_mesh(mesh_shape(data, fsdp, model, len(devices)), AXES,
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3,
-                       devices=devices)
+  shape = mesh_shape(data, fsdp, model, len(devices))
+  types = (jax.sharding.AxisType.Auto,) * 3
+  try:
+    mesh = jax.make_mesh(shape, AXES, axis_types=types, devices=devices)
+  except NotImplementedError as e:  # No torus assignment for this shape.
+    mesh, error = None, e
+  multi = len({d.process_index for d in devices}) > 1
+  if mesh is not None and (not multi or not _rows_shared(mesh)):
+    return mesh
+  if multi:
+    grid = _host_aware_devices(shape, devices)
+    if grid is not None:
+      return Mesh(grid, AXES, axis_types=types)
+  if mesh is not None:
+    return mesh  # Rows across hosts: `check_batch_size` says what to set.
+  per_host = len(devices) // len({d.process_index for d in devices})
+  raise MeshError(
+      f'mesh {dict(zip(AXES, shape))} does not fit the devices\' physical '
+      f'layout {_physical_shape(devices)} ({len(devices)} devices, '
+      f'{per_host} per host): jax could not place it ({error}). Choose axis '
+      'sizes that are products of the physical axes, with a model axis that '
+      f'divides the devices of one host ({per_host}) (--config.mesh.*)') from None
+
+
+def _physical_shape(devices) -> str:
+  """'4x4x4 (TPU v4)' from the devices' coords, or their count."""
+  coords = [getattr(d, 'coords', None) for d in devices]
+  if not all(coords):
+    return f'{len(devices)} {devices[0].device_kind} devices'
+  dims = [max(c[i] for c in coords) - min(c[i] for c in coords) + 1
+          for i in range(len(coords[0]))]
+  cores = len({getattr(d, 'core_on_chip', 0) for d in devices})
+  return ('x'.join(map(str, dims)) + (f' x {cores} cores' if cores > 1 else '')
+          + f' ({devices[0].device_kind})')
+
+
+def _host_aware_devices(shape: Tuple[int, int, int], devices):
+  """The device grid of `shape` with each process's devices in whole
+  `model` groups (so whole batch rows), or None when no such grid exists
+  (the model axis larger than, or not dividing, a host's devices; hosts
+  with different device counts).
+
+  Each process is one granule of `create_hybrid_device_mesh`: a
+  (data_h, fsdp_h, model) grid of its devices placed by their torus, the
+  processes laid out (data / data_h, fsdp / fsdp_h, 1) around them, so the
+  model axis never crosses hosts. fsdp_h = gcd(fsdp, local / model) keeps
+  as much of fsdp on a host as fits; data_h = local / (model * fsdp_h)
+  then divides data. Where the torus cannot place the host's grid, the
+  devices are taken in (process, id) order: consecutive `model`-sized runs
+  of one host's devices, the same invariant.
+  """
+  data, fsdp, model = shape
+  by_process = {}
+  for d in devices:
+    by_process.setdefault(d.process_index, []).append(d)
+  counts = {len(v) for v in by_process.values()}
+  if len(counts) != 1:
+    return None
+  local = counts.pop()
+  if local % model:
+    return None
+  fsdp_h = math.gcd(fsdp, local // model)
+  data_h = local // (model * fsdp_h)
+  try:
+    from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+    grid = mesh_utils.create_hybrid_device_mesh(
+        (data_h, fsdp_h, model), (data // data_h, fsdp // fsdp_h, 1),
+        devices, process_is_granule=True)
+  except Exception:  # pylint: disable=broad-except
+    grid = None  # No torus placement for the host's grid (or no coords).
+  if grid is None or _rows_shared_grid(grid):
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    grid = np.array(ordered, dtype=object).reshape(shape)
+  return grid
+
+
+def _rows_shared_grid(grid) -> list:
+  """The process sets of the batch rows (data x fsdp cells) of a
+  (data, fsdp, model) device grid that span more than one process."""
+  rows = np.asarray(grid).reshape(-1, np.shape(grid)[-1])
+  return [p for p in ({d.process_index for d in row} for row in rows)
+          if len(p) > 1]
+
+
+def _rows_shared(mesh: Mesh) -> list:
+  return _rows_shared_grid(np.asarray(mesh.devices).reshape(
+      mesh.shape['data'], mesh.shape['fsdp'], mesh.shape['model']))
 
 
 def platform(mesh: Mesh) -> str:
@@ -157,6 +249,13 @@ def param_spec(shape: Sequence[int], mesh: Mesh, axes: Names = (),
                rules: Sequence[Tuple[str, Any]] = LOGICAL_RULES) -> P:
   """The PartitionSpec of one parameter from its logical `axes` (rules, then
   FSDP)."""
+  return _param_spec(shape, mesh, axes, fsdp_min_size, rules)[0]
+
+
+def _param_spec(shape, mesh, axes, fsdp_min_size, rules):
+  """`param_spec`, and the (logical name, dimension size, mesh axis, axis
+  size) of each dimension a rule assigned to a mesh axis that does not
+  divide it (left replicated)."""
   axes = tuple(axes)
   if axes and len(axes) != len(shape):
     raise ValueError(f'logical axes {axes} do not match a parameter of shape '
@@ -166,6 +265,9 @@ def param_spec(shape: Sequence[int], mesh: Mesh, axes: Names = (),
       None] * len(shape)
   spec += [None] * (len(shape) - len(spec))
   # An axis only shards a dimension it divides; size-1 axes are dropped.
+  undivided = [(names[i], shape[i], s, _size(mesh, s))
+               for i, s in enumerate(spec)
+               if s and _size(mesh, s) > 1 and shape[i] % _size(mesh, s)]
   spec = [s if s and shape[i] % _size(mesh, s) == 0 and _size(mesh, s) > 1
           else None for i, s in enumerate(spec)]
   n = mesh.shape['fsdp']
@@ -176,7 +278,7 @@ def param_spec(shape: Sequence[int], mesh: Mesh, axes: Names = (),
     free = [i for i, s in enumerate(spec) if s is None and shape[i] % n == 0]
     if free:
       spec[max(free, key=lambda i: (shape[i], -i))] = 'fsdp'
-  return P(*spec)
+  return P(*spec), undivided
 
 
 def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
@@ -190,13 +292,25 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
   parameter is unannotated (replicated, FSDP aside). `rules` are extra
   (logical, mesh axis) pairs taking precedence over `LOGICAL_RULES`;
   `overrides` are (path regex, names) pairs replacing the names of the
-  parameters whose '/'-joined path matches (first match wins).
+  parameters whose '/'-joined path matches (first match wins); an override
+  naming a logical axis no rule knows is an error. Dimensions a rule puts
+  on a mesh axis that does not divide them stay replicated: one warning
+  lists them.
   """
   is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
   flat = traverse_util.flatten_dict(params)
   names = traverse_util.flatten_dict(axes) if axes is not None else {}
   all_rules = tuple(tuple(r) for r in rules) + LOGICAL_RULES
-  out = {}
+  known = {r[0] for r in all_rules}
+  for pattern, override in overrides:
+    unknown = [a for a in override if a is not None and a not in known]
+    if unknown:
+      raise ValueError(
+          f'sharding_overrides ({pattern!r}, {tuple(override)}) names logical '
+          f'axis {unknown[0]!r}, which no rule knows; the known ones are '
+          f'{sorted(known)} (or None: replicated). Fix the name, or add a '
+          'rule for it in sharding_rules')
+  out, undivided = {}, []
   for k, v in flat.items():
     path = '/'.join(k)
     if is_box(v):
@@ -208,12 +322,21 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
         leaf_axes = tuple(override)
         break
     try:
-      spec = param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
-                        all_rules)
+      spec, left = _param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
+                               all_rules)
       out[k] = NamedSharding(mesh, spec)
     except Exception as e:  # pylint: disable=broad-except
       # ValueErrors of ours, and jax's DuplicateSpecError (an Exception).
       raise ValueError(f'parameter {path}: {e}') from None
+    undivided += [(path, tuple(np.shape(v))) + u for u in left]
+  if undivided:
+    logging.warning(
+        '%d parameter dimension(s) a sharding rule puts on a mesh axis that '
+        'does not divide them stay replicated (whole on every device): %s. '
+        'Choose a mesh axis size that divides them (--config.mesh.*)',
+        len(undivided), '; '.join(
+            f'{p} {shape} dim {name!r}={n} over {axis!r} of size {size}'
+            for p, shape, name, n, axis, size in undivided))
   return traverse_util.unflatten_dict(out)
 
 
@@ -245,17 +368,14 @@ def _check_rows_per_process(mesh: Mesh) -> None:
   plan) is checked by its caller, which knows the hosts."""
   if isinstance(mesh, jax.sharding.AbstractMesh):
     return
-  devices = np.asarray(mesh.devices).reshape(
-      mesh.shape['data'] * mesh.shape['fsdp'], -1)  # Rows x model.
-  shared = [p for p in ({d.process_index for d in row} for row in devices)
-            if len(p) > 1]
+  shared = _rows_shared(mesh)
   if shared:
     raise MeshError(
         f'processes {sorted(shared[0])} hold the same batch rows: this mesh '
         f'(data x fsdp x model = {mesh.shape["data"]} x {mesh.shape["fsdp"]} '
         f'x {mesh.shape["model"]}) puts the model axis across hosts, and '
-        'each process reads its own part of the data. Use a model axis no '
-        f'larger than the devices of one host ({jax.local_device_count()}) '
+        'each process reads its own part of the data. Use a model axis that '
+        f'divides the devices of one host ({jax.local_device_count()}) '
         '(e.g. --config.mesh.model), or shard parameters with fsdp instead')
 
 

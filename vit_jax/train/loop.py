@@ -15,6 +15,7 @@ checkpoint that restores completely (see `orbax_state.py`).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -217,6 +218,22 @@ class Run:
 def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   """Data, model, sharded state and step; resumed from `workdir`'s newest
   good checkpoint, else initialised (from `config.init` if set)."""
+  if jax.process_count() > 1:
+    # Processes started with different configs (another batch size) would
+    # pass set-up and abort inside the step ("collective mismatch"): compare
+    # a hash of the config (8 bytes a process) first.
+    digest = hashlib.sha256(config.to_json_best_effort(
+        sort_keys=True).encode()).digest()[:8]
+    every = np.asarray(multihost_utils.process_allgather(
+        np.frombuffer(digest, np.int32)))
+    differ = [p for p in range(len(every))
+              if not np.array_equal(every[p], every[0])]
+    if differ:
+      raise ValueError(
+          f'the processes\' configs differ: process(es) {differ} were started '
+          'with another config than process 0 (e.g. another --config file '
+          'or --config.* flag); start every process of a run with the same '
+          'config')
   prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   accum = config.get('accum_steps', 1)
