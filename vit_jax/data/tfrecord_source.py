@@ -77,6 +77,7 @@ COUNTS_DIR = '.record_counts'
 _LABEL_OUT_OF_RANGE = 'TFRecord label out of range'
 _NO_LABEL = 'TFRecord record without a label'
 _NO_IMAGE = 'TFRecord record without an image'
+_FEATURE_NOUN = {'bytes_list': 'bytes feature', 'int64_list': 'int64 list'}
 _PATH = r'\]\s*\[(.*?)\](?=\s*(?:$|\n|\[\[))'  # `] [path]` of an Assert.
 # What may follow SPLIT in a file name: `-` and a digit (shard numbers), or
 # `.tfrecord` / `.tfrecords` alone or followed by `-...` or `@...`; then a
@@ -730,31 +731,34 @@ class TFRecordSource(Source):
 
   def _no_image_error(self, path: str) -> DataError:
     """The error for a record of `path` without one image in `image_key`."""
-    byte_features = self._first_features(path, 'bytes_list')
-    problem = (f'TFRecord file {path} has a record without an image: its '
-               f'bytes feature {self.image_key!r} (input.image_key) is '
-               'missing, empty or holds several values')
-    if byte_features is not None and self.image_key in byte_features:
-      fix = ('other records of the file have it: write one encoded image '
-             'into every record, or leave the others out of the files')
-    else:
-      fix = ('set input.image_key to the feature that holds the encoded '
-             'image; the first record of the file has non-empty bytes '
-             f'features {byte_features}')
-    return DataError(f'dataset {self.spec.name!r}: {problem}: {fix}')
+    return self._missing_feature_error(
+        path, 'an image', 'image_key', 'bytes_list',
+        'is missing, empty or holds several values',
+        present='write one encoded image into every record, or leave the '
+        'others out of the files',
+        absent='the encoded image')
 
   def _no_label_error(self, path: str) -> DataError:
     """The error for a record of `path` without a label in `label_key`."""
-    ints = self._first_features(path, 'int64_list')
-    problem = (f'TFRecord file {path} has a record without a label: its '
-               f'int64 list {self.label_key!r} (input.label_key) is empty or '
-               'missing')
-    if ints is not None and self.label_key in ints:
-      fix = ('other records of the file have it: write a label (the first '
-             'value of the list is the class) into every record, or leave '
-             'the unlabelled ones out of the files')
+    return self._missing_feature_error(
+        path, 'a label', 'label_key', 'int64_list', 'is empty or missing',
+        present='write a label (the first value of the list is the class) '
+        'into every record, or leave the unlabelled ones out of the files',
+        absent='the labels (the first value of the list is the class)')
+
+  def _missing_feature_error(self, path: str, what: str, option: str,
+                             kind: str, how: str, *, present: str,
+                             absent: str) -> DataError:
+    """A record of `path` lacks its `what` (feature `input.<option>`, a
+    `kind`): the fix depends on whether the file's first record has it."""
+    key = getattr(self, option)
+    names = self._first_features(path, kind)
+    problem = (f'TFRecord file {path} has a record without {what}: its '
+               f'{_FEATURE_NOUN[kind]} {key!r} (input.{option}) {how}')
+    if names is not None and key in names:
+      fix = f'other records of the file have it: {present}'
     else:
-      fix = ('set input.label_key to the feature that holds the labels (the '
-             'first value of the list is the class); the first record of '
-             f'the file has non-empty int64 features {ints}')
+      fix = (f'set input.{option} to the feature that holds {absent}; the '
+             f'first record of the file has non-empty '
+             f'{kind.split("_")[0]} features {names}')
     return DataError(f'dataset {self.spec.name!r}: {problem}: {fix}')
