@@ -11,6 +11,7 @@ packages (the `export` / `torch` extras) are not installed.
 import dataclasses
 import json
 import os
+import time
 
 import jax
 import numpy as np
@@ -898,10 +899,13 @@ def test_failures_name_out_and_killed_exports_leave_nothing_for_long(
   stale = [f'.n.new-{host}-{dead}-abcd_123', '.n.new-k2j4h5g6']  # Legacy.
   kept = [f'.n.new-{host}-{os.getpid()}-running1',  # A running export's.
           '.n.new-otherhost-1-abcdefgh',  # Another machine's: unknown.
+          '.n.new-young123',  # An earlier version's, maybe still running.
           '.n.newer', '.m.new-abcdefgh', 'n.new-abcdefgh']  # Not ours.
   for name in stale + kept:
     (tmp_path / name).mkdir()
     (tmp_path / name / 'file').write_text('x')
+  two_days_ago = time.time() - 2 * 86400  # An earlier version's, long dead.
+  os.utime(tmp_path / '.n.new-k2j4h5g6', (two_days_ago, two_days_ago))
   broken = []
   fmt = _npz_format(trained, 'npz-named', lambda: 1.0 if broken else 0.0)
   out = tmp_path / 'n'
