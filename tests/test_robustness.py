@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -324,13 +325,15 @@ def test_the_heartbeat_survives_storage_errors_and_never_overwrites_a_taker(
   monkeypatch.setattr(lock, 'HEARTBEAT_S', 0.02)
   held = lock.WorkdirLock(str(tmp_path))
   held.acquire()
-  writes, real = [], type(held.path).write_text
+  writes, real, outage = [], type(held.path).write_text, []
+  storage = threading.Lock()  # One write at a time, as a store's are.
 
   def flaky(self, text):
-    writes.append(text)
-    if len(writes) == 1:  # What tf.io.gfile raises on gs://: no OSError.
-      raise RuntimeError('UnavailableError: 503')
-    return real(self, text)
+    with storage:
+      writes.append(text)
+      if len(writes) == 1 or outage:  # What tf.io.gfile raises on gs://.
+        raise RuntimeError('UnavailableError: 503')
+      return real(self, text)
 
   monkeypatch.setattr(type(held.path), 'write_text', flaky)
   deadline = time.time() + 10
@@ -339,7 +342,9 @@ def test_the_heartbeat_survives_storage_errors_and_never_overwrites_a_taker(
   assert len(writes) >= 3 and held._thread.is_alive()  # Kept beating.
   taker = json.dumps({'host': 'elsewhere', 'pid': 7,
                       'heartbeat': time.time()})
-  real(held.path, taker)  # Taken over after a long outage.
+  with storage:  # Its beats fail from now on: taken over after an outage.
+    outage.append(True)
+    real(held.path, taker)
   held._thread.join(timeout=10)
   assert not held._thread.is_alive()  # It stopped; the taker's lock stays.
   assert held.path.read_text() == taker
