@@ -61,18 +61,18 @@ def test_another_runs_unreadable_summary_is_left_alone(tmp_path):
   (tmp_path / 'checkpoints' / '5').mkdir(parents=True)
   (tmp_path / 'summary.json').write_text('{"steps": ')
   assert run_files.read_summary(str(tmp_path), own=False) == {}
-  assert loop._init_report(str(tmp_path / 'checkpoints' / '5')) is None  # pylint: disable=protected-access
+  assert run_files.init_report(str(tmp_path / 'checkpoints' / '5')) is None  # pylint: disable=protected-access
   assert sorted(os.listdir(tmp_path)) == ['checkpoints', 'summary.json']
   # A step directory copied out of its workdir: the folder above is no
   # run's, its summary.json not the init's report.
   (tmp_path / 'summary.json').write_text(json.dumps(
       {'report': {'task': 'pretrain'}}))
-  assert loop._init_report(str(tmp_path / 'checkpoints' / '5')) == {  # pylint: disable=protected-access
+  assert run_files.init_report(str(tmp_path / 'checkpoints' / '5')) == {  # pylint: disable=protected-access
       'task': 'pretrain'}
   (tmp_path / 'copy' / '5').mkdir(parents=True)
   (tmp_path / 'copy' / 'summary.json').write_text(json.dumps(
       {'report': {'task': 'pretrain'}}))
-  assert loop._init_report(str(tmp_path / 'copy' / '5')) is None  # pylint: disable=protected-access
+  assert run_files.init_report(str(tmp_path / 'copy' / '5')) is None  # pylint: disable=protected-access
 
 
 def test_config_json_is_optional(tmp_path):

@@ -457,12 +457,12 @@ def test_a_transfer_run_takes_its_pretraining_from_the_init_run(tmp_path):
               pretrain_optimizer='adam', task='pretrain')
   run_files.write_summary(str(workdir), {'report': init})
   config.init = str(workdir)
-  found = loop._init_report(str(workdir / 'checkpoints' / '40'))
+  found = run_files.init_report(str(workdir / 'checkpoints' / '40'))
   assert found == init
   report = loop._report(config, 'supervised', found)
   assert report['pretrain_epochs'] == 7.0 and 'overridden' not in report
   assert loop._report(config, 'supervised', None)['pretrain_epochs'] == 14.0
-  assert loop._init_report('/runs/ViT-L_16.npz') is None
+  assert run_files.init_report('/runs/ViT-L_16.npz') is None
   bad = {**init, 'overridden': 'model.name=ViT-test'}
   assert loop._report(config, 'supervised', bad)['overridden'] == (
       'init run: model.name=ViT-test')

@@ -106,16 +106,15 @@ def _flops(model, params, images) -> float | None:
 # model's 35.260, and the CPU that traces the count has no cuDNN kernel.
 COUNTED_AS = {'dtype': jnp.float32, 'param_dtype': jnp.float32,
               'scan_layers': False, 'attention_impl': 'xla'}
-NOT_COUNTED = tuple(COUNTED_AS)
 
 
 def counted_options(options) -> Dict[str, object]:
   """The model options a FLOP count depends on: `options` (a config's
   `model` section or keyword overrides) less `name`, unset (None) ones and
-  `NOT_COUNTED`. Every count here goes through it, so that a config's
+  those `COUNTED_AS` fixes. Every count here goes through it, so that a config's
   estimate and the trainer's `summary.json` count the same model."""
   return {k: v for k, v in dict(options).items()
-          if k != 'name' and k not in NOT_COUNTED and v is not None}
+          if k != 'name' and k not in COUNTED_AS and v is not None}
 
 
 def forward_flops(name: str, image_size=224, num_classes: int = 1000,

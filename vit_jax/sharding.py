@@ -88,7 +88,8 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
     mesh = jax.make_mesh(shape, AXES, axis_types=types, devices=devices)
   except NotImplementedError as e:  # No torus assignment for this shape.
     mesh, error = None, e
-  multi = len({d.process_index for d in devices}) > 1
+  hosts = len({d.process_index for d in devices})
+  multi = hosts > 1
   if mesh is not None and (not multi or not _rows_shared(mesh)):
     return mesh
   if multi:
@@ -97,7 +98,7 @@ def make_mesh(data: int = -1, fsdp: int = 1, model: int = 1,
       return Mesh(grid, AXES, axis_types=types)
   if mesh is not None:
     return mesh  # Rows across hosts: `check_batch_size` says what to set.
-  per_host = len(devices) // len({d.process_index for d in devices})
+  per_host = len(devices) // hosts
   raise MeshError(
       f'mesh {dict(zip(AXES, shape))} does not fit the devices\' physical '
       f'layout {_physical_shape(devices)} ({len(devices)} devices, '
@@ -167,8 +168,7 @@ def _rows_shared_grid(grid) -> list:
 
 
 def _rows_shared(mesh: Mesh) -> list:
-  return _rows_shared_grid(np.asarray(mesh.devices).reshape(
-      mesh.shape['data'], mesh.shape['fsdp'], mesh.shape['model']))
+  return _rows_shared_grid(mesh.devices)  # (data, fsdp, model), as AXES.
 
 
 def platform(mesh: Mesh) -> str:

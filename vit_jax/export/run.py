@@ -514,7 +514,8 @@ def parameters(trained) -> Dict[str, Any]:
   usual metric names describe the exported parameters."""
   if trained.kind != 'workdir' or trained.params_kind is None:
     return {'exported': None, 'evaluated': None, 'matches': None}
-  mode = (trained.config or {}).get('eval_ema') or 'ema'
+  from vit_jax.train import run_files  # As trained.py: on use.
+  mode = run_files.eval_mode(trained.config or {})
   evaluated = 'raw' if mode == 'raw' or not trained.has_ema else mode
   main = 'ema' if evaluated in ('ema', 'both') else 'raw'
   ema_decay = ((trained.config or {}).get('optim') or {}).get('ema_decay')

@@ -285,7 +285,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
       # What the init was trained by: an MPP model has its mpp_head.
       saved['init_objective'] = (
           'mpp' if any(k in init for k in selfsup.PARAMS) else 'supervised')
-      saved['init_report'] = _init_report(saved['init_from'])
+      saved['init_report'] = run_files.init_report(saved['init_from'])
     state = step_lib.init_state(model, tx, config.seed, image_shape, mesh,
                                 state_sh, ema=ema)
     if init is not None:
@@ -516,13 +516,6 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
   return summary
 
 
-def _init_report(init_from: str) -> Optional[Dict[str, Any]]:
-  """The report of the run whose checkpoint step `init_from` is (its
-  summary.json, else config.json); None for an .npz or a foreign run
-  (`run_files.init_report`, which `python -m vit_jax.vtab` reads too)."""
-  return run_files.init_report(init_from)
-
-
 def _cell_data(report: Dict[str, Any]) -> Optional[str]:
   """The dataset (registry name) the run of `report`'s table cell trains
   on: a transfer's task, a pre-training's (also MPP's) data; None where
@@ -630,7 +623,7 @@ def _record_transfer(report: Dict[str, Any], config, steps: int,
   report.update(lr=lr, steps=steps, image_size=h if h == w else [h, w],
                 ema_decay=ema)
   if ema:  # Which parameters its metrics are of: the averages, or not.
-    report['eval_ema'] = config.get('eval_ema') or 'ema'
+    report['eval_ema'] = run_files.eval_mode(config)
   if report.get('smoke') or report.get('overridden'):
     return
   protocol = paper.transfer_protocol(

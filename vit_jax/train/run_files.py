@@ -149,13 +149,19 @@ def init_report(path: Optional[str]) -> Optional[Dict[str, Any]]:
   return report if isinstance(report, dict) and report else None
 
 
+def eval_mode(config: Dict[str, Any]) -> str:
+  """The `eval_ema` mode a run's (recorded) `config` evaluated with: 'ema'
+  where unset (runs before the field, and the default)."""
+  return config.get('eval_ema') or 'ema'
+
+
 def described_params(config: Dict[str, Any]) -> Optional[bool]:
   """The `ema=` of `orbax_state.load_params` / `trained.load` that gives the
   parameters a run's metrics describe, from its recorded `config`: False
   (the raw ones) where it evaluated only those (`eval_ema='raw'`), else
   None (its Polyak averages where it has any). What predict, export,
   inspect and `init=` read by default."""
-  return False if (config.get('eval_ema') or 'ema') == 'raw' else None
+  return False if eval_mode(config) == 'raw' else None
 
 
 def read_summary(workdir: str, *, own: bool = True) -> Dict[str, Any]:
