@@ -92,19 +92,35 @@ def test_any_multiple_of_patch_and_one_channel(rng):
     chex.assert_shape(out, (shape[0], 4))
 
 
-def test_image_not_divisible_by_patch_is_a_clear_error():
-  model = models.create('ViT-B/16', num_classes=4)
-  with pytest.raises(ValueError, match='225x225 is not divisible by the patch '
-                     r'size 16.*e\.g\. 224x224'):
-    jax.eval_shape(lambda: _init(model, (1, 225, 225, 3)))
-  # The nearest multiple of each side, not the height rounded down alone.
-  with pytest.raises(ValueError, match=r'e\.g\. 224x240'):
-    jax.eval_shape(lambda: _init(model, (1, 230, 237, 3)))
+def test_plain_vit_leaves_out_pixels_past_the_last_whole_patch(rng):
+  # As the reference's VALID patch convolution does: ViT-H/14 at the paper's
+  # 384 px is a 27x27 grid over 378x378 pixels.
+  model = models.create('ViT-test', num_classes=3)
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 30, 23, 3)), jnp.float32)
+  p = _init(model, x.shape)
+  chex.assert_shape(p['Transformer']['posembed_input']['pos_embedding'],
+                    (1, 7 * 5 + 1, 32))
+  noise = jnp.asarray(rng.uniform(-1, 1, x.shape), jnp.float32)
+  beyond = x.at[:, 28:].set(noise[:, 28:]).at[:, :, 20:].set(
+      noise[:, :, 20:])
+  np.testing.assert_array_equal(model.apply({'params': p}, x),
+                                model.apply({'params': p}, beyond))
+  np.testing.assert_allclose(model.apply({'params': p}, x),
+                             model.apply({'params': p}, x[:, :28, :20]),
+                             rtol=1e-6, atol=1e-6)
+  h14 = models.create('ViT-H/14', num_classes=4)
+  shapes = jax.eval_shape(lambda: _init(h14, (1, 384, 384, 3)))
+  chex.assert_shape(shapes['Transformer']['posembed_input']['pos_embedding'],
+                    (1, 27 * 27 + 1, 1280))
+  with pytest.raises(ValueError, match='at least one patch'):
+    jax.eval_shape(lambda: _init(model, (1, 3, 8, 3)))
 
 
 def test_hybrid_needs_multiple_of_16():
+  # Its ResNet stem pads rather than leaving pixels out: sizes must tile.
   model = models.create('R50+ViT-B/16', num_classes=4)
-  with pytest.raises(ValueError, match='patch size 16'):
+  with pytest.raises(ValueError, match=r'40x40 is not divisible by the patch '
+                     r'size 16.*e\.g\. 48x48'):
     jax.eval_shape(lambda: _init(model, (1, 40, 40, 3)))
 
 

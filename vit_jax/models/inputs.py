@@ -2,16 +2,33 @@
 
 from typing import Optional, Sequence, Tuple
 
+from absl import logging
 
-def check_image_shape(shape: Sequence[int], stride: int) -> None:
-  """Raises a ValueError naming the fix when images cannot be cut in patches."""
+
+def check_image_shape(shape: Sequence[int], stride: int, *,
+                      drops_partial: bool = False) -> None:
+  """Raises a ValueError naming the fix when images cannot be cut in patches.
+
+  `drops_partial`: the model's patches are a VALID stride-`stride`
+  convolution (a plain ViT, Mixer), which cuts `size // stride` patches per
+  side and never sees the last `size % stride` rows and columns, as the
+  reference implementation does (ViT-H/14 at the paper's 384 px: a 27x27
+  grid over 378x378 pixels). Such sizes are logged, not refused.
+  """
   if len(shape) != 4:
     raise ValueError(f'images must be NHWC (4 dims), got shape {tuple(shape)}')
   _, h, w, c = shape
-  if h < 1 or w < 1:
+  if h < 1 or w < 1 or (drops_partial and (h < stride or w < stride)):
     raise ValueError(f'image size {h}x{w}: images need at least one patch '
                      f'({stride}x{stride} pixels)')
-  if h % stride or w % stride:
+  if (h % stride or w % stride) and drops_partial:
+    logging.warning(
+        'image size %dx%d is not a multiple of the patch size %d: the model '
+        'sees a %dx%d grid of patches (%dx%d pixels); the last %d rows and %d '
+        'columns of pixels are not seen (as in the reference implementation)',
+        h, w, stride, h // stride, w // stride, h // stride * stride,
+        w // stride * stride, h % stride, w % stride)
+  elif h % stride or w % stride:
     near = lambda n: max(stride, (n + stride // 2) // stride * stride)
     raise ValueError(
         f'image size {h}x{w} is not divisible by the patch size {stride} '

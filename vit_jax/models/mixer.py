@@ -87,10 +87,14 @@ class MlpMixer(Module):
     """Pixels per token along each side."""
     return self.patch_size
 
+  # Its stem is a VALID convolution (see `inputs.check_image_shape`).
+  drops_partial_patches = True
+
   @nn.compact
   def __call__(self, images, *, train: bool = False):
     del train  # No dropout in the reference Mixer.
-    check_image_shape(images.shape, self.stride)
+    check_image_shape(images.shape, self.stride,
+                      drops_partial=self.drops_partial_patches)
     p = self.patch_size
     x = nn.Conv(self.hidden_dim, (p, p), strides=(p, p), padding='VALID',
                 dtype=self.dtype, param_dtype=self.param_dtype,

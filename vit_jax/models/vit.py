@@ -349,6 +349,13 @@ class VisionTransformer(Module):
             if self.resnet_layers is not None else 1)
     return stem * self.patch_size
 
+  @property
+  def drops_partial_patches(self) -> bool:
+    """A plain ViT's VALID patch convolution leaves out the pixels past the
+    last whole patch (see `inputs.check_image_shape`); a hybrid's ResNet stem
+    pads instead, so its images must tile exactly."""
+    return self.resnet_layers is None
+
   @nn.compact
   def __call__(self, images, *, train: bool = False):
     x = encode(self, embed_patches(self, images), train=train)
@@ -382,7 +389,8 @@ def embed_patches(module: VisionTransformer, images):
   if module.classifier not in ('token', 'gap'):
     raise ValueError(f"classifier must be 'token' or 'gap', got "
                      f'{module.classifier!r}')
-  check_image_shape(images.shape, module.stride)
+  check_image_shape(images.shape, module.stride,
+                    drops_partial=module.drops_partial_patches)
   x = images
   if module.resnet_layers is not None:  # () : the root block alone.
     x = resnet.hybrid_stem(x, module.resnet_layers, module.resnet_width,

@@ -199,7 +199,7 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
            'prediction trains no pre_logits layer: unset it '
            '(--config.model.representation_size=None) and add it when '
            'fine-tuning')
-  stride = _stride(config)
+  stride = vit.stride if vit is not None else 0
   if stride and target == 'downsized' and stride % selfsup.model.DOWNSIZED:
     yield (f'--config.mpp.target=downsized needs a patch size divisible by '
            f'{selfsup.model.DOWNSIZED}; {name} has {stride}: use '
@@ -225,21 +225,23 @@ def _vit(config):
     return None
 
 
-def _stride(config) -> int:
-  """Pixels per token of the config's ViT (0: not a ViT, or a bad option)."""
-  vit = _vit(config)
-  return vit.stride if vit is not None else 0
-
-
 def _image_problems(config) -> Iterator[str]:
-  """A ViT's images must cut into whole patches."""
-  stride = _stride(config)
+  """Images a hybrid ViT or a masked patch prediction cuts must tile into
+  whole patches; a plain ViT leaves out the last pixels, as the reference
+  does (ViT-H/14 at the paper's 384 px)."""
+  vit = _vit(config)
   size = config.get('input', {}).get('image_size')
-  if stride and isinstance(size, int) and size > 0 and size % stride:
+  if vit is None or not isinstance(size, int) or size <= 0:
+    return
+  stride = vit.stride
+  mpp = config.get('objective', 'supervised') == 'mpp'
+  if size % stride and (mpp or not vit.drops_partial_patches):
+    why = ('masked patch prediction predicts every pixel of each patch'
+           if mpp else 'its ResNet stem pads the image instead')
     yield (f'--config.input.image_size={size} is not divisible by the patch '
            f'size {stride} of {config.model.name} (pixels per token), so the '
-           f'patches do not tile the image; use a multiple of {stride}, e.g. '
-           f'{max(stride, size // stride * stride)}')
+           f'patches do not tile the image ({why}); use a multiple of '
+           f'{stride}, e.g. {max(stride, size // stride * stride)}')
 
 
 def check(config: ml_collections.ConfigDict) -> None:
