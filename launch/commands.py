@@ -24,6 +24,9 @@ _UV = '$HOME/.local/bin/uv'
 LOG, PID, EXIT = ('$HOME/vit_jax_run.log', '$HOME/vit_jax_run.pid',
                   '$HOME/vit_jax_run.exit')
 EXTRAS = '.[data]'  # scikit-learn's digits: smoke configs run on a TPU too.
+# A run's exit status when a SIGTERM ended it: 128 + SIGTERM, as the shell
+# counts (Python killed by it), or recorded so by `run_script`'s wrapper.
+EXIT_SIGTERM = 143
 
 # TPU generation (the accelerator type's prefix) -> default runtime version.
 RUNTIME_VERSIONS = {
@@ -165,17 +168,27 @@ def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
   Killed with Python still saving, the wrapper would leave no exit status
   (`up` would take the run as failed instead of resuming it) and the guard
   would let another run or `setup` start under the saving one.
+
+  A run that got a SIGTERM and then exited with neither 0 nor 75 (an
+  error the signal caused while it started or saved) is recorded as
+  `EXIT_SIGTERM` (143), its own status said in the log: `up` takes it as
+  stopped by a preemption, to be resumed, not as a failure.
   """
   words = ['env', *(f'{k}={v}' for k, v in env.items())] if env else []
   cmd = ' '.join([*map(shlex.quote, words), _PYTHON, '-m', 'vit_jax.main',
                   *map(shlex.quote, main_args)])
   # A trapped signal ends `wait` early (status > 128): `t` says to wait
   # again; bash keeps a waited child's status, so a second `wait` on one
-  # that has ended gives it too. The trap is set before Python starts.
-  inner = (f'cd {_HOME_DIR} || {{ echo 1 > {EXIT}; exit 1; }}; t=0; '
-           "trap 't=1; kill -TERM $c 2>/dev/null' TERM; "
+  # that has ended gives it too; `g` remembers that a SIGTERM came. The
+  # trap is set before Python starts.
+  inner = (f'cd {_HOME_DIR} || {{ echo 1 > {EXIT}; exit 1; }}; t=0; g=0; '
+           "trap 't=1; g=1; kill -TERM $c 2>/dev/null' TERM; "
            f'{cmd} & c=$!; wait $c; s=$?; '
            'while [ $t = 1 ]; do t=0; wait $c; s=$?; done; '
+           f'if [ $g = 1 ] && [ $s != 0 ] && [ $s != 75 ] && '
+           f'[ $s != {EXIT_SIGTERM} ]; then echo "vit_jax_run: exit $s '
+           f'after a SIGTERM: recorded as {EXIT_SIGTERM} (stopped by '
+           f'SIGTERM)"; s={EXIT_SIGTERM}; fi; '
            f'echo $s > {EXIT}')
   return (f'{idle_guard()}; rm -f {EXIT}; nohup bash -c {shlex.quote(inner)} '
           f'> {LOG} 2>&1 < /dev/null & echo $! > {PID}')

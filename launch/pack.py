@@ -1,11 +1,12 @@
 """Packs a checkout for the workers: `python -m vit_jax.launch.pack REPO OUT`.
 
 `launch.tpu setup` copies one archive to every worker instead of the whole
-folder: in a git checkout, what git would commit (tracked files and
-untracked ones that .gitignore does not exclude; `.git`, virtual
-environments and workdirs listed in .gitignore stay behind; submodules and
-nested repositories by the same rule, inside them); in a folder
-that is not a git checkout, every file but `.git` and `__pycache__`.
+folder: in a git checkout (or a folder of a larger repository, a monorepo),
+what git would commit (tracked files and untracked ones that .gitignore
+does not exclude; `.git`, virtual environments and workdirs listed in
+.gitignore stay behind; submodules and nested repositories by the same
+rule, inside them); in a folder that is not in a git work tree, every file
+but `.git` and `__pycache__`.
 Symbolic links are kept as links. A tar.gz archive, written with Python's
 `tarfile` so that it is the same on Linux and macOS.
 """
@@ -22,11 +23,31 @@ SKIPPED_DIRS = ('.git', '__pycache__')  # Outside git: never worth copying.
 
 
 def _is_git_checkout(repo: str) -> bool:
-  return os.path.exists(os.path.join(repo, '.git'))
+  """Whether `repo` is in a git work tree: its own, or a larger
+  repository's (a project in a monorepo's subfolder, whose .gitignore rules
+  and the monorepo's apply: its environments and workdirs stay behind)."""
+  if os.path.exists(os.path.join(repo, '.git')):
+    return True  # git's own errors about it (ls-files) are worth showing.
+  argv = ['git', '-C', repo, 'rev-parse', '--is-inside-work-tree']
+  try:  # LC_ALL=C: git's message below in English, whatever the locale.
+    p = subprocess.run(argv, capture_output=True, text=True,
+                       env=dict(os.environ, LC_ALL='C', LANGUAGE='C'))
+  except FileNotFoundError:
+    return False  # No git here: it cannot read a checkout either.
+  if p.returncode == 0:
+    return p.stdout.strip() == 'true'  # 'false': inside a .git folder.
+  if 'not a git repository' in p.stderr:
+    return False
+  # E.g. "detected dubious ownership": packing the folder as plain files
+  # would ship everything .gitignore keeps out.
+  raise ValueError(f'`{" ".join(argv)}` failed (exit {p.returncode}): '
+                   f'{p.stderr.strip()}')
 
 
 def files(repo: str) -> List[str]:
-  """Paths relative to `repo` that the workers get, sorted."""
+  """Paths relative to `repo` that the workers get, sorted (`git -C repo
+  ls-files` lists them relative to `repo`, also in a subfolder of a larger
+  repository)."""
   if _is_git_checkout(repo):
     argv = ['git', '-C', repo, 'ls-files', '-z', '--cached', '--others',
             '--exclude-standard']
@@ -69,6 +90,9 @@ def pack(repo: str, out: str) -> List[str]:
     raise ValueError(f'{repo}: setup.py is not among the files to copy '
                      '(untracked and ignored?)')
   tmp = out + '.partial'
+  # A dry run's printed folder (a fresh temporary one) is gone by the time
+  # its commands are pasted.
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   with tarfile.open(tmp, 'w:gz') as tar:
     for name in names:
       tar.add(os.path.join(repo, name), arcname=name, recursive=False)

@@ -21,13 +21,14 @@ import atexit
 import os
 import re
 import shlex
+import shutil
 import sys
 import tempfile
 import time
 from typing import Optional, Sequence
 
 from vit_jax.configs import config_file
-from vit_jax.launch import commands, local
+from vit_jax.launch import commands, local, pack
 from vit_jax.launch import topology as topology_lib
 from vit_jax.launch.runner import CommandError, Result, Runner
 from vit_jax.train import lock
@@ -48,6 +49,13 @@ REQUIRED = {
     'delete': _TPU_FLAGS,
 }
 LOCAL_REQUIRED = ('config', 'workdir')
+# What a TPU run has and N local processes do not (none copies results,
+# recreates anything or installs another checkout): refused with
+# --local-processes rather than ignored.
+LOCAL_REFUSED = ('results', 'max_restarts', 'spot', 'preemptible', 'queued',
+                 'repo', 'keep', 'runtime_version')
+# Defaults filled in after `_validate` (None there: the flag was not given).
+DEFAULTS = {'repo': ROOT, 'max_restarts': 5}
 GONE = ('PREEMPTED', 'TERMINATED')  # The node must be deleted and recreated.
 SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
 # A run that died with its TPU keeps the workdir's lock this long: a run
@@ -101,13 +109,13 @@ def _parser() -> argparse.ArgumentParser:
   a('--config', help='config spec for vit_jax.main, e.g. configs/smoke.py:'
     'data=digits (its file must be inside the repo)')
   a('--workdir', help='vit_jax.main --workdir; gs://... on multi-host slices')
-  a('--repo', default=ROOT, help='what setup installs: a local checkout '
-    '(copied; default: this one) or a git URL, optionally URL#REF')
+  a('--repo', help='what setup installs: a local checkout (copied; '
+    'default: this one) or a git URL, optionally URL#REF')
   a('--results', help='local dir to copy the workdir into when the run ends')
   a('--env', action='append', type=_env_pair, default=[], metavar='KEY=VALUE',
     help='environment of the run (repeatable), e.g. TFDS_DATA_DIR=gs://b/tfds')
-  a('--max-restarts', type=int, default=5, help='up: recreations after '
-    'preemption before giving up')
+  a('--max-restarts', type=int, help='up: restarts after preemption '
+    f'before giving up (default {DEFAULTS["max_restarts"]})')
   a('--poll-seconds', type=float, default=60.0, help='how often up checks '
     'the TPU state (and a queued resource\'s)')
   a('--hang-minutes', type=float, default=60.0, help='up: a run whose '
@@ -142,17 +150,31 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   return args
 
 
+def _flag(field: str) -> str:
+  return f'--{field.replace("_", "-")}'
+
+
 def _validate(args: argparse.Namespace) -> None:
   if args.local_processes is not None:
     if args.verb not in ('run', 'up'):
       raise ValueError('--local-processes goes with run or up')
     if args.local_processes < 1:
       raise ValueError('--local-processes must be at least 1')
+    refused = [_flag(f) for f in LOCAL_REFUSED
+               if getattr(args, f) not in (None, False)]
+    if refused:
+      raise ValueError(
+          f'{", ".join(refused)} with --local-processes: the processes run '
+          'this checkout on this machine, once, writing straight to '
+          '--workdir (no TPU to make spot, restart or delete, no results to '
+          'copy back); drop the flag(s), or launch on a TPU')
     required = LOCAL_REQUIRED
   else:
     required = REQUIRED[args.verb]
-  missing = [f'--{f.replace("_", "-")}' for f in required
-             if getattr(args, f) is None]
+  for field, default in DEFAULTS.items():
+    if getattr(args, field) is None:
+      setattr(args, field, default)
+  missing = [_flag(f) for f in required if getattr(args, f) is None]
   if missing:
     raise ValueError(f'{args.verb} needs {", ".join(missing)}')
   if args.spot and args.preemptible:
@@ -304,18 +326,52 @@ def confirm(args, runner: Runner, lines: Sequence[str]) -> bool:
   print('Proceed? [y/N] ', end='', flush=True, file=runner.out)
   try:
     answer = input()
-  except EOFError:
-    answer = ''
+  except EOFError:  # No terminal (a script, CI, nohup): nobody to ask.
+    print(file=runner.out)
+    runner.note('aborted: nothing was run (no answer: standard input ended; '
+                'pass --yes to run without asking)')
+    return False
   if answer.strip().lower() in ('y', 'yes'):
     return True
   runner.note('aborted: nothing was run')
   return False
 
 
+def _shipped(relpath: str, files: set, repo: str) -> bool:
+  """Whether `relpath` (inside `repo`) is among the packed `files`, itself
+  or under a packed link to a folder (kept as a link, so shipped too)."""
+  if relpath in files:
+    return True
+  parts = relpath.split(os.sep)
+  return any(os.path.islink(os.path.join(repo, *parts[:i])) and
+             os.path.join(*parts[:i]) in files for i in range(1, len(parts)))
+
+
+def _check_config_shipped(args) -> None:
+  """The --config file must be in the archive `setup` copies (what git
+  would commit, `launch.pack`): one in an ignored folder (workdirs/ is)
+  passes every check here and is missing on every worker, which then
+  fails only after the TPU was created."""
+  repo = _repo(args.repo)[0]
+  if not repo:
+    return  # A git URL: the workers clone it; this machine cannot tell.
+  full, _ = config_file(args.config)
+  relpath = os.path.relpath(full, repo)
+  if not _shipped(relpath, set(pack.files(repo)), repo):
+    raise ValueError(
+        f'--config={args.config}: {relpath} is not shipped to the workers: '
+        f'the archive of {repo} holds what git would commit, and '
+        '.gitignore excludes this file (or it is otherwise left out, e.g. '
+        'in a nested repository). Move it into the repository\'s tracked '
+        f'tree (e.g. configs/), or add it: git -C {shlex.quote(repo)} add -f '
+        f'{shlex.quote(relpath)}')
+
+
 def _preflight(args, runner: Runner) -> None:
   """Checks what a TPU run needs before anything is created."""
   _repo(args.repo)
   _main_args(args, remote=True)
+  _check_config_shipped(args)
   if args.workdir.startswith('gs://'):
     return
   if args.topology.hosts > 1:
@@ -415,19 +471,31 @@ def _setup(runner: Runner, args) -> None:
       commands.ssh(tpu, commands.install_script(archive=commands.ARCHIVE)))
 
 
+class SetupArchiveGone(RuntimeError):
+  """The archive `up` packed when it started is no longer there."""
+
+
 def _archive(runner: Runner, args, path: str) -> str:
   """One archive of what git would commit in `path` (`launch.pack`), not the
   folder: .git, environments and ignored workdirs stay here. Packed once
   per command: every TPU `up` recreates installs the code the run started
-  with, not what the checkout holds by then (removed when the command
-  ends)."""
+  with, not what the checkout holds by then. Into a folder of this
+  command's own (removed when it ends): another `up` of the same --name
+  neither overwrites nor removes it. An archive that has gone all the same
+  (a temporary-file cleaner) fails: packing again would install what the
+  checkout holds now."""
   archive = getattr(args, 'setup_archive', None)
-  if archive and (runner.dry_run or os.path.exists(archive)):
-    return archive
-  archive = os.path.join(tempfile.gettempdir(),
-                         f'vit_jax_setup_{args.name}.tar.gz')
-  if not runner.dry_run:
-    atexit.register(lambda: os.path.exists(archive) and os.remove(archive))
+  if archive:
+    if runner.dry_run or os.path.exists(archive):
+      return archive
+    raise SetupArchiveGone(
+        f'{archive}, the archive of {path} packed when this command '
+        'started, is gone (removed by hand or by a temporary-file cleaner); '
+        'not packing the checkout again, which may hold other code by now. '
+        'Start `up` again (the run resumes from its checkpoint)')
+  folder = tempfile.mkdtemp(prefix='vit_jax_setup_')
+  atexit.register(shutil.rmtree, folder, ignore_errors=True)
+  archive = os.path.join(folder, f'{args.name}.tar.gz')
   runner.run([sys.executable, '-m', 'vit_jax.launch.pack', path, archive])
   args.setup_archive = archive
   return archive
@@ -533,12 +601,21 @@ def _hung(runner: Runner, args) -> bool:
 
 
 def _ended(runner: Runner, exit_code: int, state: str) -> str:
-  """The outcome of a run that exited with `exit_code`."""
+  """The outcome of a run that exited with `exit_code` on a TPU in
+  `state`. A run ended by a SIGTERM (143: before vit_jax.main could catch
+  it, or its wrapper's trap fired) on a READY TPU was stopped, not
+  broken (a preemption's SIGTERM comes while the node still reads READY):
+  resumed, as one that saved."""
   if exit_code == 0:
     return 'done'
   if exit_code == EXIT_PREEMPTED:
     runner.note('the run saved a checkpoint on a preemption signal '
                 f'(exit {exit_code})')
+    return 'saved'
+  if exit_code == commands.EXIT_SIGTERM and state == 'READY':
+    runner.note(f'the run was stopped by a SIGTERM (exit {exit_code}), '
+                'before it could save: taken as a preemption; it resumes '
+                'from its last checkpoint')
     return 'saved'
   runner.note(f'the run failed (exit {exit_code}; TPU {state})')
   return 'failed'
@@ -771,7 +848,7 @@ def _up_loop(runner: Runner, args, created: list) -> str:
         time.sleep(args.poll_seconds)
       state = _state(runner, args)
       if state == 'READY':
-        runner.note(f'the run stopped with exit 75 on {args.name}, which is '
+        runner.note(f'the run stopped on {args.name}, which is '
                     f'still READY: starting it again there; it resumes from '
                     f'its checkpoint in {args.workdir} (restart {restarts}/'
                     f'{args.max_restarts})')
@@ -838,7 +915,7 @@ def cmd_up(args, runner: Runner) -> int:
                 f'launch.tpu logs {_where(args)}; delete: python -m '
                 f'launch.tpu delete {_where(args)}' + ' --queued' * args.queued)
     return 130
-  except CommandError as e:
+  except (CommandError, SetupArchiveGone) as e:
     print(f'error: {e}', file=sys.stderr)
     outcome = 'failed'
     if not created:

@@ -102,6 +102,9 @@ class FakeRunner(Runner):
     failed = self.fail and self.fail(argv)
     if failed:  # `fail` may name the error (a str), else 'boom'.
       return Result(1, '', failed if isinstance(failed, str) else 'boom')
+    if kind(argv) == 'pack':  # The archive a recreated TPU installs again.
+      with open(argv[-1], 'w') as f:
+        f.write('packed')
     return Result(0)
 
   def _spawn(self, argv, log, cwd):
@@ -181,9 +184,11 @@ def test_dry_run_up(topo, flags, create):
   zone = ['--zone=us-central2-b'] + [f for f in flags if 'project' in f]
   queued = '--queued' in flags
   tpu_vm = ['gcloud', 'compute', 'tpus', 'tpu-vm']
-  archive = os.path.join(tempfile.gettempdir(), 'vit_jax_setup_vit.tar.gz')
+  archive = cmds[1][-1]
   assert cmds[1] == [sys.executable, '-m', 'vit_jax.launch.pack', ROOT,
                      archive]
+  assert re.fullmatch(re.escape(tempfile.gettempdir()) +
+                      r'/vit_jax_setup_\w+/vit\.tar\.gz', archive), archive
   assert cmds[2] == tpu_vm + ['scp', archive, 'vit:vit_jax_setup.tar.gz',
                               *zone, '--worker=all']
   for i, worker in zip((3, 4, 5, 6), ('all', 'all', 'all', '0')):
@@ -289,6 +294,11 @@ def test_logs_status_exec_delete():
     (UP + ['--topology=v4-32', '--bogus'], 'unrecognized arguments: --bogus'),
     (['logs', '--name=t', '--zone=z', '--local-processes=2'],
      '--local-processes goes with run or up'),
+    (['up', '--local-processes=2', f'--config={SMOKE}', '--workdir=/tmp/w',
+      '--results=x'], '--results with --local-processes'),
+    (['run', '--local-processes=2', f'--config={SMOKE}', '--workdir=/tmp/w',
+      '--spot', '--max-restarts=3', f'--repo={ROOT}'],
+     '--max-restarts, --spot, --repo with --local-processes'),
     (['logs', '--name=t', '--zone=z', '--', 'ls'], 'only exec does'),
     (['exec', '--name=t', '--zone=z'], 'exec runs the command after "--"'),
 ])
@@ -314,6 +324,33 @@ def test_bad_runs_fail_before_any_command(extra, message, capsys):
                   runner=runner) == 2
   assert message in capsys.readouterr().err
   assert runner.calls == []
+
+
+def test_a_config_git_ignores_is_refused_before_any_command(tmp_path,
+                                                           capsys):
+  """A config file in an ignored folder (workdirs/ is) passes every local
+  check but is not in the archive `setup` copies: every worker would fail
+  after the TPU was created. Refused first, naming the fix."""
+  repo = tmp_path / 'repo'
+  (repo / 'workdirs' / 'exp').mkdir(parents=True)
+  (repo / 'configs').mkdir()
+  (repo / 'setup.py').write_text('')
+  (repo / '.gitignore').write_text('/workdirs/\n')
+  smoke = open(os.path.join(ROOT, 'configs', 'smoke.py')).read()
+  for path in ('workdirs/exp/cfg.py', 'configs/cfg.py'):
+    (repo / path).write_text(smoke)
+  subprocess.run(['git', '-C', str(repo), 'init', '-q'], check=True)
+  runner = FakeRunner()
+  argv = ['up', '--name=vit', '--zone=z', '--topology=v4-8',
+          '--workdir=gs://b/r', f'--repo={repo}', '--yes']
+  assert tpu.main(argv + [f'--config={repo}/workdirs/exp/cfg.py'],
+                  runner=runner) == 2
+  err = capsys.readouterr().err
+  assert ('workdirs/exp/cfg.py is not shipped to the workers' in err and
+          '.gitignore excludes this file' in err and 'add -f' in err), err
+  assert runner.calls == []
+  args = tpu.parse_args(argv + [f'--config={repo}/configs/cfg.py'])
+  tpu._preflight(args, runner)  # Untracked, not ignored: shipped.
 
 
 def test_single_host_local_workdir_warns():
@@ -365,10 +402,12 @@ def test_yes_proceeds(fake_gcloud):
 
 
 def test_end_of_input_aborts(monkeypatch):
+  """No terminal to answer (a script, CI): aborted, naming --yes."""
   monkeypatch.setattr('sys.stdin', io.StringIO(''))
   runner = FakeRunner()
   assert tpu.main(['delete', '--name=t', '--zone=z'], runner=runner) == 1
   assert runner.calls == []
+  assert 'pass --yes to run without asking' in runner.out.getvalue()
 
 
 # --------------------------------------------------------------------------
@@ -388,6 +427,7 @@ def _up(runner, *extra):
 
 
 LAUNCH = ['create', 'pack', 'scp', 'install', 'run state', 'run']
+RELAUNCH = [k for k in LAUNCH if k != 'pack']  # The archive packed at first.
 
 
 def test_preemption_recreates_and_resumes():
@@ -397,7 +437,7 @@ def test_preemption_recreates_and_resumes():
                       streams=[[None], [None, 0]])
   assert _up(runner, '--results=../out') == 0
   assert [kind(c) for c in runner.calls] == (
-      LAUNCH + ['logs', 'describe', 'delete'] + LAUNCH +
+      LAUNCH + ['logs', 'describe', 'delete'] + RELAUNCH +
       ['logs', 'describe', 'mkdir', 'storage cp', 'delete'])
   creates = [c for c in runner.calls if kind(c) == 'create']
   runs = [c for c in runner.calls if kind(c) == 'run']
@@ -413,20 +453,43 @@ def test_a_recreated_tpu_installs_the_code_the_run_started_with(
   preemption (days later, perhaps) installs the same archive, not what
   the checkout holds by then."""
 
-  class Packing(FakeRunner):
-    def _call(self, argv, capture):
-      if kind(argv) == 'pack':  # It writes the archive, as the real one.
-        with open(argv[-1], 'w') as f:
-          f.write('the code at the start')
-      return super()._call(argv, capture)
-
   monkeypatch.setattr(tpu.tempfile, 'gettempdir', lambda: str(tmp_path))
-  runner = Packing(states=['PREEMPTED', 'READY'], streams=[[None], [None, 0]])
+  # FakeRunner's pack writes the archive, as the real one.
+  runner = FakeRunner(states=['PREEMPTED', 'READY'],
+                      streams=[[None], [None, 0]])
   assert _up(runner) == 0
   kinds = [kind(c) for c in runner.calls]
   assert kinds.count('pack') == 1 and kinds.count('create') == 2
   scps = [c for c in runner.calls if kind(c) == 'scp']
   assert len(scps) == 2 and scps[0] == scps[1]
+
+
+def test_two_ups_of_one_name_keep_their_own_archives(tmp_path):
+  """Each command packs into a folder of its own: a second `up` with the
+  same --name (another zone, another checkout) neither overwrites the
+  first one's archive nor, ending, removes it; an archive gone all the
+  same fails loudly rather than packing the checkout as it is now."""
+  import tarfile
+  repos = []
+  for i in (1, 2):
+    repo = tmp_path / f'r{i}'
+    repo.mkdir()
+    (repo / 'setup.py').write_text('')
+    (repo / 'train.py').write_text(f'code {i}')
+    repos.append(str(repo))
+  runner = Runner(out=io.StringIO())
+  first, second = (argparse.Namespace(name='vit') for _ in repos)
+  a1 = tpu._archive(runner, first, repos[0])
+  a2 = tpu._archive(runner, second, repos[1])
+  assert a1 != a2 and os.path.dirname(a1) != os.path.dirname(a2)
+  shutil.rmtree(os.path.dirname(a2))  # The second one ends: its cleanup.
+  again = tpu._archive(runner, first, repos[0])  # A recreated TPU's setup.
+  assert again == a1
+  with tarfile.open(again) as tar:
+    assert tar.extractfile('train.py').read() == b'code 1'
+  os.remove(a1)
+  with pytest.raises(tpu.SetupArchiveGone, match='is gone .* not packing'):
+    tpu._archive(runner, first, repos[0])
 
 
 def test_restart_waits_for_the_dead_runs_lock(monkeypatch):
@@ -490,6 +553,28 @@ def test_run_that_saved_on_sigterm_is_relaunched():
   assert 'delete' in kinds[first:second] and 'create' in kinds[first:second]
 
 
+def test_a_run_killed_by_sigterm_on_a_ready_tpu_is_resumed():
+  """A SIGTERM that ends the run before it can save (143: while it starts,
+  before vit_jax.main catches it) on a TPU still READY is a preemption, as
+  an exit 75 is: started again there (a restart), not failed and deleted."""
+  runner = FakeRunner(states=['READY'] * 4, streams=[[143], [0]],
+                      runs=['exited 143'])
+  assert _up(runner) == 0
+  kinds = [kind(c) for c in runner.calls]
+  assert kinds.count('run') == 2 and 'create' not in kinds[1:]
+  first, second = (i for i, k in enumerate(kinds) if k == 'run')
+  assert 'delete' not in kinds[first:second]
+  out = runner.out.getvalue()
+  assert 'stopped by a SIGTERM (exit 143)' in out and 'restart 1/5' in out
+  assert 'the run failed' not in out
+  # Counted against --max-restarts like any other.
+  runner = FakeRunner(states=['READY'] * 8, streams=[[143]] * 3,
+                      runs=['exited 143'] * 3)
+  assert _up(runner, '--max-restarts=1') == 1
+  assert [kind(c) for c in runner.calls].count('run') == 2
+  assert 'giving up (--max-restarts=1)' in runner.out.getvalue()
+
+
 def test_run_starts_on_every_worker_or_on_none(capsys):
   """On a slice, a run still going on some workers (they stop at different
   moments) refuses the start everywhere, naming them: started on the idle
@@ -537,7 +622,7 @@ def test_preemption_during_setup_recreates():
       fail=lambda argv: kind(argv) == 'install' and next(fails, False))
   assert _up(runner) == 0
   assert [kind(c) for c in runner.calls] == (
-      LAUNCH[:4] + ['describe', 'delete'] + LAUNCH + ['logs', 'delete'])
+      LAUNCH[:4] + ['describe', 'delete'] + RELAUNCH + ['logs', 'delete'])
 
 
 def test_no_capacity_to_recreate_is_retried_as_a_restart():
@@ -551,7 +636,7 @@ def test_no_capacity_to_recreate_is_retried_as_a_restart():
                              kind(argv) == 'delete' and 'NOT_FOUND'))
   assert _up(runner) == 0
   assert [kind(c) for c in runner.calls] == (
-      LAUNCH + ['logs', 'describe', 'delete', 'create', 'delete'] + LAUNCH +
+      LAUNCH + ['logs', 'describe', 'delete', 'create', 'delete'] + RELAUNCH +
       ['logs', 'delete'])
   out = runner.out.getvalue()
   assert 'recreating vit failed' in out and 'RESOURCE_EXHAUSTED' in out
@@ -984,6 +1069,70 @@ def test_a_run_sigterm_saves_and_its_exit_status_is_kept(tmp_path):
         os.killpg(group, signal.SIGKILL)
 
 
+def test_a_run_sigterm_before_python_can_save_is_kept_as_143(tmp_path):
+  """A SIGTERM that makes the run fail otherwise (exit 1 from an error it
+  caused while starting) is recorded as 143, stopped by SIGTERM, which
+  `up` resumes; its own status is said in the log."""
+  home = tmp_path / 'home'
+  (home / 'vit_jax_env' / 'bin').mkdir(parents=True)
+  (home / 'vit_jax').mkdir()
+  python = home / 'vit_jax_env' / 'bin' / 'python'
+  python.write_text('#!/bin/sh\ntrap \'echo broken; exit 1\' TERM\n'
+                    'echo started\nwhile :; do sleep 0.05; done\n')
+  python.chmod(0o755)
+  env = dict(os.environ, HOME=str(home))
+  subprocess.run(['bash', '-c', commands.run_script(['--workdir=/w'], {})],
+                 env=env, check=True, timeout=60, start_new_session=True)
+  wrapper = int((home / 'vit_jax_run.pid').read_text())
+  log = home / 'vit_jax_run.log'
+  try:
+    while not log.exists() or 'started' not in log.read_text():
+      time.sleep(0.05)
+    os.kill(wrapper, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while not (home / 'vit_jax_run.exit').exists():
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+    time.sleep(0.1)
+    assert (home / 'vit_jax_run.exit').read_text().strip() == '143'
+    assert 'exit 1 after a SIGTERM: recorded as 143' in log.read_text()
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(os.getpgid(wrapper), signal.SIGKILL)
+
+
+def _sigterm_caught(pid: int) -> bool:
+  """Whether process `pid` has a handler for SIGTERM (Linux /proc)."""
+  with open(f'/proc/{pid}/status') as f:
+    caught = next(line for line in f if line.startswith('SigCgt:'))
+  return bool(int(caught.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'),
+                    reason='reads /proc')
+def test_vit_jax_main_stopped_by_sigterm_while_starting_exits_75(tmp_path):
+  """A SIGTERM while vit_jax.main starts (its imports; on a pod also
+  jax.distributed), before it can save anything: exit 75, which launchers
+  resume, not death by the signal (143)."""
+  env = dict(os.environ, VIT_JAX_HUGE_PAGES='0')  # No re-exec meanwhile.
+  p = subprocess.Popen([sys.executable, '-m', 'vit_jax.main',
+                        f'--config={SMOKE}', f'--workdir={tmp_path}'],
+                       cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 60
+    while not _sigterm_caught(p.pid):  # Its handler, first thing.
+      assert p.poll() is None and time.monotonic() < deadline
+      time.sleep(0.005)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=60)
+  finally:
+    p.kill()
+  assert p.returncode == EXIT_PREEMPTED, err
+  assert ('stopped by SIGTERM before training began; nothing to save; '
+          'exit 75 (restart)') in err
+
+
 def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):
   """`setup` copies an archive of the checkout, not the folder: tracked and
   untracked-but-not-ignored files, links as links; `.git`, ignored files
@@ -1050,6 +1199,27 @@ def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):
                          str(bad), str(tmp_path / 'x.tar.gz')],
                         capture_output=True, text=True)
   assert code.returncode == 1 and 'setup.py is not among' in code.stderr
+
+
+def test_a_project_inside_a_larger_repository_is_packed_by_git(tmp_path):
+  """A checkout in a monorepo's subfolder has no .git of its own: git's
+  rules (its .gitignore, the monorepo's) still keep its environment and
+  workdirs out, and the paths are the project's own."""
+  from vit_jax.launch import pack
+  mono = tmp_path / 'mono'
+  proj = mono / 'sub' / 'proj'
+  proj.mkdir(parents=True)
+  subprocess.run(['git', '-C', str(mono), 'init', '-q'], check=True)
+  (mono / 'top.py').write_text('')
+  (proj / 'setup.py').write_text('')
+  (proj / '.gitignore').write_text('workdirs/\n.venv/\n')
+  for ignored in ('workdirs/run/ckpt', '.venv/bin/python'):
+    (proj / ignored).parent.mkdir(parents=True)
+    (proj / ignored).write_text('big')
+  subprocess.run(['git', '-C', str(mono), 'add', 'sub/proj/setup.py'],
+                 check=True)
+  (proj / 'new.py').write_text('')
+  assert pack.files(str(proj)) == ['.gitignore', 'new.py', 'setup.py']
 
 
 def test_a_git_failure_while_packing_says_what_git_said(tmp_path):

@@ -19,8 +19,39 @@ do).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
+# Standard library only (no JAX): cheap before the handler below.
+from vit_jax.train.preemption import EXIT_PREEMPTED
+
+
+def _stop_before_training(signum, frame):  # pylint: disable=unused-argument
+  """SIGTERM while the run starts (imports, TensorFlow, jax.distributed:
+  minutes on a fresh pod), before `preemption` installs its handlers:
+  exits 75, which launchers re-run, instead of dying by the signal (143,
+  which they take as a failure). Nothing is trained yet, so nothing is
+  saved; `os._exit`, as no cleanup may wait on peers (jax.distributed's
+  shutdown barrier) and a lock left behind is taken over on this host."""
+  for stream in (sys.stdout, sys.stderr):
+    try:  # The code interrupted may be writing to it (reentrant flush).
+      stream.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  try:
+    os.write(2, b'vit_jax: stopped by SIGTERM before training began; '
+             b'nothing to save; exit 75 (restart)\n')
+  except OSError:  # A stderr that is gone.
+    pass
+  os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
+
+
+if __name__ == '__main__':
+  # First, before the heavy imports; replaced by `preemption`'s handlers
+  # (and on a pod by JAX's preemption service) once the run is set up.
+  signal.signal(signal.SIGTERM, _stop_before_training)
+
+# pylint: disable=wrong-import-position
 from absl import app, flags
 from ml_collections import config_flags
 
