@@ -550,3 +550,24 @@ def test_a_table2_report_of_another_model_is_no_protocol_and_no_crash():
   report = loop._report(config, 'supervised', ran=(20_000, (512, 512, 3)))
   assert report['table2'] and report['image_size'] == 512
   assert paper.transfer_protocol('imagenet2012', 'ViT-B/16', True) is None
+
+
+@pytest.mark.parametrize('spec', ['configs/cpu_reproduce.py:step=pretrain,epochs=1',
+                                  'configs/cpu_recipes.py:ingredients=ema,epochs=1'])
+def test_an_epoch_row_warm_up_longer_than_the_run_is_refused_up_front(spec):
+  """An epoch row with the data's size stated (469 steps of one
+  Fashion-MNIST epoch) is checked before any set-up, as a step row is:
+  one line naming the field and a warm-up that fits, not a traceback from
+  the optimizer at setup."""
+  module = {'cpu_reproduce': cpu_reproduce, 'cpu_recipes': cpu_recipes}[
+      spec.split('/')[1].split('.')[0]]
+  config = module.get_config(spec.split(':', 1)[1])
+  with pytest.raises(config_check.ConfigError,
+                     match=r'optim\.warmup_steps=500 is not below the 469 '
+                     r'total steps.*warmup_steps=46'):
+    config_check.check(config)
+  config.optim.warmup_steps = 46
+  config_check.check(config)
+  config.total_steps = 1000  # Steps win over epochs: the warm-up fits them.
+  config.optim.warmup_steps = 500
+  config_check.check(config)

@@ -284,7 +284,7 @@ def test_epochs_of_tfrecords_need_their_size(records):
   total_epochs of TFRecords (no count in the files) is a clear error until
   input.num_train_examples says how many there are."""
   from vit_jax.configs import common
-  from vit_jax.train import loop
+  from vit_jax.train import optim
   c = common.base()
   c.input.unlock()
   c.input.update(data='tfrecord', data_dir=records, num_classes=60,
@@ -293,9 +293,9 @@ def test_epochs_of_tfrecords_need_their_size(records):
   info = pipeline.dataset_info(c.input)
   assert info.num_train_examples is None
   with pytest.raises(ValueError, match='num_train_examples=N'):
-    loop.total_steps(c, info.num_train_examples)
+    optim.total_steps(c, info.num_train_examples)
   c.input.num_train_examples = 60
-  assert loop.total_steps(
+  assert optim.total_steps(
       c, pipeline.dataset_info(c.input).num_train_examples) == 15
 
 

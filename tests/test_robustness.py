@@ -519,6 +519,10 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
   # 0 switches clipping off, and lets total_epochs set the length.
   off = config.copy_and_resolve_references()
   off.optim.grad_clip_norm, off.total_steps, off.total_epochs = 0.0, 0, 1.0
+  with pytest.raises(ValueError, match='warmup_steps=60 is not below the 12 '
+                     'total steps'):  # One epoch of the stated train size.
+    config_check.check(off)
+  off.optim.warmup_steps = 2
   config_check.check(off)
   long_warmup = config.copy_and_resolve_references()
   long_warmup.total_steps, long_warmup.optim.warmup_steps = 10, 10

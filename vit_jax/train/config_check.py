@@ -7,7 +7,7 @@ refused earlier, by the locked config (`--config.optim.lrr=...`).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import jax.numpy as jnp
 import ml_collections
@@ -124,12 +124,29 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
       and not config.get('total_epochs')):
     yield ('the config sets neither total_steps nor total_epochs; set one, '
            'e.g. --config.total_steps=1000')
-  steps, warmup = config.get('total_steps'), _get(config, 'optim.warmup_steps')
-  if (config.get('mode', 'train') == 'train' and isinstance(steps, int)
+  steps, warmup = _known_steps(config), _get(config, 'optim.warmup_steps')
+  if (config.get('mode', 'train') == 'train' and steps is not None
       and isinstance(warmup, int)):
-    problem = optim.warmup_problem(warmup, steps)  # Epoch runs: at setup.
+    problem = optim.warmup_problem(warmup, steps)
     if problem:
       yield problem
+
+
+def _known_steps(config: ml_collections.ConfigDict) -> Optional[int]:
+  """The run's length where the config alone says it: `total_steps`, or
+  `total_epochs` of a stated `input.num_train_examples` (else the data's
+  size is known at setup, which checks it there)."""
+  steps = config.get('total_steps')
+  if isinstance(steps, int) and not isinstance(steps, bool) and steps:
+    return steps
+  epochs = config.get('total_epochs')
+  num_train = _get(config, 'input.num_train_examples')
+  batch = _get(config, 'input.batch_size')
+  if (isinstance(epochs, (int, float)) and epochs > 0 and
+      isinstance(num_train, int) and num_train > 0 and
+      isinstance(batch, int) and batch > 0):
+    return optim.total_steps(config, num_train)
+  return None
 
 
 def _option_problems(config: ml_collections.ConfigDict, name: str,

@@ -42,30 +42,6 @@ class NonFiniteLossError(FloatingPointError):
   kept are all finite."""
 
 
-def total_steps(config: ml_collections.ConfigDict, num_train: int) -> int:
-  """The run length: `total_steps`, else (unset or 0) `total_epochs`."""
-  if config.get('total_steps'):
-    if config.get('total_epochs'):
-      # Both set is common (a smoke run shortens an epoch row): said, not
-      # warned.
-      logging.info('total_steps=%d wins over total_epochs=%s: training %d '
-                   'steps (pass --config.total_steps=0 to train by epochs)',
-                   config.total_steps, config.total_epochs,
-                   config.total_steps)
-    return int(config.total_steps)
-  if config.get('total_epochs'):
-    if not num_train:
-      raise ValueError(
-          f'total_epochs={config.total_epochs} needs the size of the train '
-          f'split of {config.input.get("data")!r}, which neither its source '
-          '(TFRecord files carry no count) nor the dataset registry knows: '
-          'set --config.input.num_train_examples=N, or give the run length '
-          'as --config.total_steps')
-    return max(1, math.ceil(config.total_epochs * num_train /
-                            config.input.batch_size))
-  raise ValueError('config sets neither total_steps nor total_epochs')
-
-
 def _check_mpp_value_range(input_config) -> None:
   """MPP's colour targets (colour, downsized; not pixels, a regression)
   quantise pixel values in [-1, 1]: images of another range
@@ -250,7 +226,7 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   else:
     num_classes = config.get('num_classes') or info.num_classes
     pipeline.check_num_classes(config.input, num_classes)
-  steps = total_steps(config, info.num_train_examples)
+  steps = optim.total_steps(config, info.num_train_examples)
   model = selfsup.model_from_config(config, num_classes,
                                      shd.platform(mesh))
   tx, lr_fn = optim.make(config.optim, steps)

@@ -31,17 +31,43 @@ Fields (PAPER.md Tables 3 and 4 map one-to-one onto them):
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
 import optax
+from absl import logging
 from flax import traverse_util
 
 from vit_jax.train import param_groups
 
 NAMES = ('adam', 'sgd')
 DECAYS = ('linear', 'cosine', 'constant')
+
+
+def total_steps(config: Any, num_train: Optional[int]) -> int:
+  """The run length: `total_steps`, else (unset or 0) `total_epochs`."""
+  if config.get('total_steps'):
+    if config.get('total_epochs'):
+      # Both set is common (a smoke run shortens an epoch row): said, not
+      # warned.
+      logging.info('total_steps=%d wins over total_epochs=%s: training %d '
+                   'steps (pass --config.total_steps=0 to train by epochs)',
+                   config.total_steps, config.total_epochs,
+                   config.total_steps)
+    return int(config.total_steps)
+  if config.get('total_epochs'):
+    if not num_train:
+      raise ValueError(
+          f'total_epochs={config.total_epochs} needs the size of the train '
+          f'split of {config.input.get("data")!r}, which neither its source '
+          '(TFRecord files carry no count) nor the dataset registry knows: '
+          'set --config.input.num_train_examples=N, or give the run length '
+          'as --config.total_steps')
+    return max(1, math.ceil(config.total_epochs * num_train /
+                            config.input.batch_size))
+  raise ValueError('config sets neither total_steps nor total_epochs')
 
 
 def warmup_problem(warmup: int, total_steps: int) -> Optional[str]:
