@@ -410,6 +410,33 @@ def test_a_run_whose_model_was_overridden_fills_no_cell():
   assert loop._report(config)['overridden'].endswith('total_steps=4')
 
 
+def test_an_augreg_pre_training_and_its_fine_tunes_fill_no_paper_cell():
+  """AugReg's ViT-L/16 i21k 90-epoch run has the Table 3 run's model, data
+  and epochs but another recipe: neither it nor a fine-tune from it (which
+  takes the init's pre-training fields) is a paper cell."""
+  from vit_jax.configs import augreg, finetune
+  from vit_jax.train import loop
+  pre = augreg.get_config('variant=L/16,data=i21k,epochs=90')
+  pre_report = loop._report(pre)
+  assert pre_report['recipe'].startswith('augreg:')
+  assert tables.Run('a/summary.json', {'report': pre_report}).setting is None
+  ft = finetune.get_config('model=ViT-L/16,data=cifar10,pretrain=i21k,'
+                           'init=/x')
+  report = loop._report(ft, 'supervised', init_report=pre_report,
+                        ran=(10_000, (384, 384, 3)))
+  assert report['recipe'] == pre_report['recipe']
+  assert tables.Run('f/summary.json', {'report': report}).setting is None
+  plain = loop._report(ft, 'supervised', init_report={
+      k: v for k, v in pre_report.items() if k != 'recipe'},
+                       ran=(10_000, (384, 384, 3)))
+  assert tables.Run('p/summary.json', {'report': plain}).setting is not None
+  md = tables.render([tables.Run('/r/a/summary.json', {
+      'report': report, 'eval_accuracy': 0.99})], tables='2,other',
+                     flops='analytic')
+  assert _col(md, 'Other runs', 'why here', '/r/a') == (
+      f"recipe {pre_report['recipe']}, not the paper's")
+
+
 def test_smoke_runs_never_average_with_real_ones():
   cell = dict(model='ViT-L/16', pretrain='i21k', pretrain_epochs=90,
               task='vtab/dtd')

@@ -145,7 +145,11 @@ class Run:
   def setting(self) -> Setting | None:
     # `overridden`: the command line trained another model than the
     # config args the report was made from: no table cell is this run's.
-    if not self.report or self.missing or self.report.get('overridden'):
+    # Nor is one pre-trained (or fine-tuned from one pre-trained) by
+    # another recipe than the paper's (`recipe`: AugReg's augmentation,
+    # weight decay and schedule).
+    if (not self.report or self.missing or self.report.get('overridden')
+        or self.report.get('recipe')):
       return None
     r = self.report
     return _setting(r['model'], r['pretrain'], r['pretrain_epochs'],
@@ -853,6 +857,8 @@ def table_other(ctx: _Ctx) -> list[str]:
       why = f'report lacks {", ".join(run.missing)}'
     elif run.report.get('overridden'):
       why = f'overridden: {run.report["overridden"]}'
+    elif run.report.get('recipe'):
+      why = f'recipe {run.report["recipe"]}, not the paper\'s'
     elif run.path in elsewhere:
       names = elsewhere[run.path]
       why = (f'cell in {", ".join(_TABLE_NAMES[n] for n in names)} (not '

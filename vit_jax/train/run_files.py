@@ -27,9 +27,11 @@ EVAL_SUMMARY = 'eval_summary.json'
 
 # What a transfer run's report says of its pre-training; the init run's own
 # report (when `init` is a workdir of ours) is the authority on it: the
-# trainer writes those into summary.json (`loop._report`).
+# trainer writes those into summary.json (`loop._report`). `recipe`: a
+# pre-training recipe other than the paper's (AugReg's), which no paper
+# cell is (`tables.Run.setting`).
 PRETRAIN_FIELDS = ('model', 'pretrain', 'pretrain_epochs',
-                   'pretrain_optimizer')
+                   'pretrain_optimizer', 'recipe')
 
 def write_text(path: str, text: str) -> None:
   """Writes via a temporary file and a rename (local or gs:// paths)."""
