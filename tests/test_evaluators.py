@@ -866,3 +866,229 @@ def test_a_folder_run_of_the_earlier_file_order_is_not_merged(tmp_path):
   run_files.write_json(workdir, run_files.SUMMARY,
                        {**summary, 'file_order': 'path_hash'})
   assert same() is None
+
+
+_TWICE = '''
+from vit_jax import evaluators
+
+
+@evaluators.register('test_twice')
+class Twice(evaluators.Evaluator):
+  def run(self, params):
+    return {}
+
+
+def get_config(arg=None):
+  import ml_collections
+  return ml_collections.ConfigDict()
+'''
+
+
+def test_an_evaluator_defined_in_a_config_file_survives_its_second_run(
+    tmp_path):
+  """A config file runs twice per run (check_command_line, then
+  config_flags): its evaluator class registers twice, as two class objects
+  of one definition, and the run starts; another class under the name is
+  still refused."""
+  import importlib.util
+  from vit_jax.configs import common
+  from vit_jax.evaluators import base
+  path = tmp_path / 'my_eval.py'
+  path.write_text(_TWICE)
+  try:
+    common.check_command_line(['prog', f'--config={path}'])
+    first = base.TYPES['test_twice']
+    # As config_flags loads it: another module of the same file.
+    spec = importlib.util.spec_from_file_location('my_eval_config', path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+      spec.loader.exec_module(module)
+    finally:
+      del sys.modules[spec.name]
+    assert base.TYPES['test_twice'] is module.Twice is not first
+    other = tmp_path / 'other.py'  # One class name, another file.
+    other.write_text(_TWICE)
+    spec = importlib.util.spec_from_file_location('other_eval', other)
+    with pytest.raises(ValueError, match=r"'test_twice' is already "
+                       r'registered by my_eval_config.Twice .*my_eval.py'):
+      spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+    class Twice(evaluators.Evaluator):  # Another class, this file.
+      def run(self, params):
+        return {}
+    with pytest.raises(ValueError, match='under another type name'):
+      evaluators.register('test_twice')(Twice)
+    assert base.TYPES['test_twice'] is module.Twice
+  finally:
+    base.TYPES.pop('test_twice', None)
+    base._SOURCES.pop('test_twice', None)  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize('name,section,error', [
+    ('x', dict(type='fewshot'), r'evals\.x\.datasets is not set'),
+    ('x', dict(type='fewshot', datasets=('digits',), shots=()),
+     r'evals\.x\.shots=\(\): expected a non-empty'),
+    ('x', dict(type='fewshot', datasets='digits', shots=(1,)),
+     r"evals\.x\.datasets='digits' is one string.*datasets=\('digits',\)"),
+    ('x', dict(type='fewshot', datasets=('digits', 3)),
+     r"evals\.x\.datasets=\('digits', 3\): expected"),
+    ('x', dict(type='fewshot', datasets=('digits',), shots=(0, 1)),
+     r'evals\.x\.shots=\(0, 1\)'),
+    ('x', dict(type='fewshot', datasets=('digits',), shots=(1.5,)),
+     r'evals\.x\.shots=\(1\.5,\)'),
+    ('x', dict(type='fewshot', datasets=('digits',), seeds=0),
+     r'evals\.x\.seeds=0: expected a whole number >= 1'),
+    ('x', dict(type='fewshot', datasets=('digits',), l2_reg=-5),
+     r'evals\.x\.l2_reg=-5: expected a number > 0'),
+    ('x', dict(type='fewshot', datasets=('digits',), l2_reg=0.0),
+     r'evals\.x\.l2_reg=0\.0'),
+    ('x', dict(type='fewshot', datasets=('digits',), pool_per_class=0),
+     r'evals\.x\.pool_per_class=0'),
+    ('x', dict(type='fewshot', datasets=('digits',), shot=(1,)),
+     r"evals\.x\.shot is not a setting of a type='fewshot' evaluator\. "
+     r'Did you mean evals\.x\.shots\?'),
+    ('x', dict(type='classification', splt='test'),
+     r'evals\.x\.splt is not a setting.*Did you mean evals\.x\.split\?'),
+    ('x', dict(datasets=('digits',)), r'config\.evals\.x\.type is not set'),
+    # Plain top-1 written as `real_accuracy`, which the tables read as ReaL.
+    ('real', dict(type='classification', real_onyl=True),
+     r'Did you mean evals\.real\.real_only\?'),
+    ('real', dict(type='classification'),
+     r"evals\.real would write its plain top-1 accuracy as 'real_accuracy'"
+     r'.*evals\.real\.real_only=True'),
+    ('x', dict(type='classification', prefix='real_'),
+     r"evals\.x would write its plain top-1 accuracy as 'real_accuracy'"),
+])
+def test_a_section_the_evaluator_cannot_use_is_refused_by_key(
+    digits_model, name, section, error):
+  """Misspelt keys and unusable values fail when the run starts, naming
+  `evals.<name>.<key>`, not as a crash or a silent default later."""
+  config, model, _, mesh, sh = _digits_run(digits_model, **{name: section})
+  with pytest.raises(ValueError, match=error):
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
+
+
+def test_a_section_named_real_may_measure_top_1_under_its_own_prefix(
+    digits_model):
+  config, model, _, mesh, sh = _digits_run(digits_model, real=dict(
+      type='classification', prefix='top1_'))
+  built = evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  names = built[1].metric_names()
+  assert 'top1_accuracy' in names and 'real_accuracy' not in names
+
+
+def test_two_mpp_evaluations_writing_one_metric_are_refused():
+  """An mpp section names the metrics it writes, so that one with the
+  run's own `eval_` prefix is refused when built (it overwrote the run's
+  numbers); the names are the ones `run` writes."""
+  from configs import mpp as mpp_config
+  from vit_jax import selfsup
+  config = mpp_config.get_config('data=cpu,smoke=true')
+  model = selfsup.model_from_config(config, 10)
+  s = config.input.image_size
+  params = model.init(jax.random.key(0), jnp.zeros((1, s, s, 3)),
+                      train=False)['params']
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  config.evals = dict(other=dict(type='mpp', prefix='eval_', seed=1))
+  with pytest.raises(ValueError, match=r"config\.evals\.other and the run's "
+                     r"masked-patch evaluation \(eval_\*\) would both write "
+                     r"'eval_examples'"):
+    evaluators.build(config, model, mesh, sh, (s, s, 3))
+  config.evals = dict(other=dict(type='mpp', sed=1))
+  with pytest.raises(ValueError, match=r'Did you mean evals\.other\.seed\?'):
+    evaluators.build(config, model, mesh, sh, (s, s, 3))
+  config.evals = dict(other=dict(type='mpp', seed=1))
+  built = evaluators.build(config, model, mesh, sh, (s, s, 3))
+  assert built[1].metric_names() == {
+      'other_mpp_loss', 'other_mpp_accuracy', 'other_mpp_positions',
+      'other_examples'}
+  with jax.set_mesh(mesh):
+    assert set(built[0].run(jax.device_put(params, sh))) == (
+        built[0].metric_names())
+
+
+def test_fewshot_of_non_finite_features_is_nan_not_chance(digits_model,
+                                                          caplog):
+  """A diverged model's NaN features would predict class 0 for every
+  image, a chance-level accuracy that reads like a result: NaN, logged
+  naming the dataset and shot."""
+  y = np.repeat(np.arange(10), 5)
+  x = np.full((50, 8), np.nan, np.float32)
+  assert np.isnan(fewshot.accuracy(x, y, x, y, 10))
+  finite = np.random.default_rng(0).normal(size=(50, 8))
+  assert np.isnan(fewshot.accuracy(finite, y, x, y, 10))
+  assert 0 <= fewshot.accuracy(finite, y, finite, y, 10) <= 1
+  model, params = digits_model
+  nan_params = jax.tree.map(lambda p: jnp.full_like(p, jnp.nan), params)
+  _, run = _fewshot_on(model, nan_params, 16, datasets=('digits',),
+                       shots=(1, 5), seeds=2, pool_per_class=5,
+                       batch_size=60)
+  with caplog.at_level('WARNING'):
+    out = run()
+  assert all(np.isnan(v) for v in out.values()), out
+  assert re.search(r'few-shot digits \(evals\.fewshot\) 5-shot: NaN.*not '
+                   r'finite for 50 of 50 train-pool', caplog.text)
+
+
+def test_fit_predict_scores_the_test_set_in_blocks(rng):
+  """The test set is standardised and scored a block at a time, not copied
+  to float64 whole for each fit (at ImageNet scale 1.4 GB per fit): the
+  memory beyond the inputs stays below the test set's own size, and the
+  predictions are big_vision's."""
+  import tracemalloc
+  k, d = 10, 256
+  centres = rng.normal(size=(k, d)) * 0.3
+  y = np.repeat(np.arange(k), 5)
+  yt = rng.randint(0, k, 40000)
+  x = (centres[y] + rng.normal(size=(len(y), d))).astype(np.float32)
+  xt = (centres[yt] + rng.normal(size=(len(yt), d))).astype(np.float32)
+  x[:, :3] += 1e4  # Massive activations: standardised before scoring.
+  xt[:, :3] += 1e4
+  tracemalloc.start()
+  try:
+    pred = fewshot.fit_predict(x, y, xt, k, 1.0)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert peak < xt.nbytes, (peak, xt.nbytes)
+  want = _big_vision_ridge(x.astype(np.float64), y, xt.astype(np.float64),
+                           k, 1.0)
+  np.testing.assert_array_equal(pred, want)
+  assert np.mean(pred == yt) > 0.5
+
+
+def test_the_pool_keeps_only_the_first_of_each_class_while_reading(rng):
+  """`first_of_each_class`, applied batch by batch, keeps what selecting
+  each class's first `pool` rows of the whole split keeps (labels outside
+  the classes never), so only pool x classes rows are held while reading."""
+  k, pool = 7, 4
+  labels = rng.randint(-1, k + 2, 300)
+  counts = np.zeros(k, np.int64)
+  kept = []
+  for start in range(0, len(labels), 23):
+    batch = labels[start:start + 23]
+    kept.append(start + np.flatnonzero(
+        fewshot.first_of_each_class(batch, counts, pool)))
+  want = np.sort(np.concatenate([np.flatnonzero(labels == c)[:pool]
+                                 for c in range(k)]))
+  np.testing.assert_array_equal(np.concatenate(kept), want)
+  np.testing.assert_array_equal(
+      counts, np.minimum(np.bincount(labels[(labels >= 0) & (labels < k)],
+                                     minlength=k), pool))
+
+
+def test_the_pool_read_is_the_first_of_each_class_of_the_split(digits_model):
+  ev, _ = _fewshot_on(*digits_model, 16, datasets=('digits',), shots=(1,),
+                      seeds=1, pool_per_class=5, batch_size=60)
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  with jax.set_mesh(mesh):
+    p = jax.device_put(params, shd.param_shardings(params, mesh))
+    x, y = ev._features(p, 'digits', 'train', pool=5)  # pylint: disable=protected-access
+    x_all, y_all = ev._features(p, 'digits', 'train')  # pylint: disable=protected-access
+  sel = np.sort(np.concatenate([np.flatnonzero(y_all == c)[:5]
+                                for c in range(10)]))
+  np.testing.assert_array_equal(y, y_all[sel])
+  np.testing.assert_allclose(x, x_all[sel], rtol=1e-6)

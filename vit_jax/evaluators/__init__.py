@@ -56,18 +56,20 @@ def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
 def _check_distinct_metrics(evaluators: List[Evaluator]) -> None:
   """Two evaluators writing one metric would overwrite each other's numbers
   in metrics.jsonl and summary.json, silently: refused, naming both."""
-  written: Dict[str, str] = {}
+  written: Dict[str, Evaluator] = {}
   for evaluator in evaluators:
     for key in sorted(evaluator.metric_names() or ()):
       if key in written:
         first = written[key]
-        where = ('the run\'s top-1 evaluation (eval_*)' if first == 'eval'
-                 else f'config.evals.{first}')
+        what = ('masked-patch' if isinstance(first, MaskedPatchEval)
+                else 'top-1')
+        where = (f'the run\'s {what} evaluation (eval_*)'
+                 if first.name == 'eval' else f'config.evals.{first.name}')
         raise ValueError(
             f'config.evals.{evaluator.name} and {where} would both write '
             f'{key!r}, one over the other: give config.evals.'
             f'{evaluator.name} another prefix (or name), or drop one')
-      written[key] = evaluator.name
+      written[key] = evaluator
 
 
 def run_all(evaluators: List[Evaluator], params: Any) -> Dict[str, float]:

@@ -22,8 +22,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 import difflib
-from typing import (Any, Callable, Dict, FrozenSet, Optional, Tuple, Type,
-                    Union)
+import inspect
+import os
+from typing import (Any, Callable, Dict, FrozenSet, Iterable, Optional,
+                    Tuple, Type, Union)
 
 import jax
 import ml_collections
@@ -129,18 +131,84 @@ def eval_batches(inp: ml_collections.ConfigDict,
 
 
 def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:
-  """Class decorator: `config.evals.<name>.type=type_name` builds the class."""
+  """Class decorator: `config.evals.<name>.type=type_name` builds the class.
+
+  A config file is executed twice per run (`configs.common.
+  check_command_line`, then ml_collections' config_flags), so a class it
+  defines is registered twice, as two class objects: the later replaces the
+  earlier when both are the same definition (`__qualname__` and source
+  file). Another class under a taken name is refused.
+  """
   def add(cls: Type[Evaluator]) -> Type[Evaluator]:
-    if type_name in TYPES and TYPES[type_name] is not cls:
-      raise ValueError(f'evaluator type {type_name!r} is already registered '
-                       f'by {TYPES[type_name].__module__}')
+    source = _source_file(cls)
+    first = TYPES.get(type_name)
+    if first is not None and not _same_definition(type_name, cls, source):
+      raise ValueError(
+          f'evaluator type {type_name!r} is already registered by '
+          f'{first.__module__}.{first.__qualname__} '
+          f'({_SOURCES.get(type_name) or "source unknown"}); register '
+          f'{cls.__module__}.{cls.__qualname__} ({source or "source unknown"})'
+          ' under another type name')
     TYPES[type_name] = cls
+    _SOURCES[type_name] = source
     return cls
   return add
 
 
+# The source file of each registered type's class, noted when it registers:
+# a config file's module leaves sys.modules once it has run, and with it
+# what `inspect.getfile` needs.
+_SOURCES: Dict[str, Optional[str]] = {}
+
+
+def _same_definition(type_name: str, cls: type, source: Optional[str]
+                     ) -> bool:
+  """Whether `cls` (defined in `source`) is the class registered as
+  `type_name`, or the same definition executed again."""
+  first = TYPES[type_name]
+  return first is cls or bool(
+      source and first.__qualname__ == cls.__qualname__
+      and _SOURCES.get(type_name) == source)
+
+
+def _source_file(cls: type) -> Optional[str]:
+  """The file defining `cls` (its module's, else its methods'), or None."""
+  try:
+    return os.path.realpath(inspect.getfile(cls))
+  except (TypeError, OSError):  # Its module is not (or no longer) imported.
+    pass
+  for value in vars(cls).values():
+    code = getattr(value, '__code__', None)
+    if code is not None:
+      return os.path.realpath(code.co_filename)
+  return None
+
+
+# Keys every section may set: what `build` and `Evaluator` read.
+COMMON_KEYS = ('type', 'every')
+
+
+def check_keys(name: str, cfg: ml_collections.ConfigDict,
+               allowed: Iterable[str]) -> None:
+  """A key the evaluator does not read (`splt`, `real_onyl`) would leave
+  the setting meant at its default, silently: refused, with the nearest
+  known key."""
+  known = sorted(set(COMMON_KEYS) | set(allowed))
+  for key in sorted(cfg.keys()):
+    if key not in known:
+      close = difflib.get_close_matches(key, known, n=1)
+      hint = f' Did you mean evals.{name}.{close[0]}?' if close else ''
+      raise ValueError(
+          f'evals.{name}.{key} is not a setting of a type='
+          f'{cfg.get("type")!r} evaluator.{hint} Its settings: '
+          f'{", ".join(known)}')
+
+
 def get(type_name: str, name: str) -> Type[Evaluator]:
   """The class registered as `type_name`; the error lists the known ones."""
+  if type_name is None:
+    raise ValueError(f'config.evals.{name}.type is not set: name the '
+                     f'evaluator, one of {", ".join(sorted(TYPES))}')
   if type_name not in TYPES:
     close = difflib.get_close_matches(str(type_name), TYPES, n=2)
     hint = f' Did you mean {" or ".join(close)}?' if close else ''

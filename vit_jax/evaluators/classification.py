@@ -73,15 +73,21 @@ class Classification(base.Evaluator):
   `real_only` just `{prefix}real_accuracy` and `{prefix}real_examples`,
   where a section named `real` has no prefix (`real_accuracy`, what the
   tables read) unless it sets one: two sections never share a metric.
-  The dataset and split are checked when the evaluator is built, so a bad
-  setting fails before training, not after it.
+  A section whose plain top-1 would be named `real_accuracy` (one named
+  `real` without `real_only`, or with `prefix='real_'`) is refused.
+  The keys, dataset and split are checked when the evaluator is built, so
+  a bad setting fails before training, not after it.
   """
+
+  KEYS = ('data', 'data_dir', 'split', 'pp', 'prefix', 'real_only')
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
+    base.check_keys(name, cfg, self.KEYS)
     self._real_only = bool(cfg.get('real_only', False))
     self.prefix = _prefix(name, cfg)
+    _check_not_posing_as_real(name, self.prefix, self._real_only)
     self._split: Optional[str] = cfg.get('split')
     self._mesh = context.mesh
     inp = base.eval_input(cfg, context)
@@ -152,3 +158,18 @@ def _prefix(name: str, cfg) -> str:
   if cfg.get('prefix') is not None:
     return cfg.prefix
   return '' if name == 'real' and cfg.get('real_only') else f'{name}_'
+
+
+def _check_not_posing_as_real(name: str, prefix: str, real_only: bool
+                              ) -> None:
+  """The result tables read `real_accuracy` as the ImageNet ReaL accuracy;
+  a section without `real_only` and the prefix `real_` (one named `real`
+  whose `real_only` is missing or misspelt, say) would write its plain
+  top-1 accuracy there."""
+  if prefix == 'real_' and not real_only:
+    raise ValueError(
+        f'evals.{name} would write its plain top-1 accuracy as '
+        "'real_accuracy', which the result tables read as the ImageNet ReaL "
+        f'accuracy: set evals.{name}.real_only=True for ReaL (with '
+        f"data='imagenet2012_real'), or evals.{name}.prefix to another "
+        "prefix (or name the section otherwise) for plain top-1")

@@ -19,6 +19,7 @@ stops once every class has its pool); for one seed the 1-, 5-, 10- and
 
 from __future__ import annotations
 
+import numbers
 import re
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -51,28 +52,58 @@ BIAS_FEATURE = 100.0
 # `resize` preset's ops, written out so that `{size}` can be (H, W).
 DEFAULT_PP = preprocess.PRESETS['resize']
 L2_REG = 2.0**10  # big_vision's default.
+SHOTS = (1, 5, 10, 25)  # The paper's shot counts, `shots`' default.
+
+
+# Test rows standardised and scored at a time: a float64 copy of the whole
+# test set for each of a dataset's fits was most of fit_predict's memory at
+# ImageNet scale (50k x 1024: 0.4 GB, twice, plus 50k x 1000 scores).
+TEST_ROWS = 4096
 
 
 def fit_predict(x_train: np.ndarray, y_train: np.ndarray,
                 x_test: np.ndarray, num_classes: int,
                 l2_reg: float = L2_REG) -> np.ndarray:
   """Closed-form ridge regression onto {-1, 1} targets of standardised
-  features plus a constant bias feature (big_vision's); test predictions."""
-  x_train = np.asarray(x_train, np.float64)
-  mean, std = x_train.mean(0), x_train.std(0) + 1e-5
+  features plus a constant bias feature (big_vision's); test predictions.
 
-  def features(x):
-    x = (np.asarray(x, np.float64) - mean) / std
-    return np.concatenate([x, np.full((len(x), 1), BIAS_FEATURE)], axis=1)
-
-  x = features(x_train)
+  The design matrix is built in place, and `x_test` is standardised and
+  scored `TEST_ROWS` rows at a time (the same arithmetic as a whole, so
+  massive activations lose nothing to cancellation), so memory beyond the
+  inputs is one float64 copy of `x_train` and a block of `x_test`.
+  """
+  n, d = len(x_train), np.shape(x_train)[1]
+  a = np.empty((n, d + 1))  # [standardised x_train, BIAS_FEATURE].
+  a[:, :d] = x_train
+  mean, std = a[:, :d].mean(0), a[:, :d].std(0) + 1e-5
+  a[:, :d] -= mean
+  a[:, :d] /= std
+  a[:, d] = BIAS_FEATURE
   targets = 2.0 * np.eye(num_classes)[y_train] - 1.0
-  n, d = x.shape
-  if n <= d:  # Dual form: an n x n system.
-    w = x.T @ np.linalg.solve(x @ x.T + l2_reg * np.eye(n), targets)
+  if n <= d + 1:  # Dual form: an n x n system.
+    w = a.T @ np.linalg.solve(a @ a.T + l2_reg * np.eye(n), targets)
   else:
-    w = np.linalg.solve(x.T @ x + l2_reg * np.eye(d), x.T @ targets)
-  return (features(x_test) @ w).argmax(-1)
+    w = np.linalg.solve(a.T @ a + l2_reg * np.eye(d + 1), a.T @ targets)
+  del a
+  bias = BIAS_FEATURE * w[d]
+  pred = np.empty(len(x_test), np.int64)
+  for start in range(0, len(x_test), TEST_ROWS):
+    block = (np.asarray(x_test[start:start + TEST_ROWS], np.float64) - mean
+             ) / std
+    pred[start:start + TEST_ROWS] = (block @ w[:d] + bias).argmax(-1)
+  return pred
+
+
+def accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
+             y_test: np.ndarray, num_classes: int,
+             l2_reg: float = L2_REG) -> float:
+  """The test accuracy of `fit_predict`; NaN when a feature is not finite
+  (a diverged model): NaN scores would predict class 0 for every image, a
+  chance-level number that reads like a result."""
+  if not (np.isfinite(x_train).all() and np.isfinite(x_test).all()):
+    return float('nan')
+  pred = fit_predict(x_train, y_train, x_test, num_classes, l2_reg)
+  return float(np.mean(pred == y_test))
 
 
 def draw(labels: np.ndarray, num_classes: int, shots: Sequence[int],
@@ -100,8 +131,13 @@ class FewShot(base.Evaluator):
   the run's).
   Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`;
   a section not named `fewshot` writes `fewshot/<name>/<dataset>/...`, so
-  that two sections never overwrite each other's numbers.
+  that two sections never overwrite each other's numbers. Keys it does
+  not read and values it cannot use (no datasets, a 0-shot count, no
+  seeds, `l2_reg` <= 0) are refused when it is built, naming the key.
   """
+
+  KEYS = ('datasets', 'shots', 'seeds', 'l2_reg', 'pool_per_class', 'pp',
+          'batch_size', 'data_dir')
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
@@ -110,17 +146,18 @@ class FewShot(base.Evaluator):
     self._key = metric_prefix(name)
     model, mesh = context.model, context.mesh
     params_sharding = context.params_sharding
-    self.shots = tuple(sorted(int(k) for k in cfg.get('shots',
-                                                      (1, 5, 10, 25))))
-    self.seeds = int(cfg.get('seeds', 3))
-    l2_reg = cfg.get('l2_reg')  # None: big_vision's default.
-    self.l2_reg = L2_REG if l2_reg is None else float(l2_reg)
-    self.pool = int(cfg.get('pool_per_class', 100))
+    base.check_keys(name, cfg, self.KEYS)
+    self.shots = tuple(sorted(_counts(name, 'shots',
+                                      cfg.get('shots', SHOTS))))
+    self.seeds = _count(name, 'seeds', cfg.get('seeds', 3))
+    self.l2_reg = _l2_reg(name, cfg.get('l2_reg'))
+    self.pool = _count(name, 'pool_per_class', cfg.get('pool_per_class', 100))
     if self.pool < self.shots[-1]:
       raise ValueError(f'evals.{name}.pool_per_class={self.pool} is below '
                        f'the largest shot count {self.shots[-1]}')
     self._mesh = mesh
-    self._datasets = [_parse_dataset(d) for d in cfg.datasets]
+    self._datasets = [_parse_dataset(d)
+                      for d in _dataset_names(name, cfg.get('datasets'))]
     names = [data for data, _, _ in self._datasets]
     if len(set(names)) < len(names):  # Their metrics would share names.
       raise ValueError(f'evals.{name}.datasets={tuple(cfg.datasets)} names '
@@ -224,8 +261,9 @@ class FewShot(base.Evaluator):
 
   def _features(self, params, data: str, split: str, pool: int = 0
                 ) -> Tuple[np.ndarray, np.ndarray]:
-    """(features, labels) of `split`, in order; with `pool`, only until
-    every class has `pool` examples (then the first `pool` of each)."""
+    """(features, labels) of `split`, in order; with `pool`, the first
+    `pool` of each class, read until every class has them (only those are
+    kept while reading: memory stays within pool x classes rows)."""
     num_classes = self._classes[data]
     feats: List[np.ndarray] = []
     labels: List[np.ndarray] = []
@@ -236,19 +274,14 @@ class FewShot(base.Evaluator):
           params, shd.global_batch(batch, self._mesh)))
       keep = out['mask'].astype(bool)
       x, y = out['x'][keep], out['label'][keep].astype(np.int64)
+      if pool:
+        first = first_of_each_class(y, counts, pool)
+        x, y = x[first], y[first]
       feats.append(x)
       labels.append(y)
-      if pool:
-        counts += np.bincount(y, minlength=len(counts))[:len(counts)]
-        if counts.min() >= pool:
-          break  # Every process sees the same counts: all stop here.
-    x, y = np.concatenate(feats), np.concatenate(labels)
-    if pool:
-      sel = np.concatenate([np.flatnonzero(y == c)[:pool]
-                            for c in range(len(counts))])
-      sel.sort()
-      x, y = x[sel], y[sel]
-    return x, y
+      if pool and counts.min() >= pool:
+        break  # Every process sees the same counts: all stop here.
+    return np.concatenate(feats), np.concatenate(labels)
 
   def run(self, params: Any) -> Dict[str, float]:
     out: Dict[str, float] = {}
@@ -275,10 +308,11 @@ class FewShot(base.Evaluator):
       accs = {s: [] for s in shot_counts}
       for seed in range(self.seeds):
         for shots, idx in draw(y_train, k, shot_counts, seed).items():
-          pred = fit_predict(x_train[idx], y_train[idx], x_test, k,
-                             self.l2_reg)
-          accs[shots].append(float(np.mean(pred == y_test)))
+          accs[shots].append(accuracy(x_train[idx], y_train[idx], x_test,
+                                      y_test, k, self.l2_reg))
       for shots, values in accs.items():
+        if np.isnan(values).any():
+          _warn_not_finite(self.name, data, shots, x_train, x_test)
         out[f'{self._key}{data}/{shots}shot'] = float(np.mean(values))
         out[f'{self._key}{data}/{shots}shot_std'] = float(np.std(values))
     return out
@@ -296,11 +330,90 @@ class FewShot(base.Evaluator):
     l2_reg = cfg.get('l2_reg')
     return {'datasets': [list(_split_dataset(d))
                          for d in cfg.get('datasets', ())],
-            'shots': sorted(int(k) for k in cfg.get('shots', (1, 5, 10, 25))),
+            'shots': sorted(int(k) for k in cfg.get('shots', SHOTS)),
             'seeds': int(cfg.get('seeds', 3)),
             'l2_reg': L2_REG if l2_reg is None else float(l2_reg),
             'pool_per_class': int(cfg.get('pool_per_class', 100)),
             'pp': cfg.get('pp') or DEFAULT_PP}
+
+
+def first_of_each_class(labels: np.ndarray, counts: np.ndarray,
+                        pool: int) -> np.ndarray:
+  """Which of `labels` (one batch, in read order) are among the first `pool`
+  of their class, `counts` (updated here) being how many of each class
+  earlier batches kept. Labels outside [0, len(counts)) are never kept."""
+  num_classes = len(counts)
+  valid = (labels >= 0) & (labels < num_classes)
+  y = np.where(valid, labels, num_classes)  # An extra class for the rest.
+  order = np.argsort(y, kind='stable')
+  ranked = y[order]
+  rank = np.empty(len(y), np.int64)  # Earlier rows of its class here.
+  rank[order] = np.arange(len(y)) - np.searchsorted(ranked, ranked)
+  keep = valid & (np.append(counts, pool)[y] + rank < pool)
+  counts += np.bincount(y[keep], minlength=num_classes)[:num_classes]
+  return keep
+
+
+def _warn_not_finite(name: str, data: str, shots: int, x_train: np.ndarray,
+                     x_test: np.ndarray) -> None:
+  """Says why a few-shot result is NaN, naming the dataset and shot."""
+  def bad(x):
+    return int((~np.isfinite(x).all(axis=1)).sum())
+  logging.warning(
+      'few-shot %s (evals.%s) %d-shot: NaN, as the representation is not '
+      'finite for %d of %d train-pool and %d of %d test images (has the '
+      'model diverged?)', data, name, shots, bad(x_train), len(x_train),
+      bad(x_test), len(x_test))
+
+
+def _is_count(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _count(name: str, key: str, value: Any) -> int:
+  """`evals.<name>.<key>`, a whole number >= 1."""
+  if not _is_count(value) or value < 1:
+    raise ValueError(f'evals.{name}.{key}={value!r}: expected a whole '
+                     'number >= 1')
+  return int(value)
+
+
+def _counts(name: str, key: str, value: Any) -> List[int]:
+  """`evals.<name>.shots`: a non-empty sequence of whole numbers >= 1 (a
+  0-shot result would be a regression on no images)."""
+  if (isinstance(value, (str, bytes)) or not isinstance(value, Sequence)
+      or not value or not all(_is_count(k) and k >= 1 for k in value)):
+    raise ValueError(f'evals.{name}.{key}={value!r}: expected a non-empty '
+                     'sequence of whole numbers >= 1, e.g. (1, 5, 10, 25)')
+  return [int(k) for k in value]
+
+
+def _l2_reg(name: str, value: Any) -> float:
+  """`evals.<name>.l2_reg`: None (`L2_REG`) or > 0. At 0 the regression of
+  k-shot sets with repeated or collinear rows is singular."""
+  if value is None:
+    return L2_REG
+  if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+      or not 0 < value < float('inf')):
+    raise ValueError(f'evals.{name}.l2_reg={value!r}: expected a number '
+                     f'> 0 (None: {L2_REG:g}, big_vision\'s)')
+  return float(value)
+
+
+def _dataset_names(name: str, value: Any) -> List[str]:
+  """`evals.<name>.datasets`: a non-empty sequence of strings."""
+  example = "e.g. datasets=('mnist5k', 'cifar10:train:test')"
+  if value is None:
+    raise ValueError(f'evals.{name}.datasets is not set: name the few-shot '
+                     f'datasets, {example}')
+  if isinstance(value, (str, bytes)):
+    raise ValueError(f'evals.{name}.datasets={value!r} is one string: give '
+                     f'a sequence of names, datasets=({value!r},)')
+  if (not isinstance(value, Sequence) or not value
+      or not all(isinstance(d, str) and d for d in value)):
+    raise ValueError(f'evals.{name}.datasets={value!r}: expected a '
+                     f'non-empty sequence of dataset names, {example}')
+  return list(value)
 
 
 def metric_prefix(name: str) -> str:

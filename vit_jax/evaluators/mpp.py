@@ -52,16 +52,20 @@ def batch_sums(params: Any, batch: Dict[str, jax.Array], key: jax.Array, *,
 @base.register('mpp')
 class MaskedPatchEval(base.Evaluator):
   """MPP loss / accuracy of an MPP model on a split. Section keys (all
-  optional): `data`, `split`, `pp`, `prefix` (default `<name>_`), `seed`,
-  `every`."""
+  optional): `data`, `data_dir`, `split`, `pp`, `prefix` (default
+  `<name>_`), `seed`, `every`."""
+
+  KEYS = ('data', 'data_dir', 'split', 'pp', 'prefix', 'seed')
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
+    base.check_keys(name, cfg, self.KEYS)
     if not isinstance(context.model, selfsup.MaskedPatchPrediction):
       raise ValueError(f'evals.{name}: type=mpp evaluates a masked patch '
                        'prediction model; set --config.objective=mpp')
-    self.prefix = cfg.get('prefix', f'{name}_')
+    prefix = cfg.get('prefix')
+    self.prefix = f'{name}_' if prefix is None else prefix
     self._split: Optional[str] = cfg.get('split')
     self._seed = int(cfg.get('seed', 0))
     self._mesh = context.mesh
@@ -93,3 +97,11 @@ class MaskedPatchEval(base.Evaluator):
     if self.context.model.target != 'pixels':
       metrics[f'{p}mpp_accuracy'] = sums['correct'] / count
     return metrics
+
+  def metric_names(self):
+    """What `run` writes, so that `build` refuses two sections (or a section
+    and the run's own `eval`) writing one metric."""
+    names = ['mpp_loss', 'mpp_positions', 'examples']
+    if self.context.model.target != 'pixels':
+      names.append('mpp_accuracy')
+    return frozenset(self.prefix + k for k in names)
