@@ -149,3 +149,63 @@ def test_a_kinds_own_field_opens_its_own_source():
   pipeline.dataset_info(config)
   assert [o['test_levels'] for o in OwnFieldSource.opened] == [2, 3]
   assert not set(settings.PIPELINE_FIELDS) & set(OwnFieldSource.opened[0])
+
+
+_REGISTERS = '''
+import tensorflow as tf
+from vit_jax import models
+from vit_jax.data import ops, sources
+
+
+@sources.register('test_twice_kind')
+class TwiceSource(sources.Source):
+  def host_dataset(self, split, process_index, process_count, *,
+                   order_key=None):
+    raise NotImplementedError
+
+
+@ops.register('test_twice_op')
+def twice_op():
+  return lambda features, seed: features
+
+
+class TwiceNet(models.Module):
+  num_classes: int = 0
+
+  def __call__(self, images, *, train=False):
+    return images
+
+
+models.register(models.Family('TwiceNet', TwiceNet, lambda *a: 0.0,
+                              lambda spec: (spec, 1)),
+                {'TwiceNet-test': {}})
+'''
+
+
+def test_a_config_file_registering_extensions_runs_twice(tmp_path):
+  """A config file runs twice per run (check_command_line, then
+  config_flags): the source kind, op and model family it registers arrive
+  as new objects of the same definitions and replace themselves; the same
+  names from another file are refused, and so is a built-in op's name."""
+  import runpy
+  from vit_jax import models
+  path, other = tmp_path / 'mine.py', tmp_path / 'other.py'
+  path.write_text(_REGISTERS)
+  other.write_text(_REGISTERS)
+  try:
+    first = runpy.run_path(str(path))
+    second = runpy.run_path(str(path))
+    assert first['TwiceSource'] is not second['TwiceSource']
+    assert sources.KINDS['test_twice_kind'] is second['TwiceSource']
+    assert ops.names().count('test_twice_op') == 1
+    assert models.create('TwiceNet-test', 0).__class__ is second['TwiceNet']
+    with pytest.raises(ValueError, match=r"source kind 'test_twice_kind' is "
+                       r'already registered by .*TwiceSource .*mine\.py'):
+      runpy.run_path(str(other))
+    with pytest.raises(ValueError, match="op 'resize' is already registered"):
+      ops.register('resize')(second['twice_op'])
+  finally:
+    sources.KINDS.pop('test_twice_kind', None)
+    ops._FACTORIES.pop('test_twice_op', None)  # pylint: disable=protected-access
+    models.registry.VARIANTS.pop('TwiceNet-test', None)
+    models.registry._FAMILY.pop('TwiceNet-test', None)  # pylint: disable=protected-access

@@ -922,7 +922,6 @@ def test_an_evaluator_defined_in_a_config_file_survives_its_second_run(
     assert base.TYPES['test_twice'] is module.Twice
   finally:
     base.TYPES.pop('test_twice', None)
-    base._SOURCES.pop('test_twice', None)  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize('name,section,error', [

@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from vit_jax import registration
 from vit_jax.data.errors import DataError
 
 Features = Dict[str, tf.Tensor]
@@ -49,8 +50,18 @@ _FACTORIES: Dict[str, Tuple[Callable[..., OpFn], bool]] = {}
 def register(name: str, *, random: bool = False, pixels: bool = False):
   """Registers `factory(*args) -> OpFn` as op `name` (`random`: uses seed;
   `pixels`: works on [0, 255] pixel values, so it must come before
-  `value_range`)."""
+  `value_range`). A taken name is refused (a built-in op replaced silently
+  would change every preset using it), but for the same definition run
+  again (a config file runs twice: `vit_jax.registration`)."""
   def deco(factory):
+    if name in _FACTORIES:
+      first, *flags = _FACTORIES[name]
+      if (not registration.same_definition(first, factory)
+          or flags != [random, pixels]):
+        raise ValueError(
+            f'pre-processing op {name!r} is already registered by '
+            f'{registration.describe(first)}; register '
+            f'{registration.describe(factory)} under another name')
     _FACTORIES[name] = (factory, random, pixels)
     return factory
   return deco

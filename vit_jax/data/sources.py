@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple, Type
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from vit_jax import registration
 from vit_jax.data.errors import LabelRangeError
 from vit_jax.data.registry import DatasetSpec
 
@@ -202,9 +203,12 @@ def register(kind: str) -> Callable[[Type[Source]], Type[Source]]:
   `cls(spec, input_config)`), once per configuration.
   """
   def add(cls: Type[Source]) -> Type[Source]:
-    if kind in KINDS and KINDS[kind] is not cls:
+    # The same definition run again (a config file runs twice) replaces
+    # itself: `vit_jax.registration`.
+    if kind in KINDS and not registration.same_definition(KINDS[kind], cls):
       raise ValueError(f'source kind {kind!r} is already registered by '
-                       f'{KINDS[kind].__module__}')
+                       f'{registration.describe(KINDS[kind])}; register '
+                       f'{registration.describe(cls)} under another kind')
     KINDS[kind] = cls
     return cls
   return add

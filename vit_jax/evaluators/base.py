@@ -22,14 +22,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import difflib
-import inspect
-import os
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, Optional,
                     Tuple, Type, Union)
 
 import jax
 import ml_collections
 
+from vit_jax import registration
 from vit_jax.data import pipeline
 
 
@@ -133,55 +132,20 @@ def eval_batches(inp: ml_collections.ConfigDict,
 def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:
   """Class decorator: `config.evals.<name>.type=type_name` builds the class.
 
-  A config file is executed twice per run (`configs.common.
-  check_command_line`, then ml_collections' config_flags), so a class it
-  defines is registered twice, as two class objects: the later replaces the
-  earlier when both are the same definition (`__qualname__` and source
-  file). Another class under a taken name is refused.
+  A class a config file defines registers twice, as two class objects
+  (`vit_jax.registration`): the later replaces the earlier when both are
+  the same definition. Another class under a taken name is refused.
   """
   def add(cls: Type[Evaluator]) -> Type[Evaluator]:
-    source = _source_file(cls)
     first = TYPES.get(type_name)
-    if first is not None and not _same_definition(type_name, cls, source):
+    if first is not None and not registration.same_definition(first, cls):
       raise ValueError(
           f'evaluator type {type_name!r} is already registered by '
-          f'{first.__module__}.{first.__qualname__} '
-          f'({_SOURCES.get(type_name) or "source unknown"}); register '
-          f'{cls.__module__}.{cls.__qualname__} ({source or "source unknown"})'
-          ' under another type name')
+          f'{registration.describe(first)}; register '
+          f'{registration.describe(cls)} under another type name')
     TYPES[type_name] = cls
-    _SOURCES[type_name] = source
     return cls
   return add
-
-
-# The source file of each registered type's class, noted when it registers:
-# a config file's module leaves sys.modules once it has run, and with it
-# what `inspect.getfile` needs.
-_SOURCES: Dict[str, Optional[str]] = {}
-
-
-def _same_definition(type_name: str, cls: type, source: Optional[str]
-                     ) -> bool:
-  """Whether `cls` (defined in `source`) is the class registered as
-  `type_name`, or the same definition executed again."""
-  first = TYPES[type_name]
-  return first is cls or bool(
-      source and first.__qualname__ == cls.__qualname__
-      and _SOURCES.get(type_name) == source)
-
-
-def _source_file(cls: type) -> Optional[str]:
-  """The file defining `cls` (its module's, else its methods'), or None."""
-  try:
-    return os.path.realpath(inspect.getfile(cls))
-  except (TypeError, OSError):  # Its module is not (or no longer) imported.
-    pass
-  for value in vars(cls).values():
-    code = getattr(value, '__code__', None)
-    if code is not None:
-      return os.path.realpath(code.co_filename)
-  return None
 
 
 # Keys every section may set: what `build` and `Evaluator` read.

@@ -23,6 +23,7 @@ import dataclasses
 import difflib
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
+from vit_jax import registration
 from vit_jax.models.partitioning import Module
 
 Spec = Dict[str, Any]
@@ -55,7 +56,7 @@ def register(family: Family, variants: Mapping[str, Mapping[str, Any]]
     raise TypeError(f'family {family.name}: {family.module.__name__} needs a '
                     '`num_classes` attribute (0 or None: no head)')
   for name, kwargs in variants.items():
-    if name in VARIANTS:
+    if name in VARIANTS and not _registered_again(name, family, kwargs):
       raise ValueError(f'model name {name!r} is already registered (family '
                        f'{_FAMILY[name].name}); choose another name')
     unknown = sorted(set(kwargs) - fields)
@@ -66,6 +67,16 @@ def register(family: Family, variants: Mapping[str, Mapping[str, Any]]
   for name, kwargs in variants.items():
     VARIANTS[name] = dict(cls=family.module, **kwargs)
     _FAMILY[name] = family
+
+
+def _registered_again(name: str, family: Family,
+                      kwargs: Mapping[str, Any]) -> bool:
+  """Whether variant `name` of `family` is the registered one, its
+  definition run again (a config file runs twice: `vit_jax.registration`)."""
+  first = _FAMILY[name]
+  spec = {k: v for k, v in VARIANTS[name].items() if k != 'cls'}
+  return (first.name == family.name and spec == dict(kwargs) and
+          registration.same_definition(first.module, family.module))
 
 
 def names() -> List[str]:
