@@ -160,7 +160,7 @@ def base() -> ml_collections.ConfigDict:
   c.optim = ml_collections.ConfigDict(dict(
       name='adam', lr=1e-3, warmup_steps=10_000, decay='linear',
       linear_end=0.0, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1,
-      momentum=0.9, grad_clip_norm=ml_collections.FieldReference(
+      momentum=0.9, nesterov=False, grad_clip_norm=ml_collections.FieldReference(
           None, field_type=float), mu_dtype=ml_collections.FieldReference(
               None, field_type=str),
       # Per-parameter groups (vit_jax/train/param_groups.py): a regex of

@@ -90,8 +90,10 @@ def get_config(arg=None):
   c.checkpoint_every = 1000
   c.eval_every = 0
   if data == 'imagenet2012' and not args.sweep:
+    # every: 0 evaluates at the end; --config.evals.real.every=N also
+    # every N steps.
     c.evals.real = dict(type='classification', data='imagenet2012_real',
-                        real_only=True)
+                        real_only=True, every=0)
   c.report = common.transfer_report(args, data, lr)
   if args.smoke:
     common.apply_smoke(c)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from vit_jax.configs import augreg, common, cpu_recipes, cpu_reproduce
@@ -571,3 +572,26 @@ def test_an_epoch_row_warm_up_longer_than_the_run_is_refused_up_front(spec):
   config.total_steps = 1000  # Steps win over epochs: the warm-up fits them.
   config.optim.warmup_steps = 500
   config_check.check(config)
+
+
+def test_optimizer_and_real_options_are_reachable_from_the_command_line():
+  """Fields the code reads exist in the config, so the command line can set
+  them: SGD's Nesterov momentum, and how often ImageNet's ReaL evaluation
+  runs."""
+  from vit_jax.train import optim
+  config = finetune.get_config('data=imagenet2012,init=/x')
+  assert config.optim.nesterov is False and config.evals.real.every == 0
+  config.optim.nesterov = True
+  config.evals.real.every = 1000
+  config_check.check(config)
+  params = {'w': np.ones((2,), np.float32)}
+  grads = {'w': np.ones((2,), np.float32)}
+  updates = []
+  for nesterov in (False, True):
+    config.optim.nesterov = nesterov
+    tx, _ = optim.make(config.optim, 1000)
+    state = tx.init(params)
+    for _ in range(3):
+      update, state = tx.update(grads, state, params)
+    updates.append(float(update['w'][0]))
+  assert updates[0] != updates[1]
