@@ -578,12 +578,20 @@ def test_a_one_channel_hugging_face_model_at_another_image_size(tmp_path):
   assert pe.shape[1] == 1 + 14 * 14
 
 
-@pytest.mark.parametrize('flag', ['batch', 'rollout_images', 'layer_images',
-                                  'images'])
-def test_counts_below_one_are_refused_before_loading(flag, tmp_path):
-  with pytest.raises(ValueError, match=f'--{flag}=0: pass a whole number'):
+@pytest.mark.parametrize('flag,value,match', [
+    ('batch', 0, 'pass a whole number'),
+    ('rollout_images', 0, 'pass a whole number'),
+    ('layer_images', 0, 'pass a whole number'),
+    ('images', 0, 'pass a whole number'),
+    # 0 was silently the checkpoint's size, -8 a TensorFlow traceback.
+    ('image_size', 0, "pass a positive side in pixels, or leave it out for "
+     "the checkpoint's"),
+    ('image_size', -8, 'pass a positive side in pixels')])
+def test_counts_below_one_are_refused_before_loading(flag, value, match,
+                                                     tmp_path):
+  with pytest.raises(ValueError, match=f'--{flag}={value}: {match}'):
     report.run(str(tmp_path / 'no_such_run'), 'digits', str(tmp_path / 'o'),
-               **{flag: 0})
+               **{flag: value})
   assert not (tmp_path / 'o').exists()
 
 
@@ -606,9 +614,144 @@ def test_an_out_under_a_file_and_a_tilde_data_folder(tmp_path, monkeypatch):
     report.run('x.npz', '~/imgs', str(tmp_path / 'o'), model='ViT-test')
 
 
-def test_cli_bad_counts_exit_1_with_the_reason_and_no_traceback(tmp_path):
-  res = _inspect(f'--init={tmp_path}', '--data=digits', '--batch=0',
+@pytest.mark.parametrize('flag,reason', [
+    ('--batch=0', 'pass a whole number'),
+    ('--image_size=-8', 'pass a positive side in pixels')])
+def test_cli_bad_counts_exit_1_with_the_reason_and_no_traceback(flag, reason,
+                                                                tmp_path):
+  res = _inspect(f'--init={tmp_path}', '--data=digits', flag,
                  f'--out={tmp_path / "o"}')
   assert res.returncode == 1
-  assert 'vit_jax.inspect: --batch=0: pass a whole number' in res.stderr
+  assert f'vit_jax.inspect: {flag}: {reason}' in res.stderr
   assert 'Traceback' not in res.stderr
+
+
+def _photos(folder, n=3, size=20):
+  """`n` random-noise PNG files in `folder` (created)."""
+  from PIL import Image
+  folder.mkdir(parents=True, exist_ok=True)
+  rng = np.random.RandomState(0)
+  for i in range(n):
+    Image.fromarray(rng.randint(0, 255, (size, size, 3), np.uint8)).save(
+        folder / f'im{i}.png')
+  return folder
+
+
+def test_position_similarity_is_of_the_checkpoints_own_embeddings(tmp_path):
+  """At twice the checkpoint's size the position embeddings are
+  interpolated: i.i.d. random ones then score their neighbours about 0.76,
+  measuring the interpolation. The figure and numbers are of the
+  checkpoint's own 7x7 embeddings (near 0 here), and --random_init's
+  baseline is initialised at the checkpoint's size the same way."""
+  model, params, _ = _model_and_params('ViT-test', 28)
+  posembed = params['Transformer']['posembed_input']
+  posembed['pos_embedding'] = np.random.RandomState(1).normal(
+      size=posembed['pos_embedding'].shape).astype(np.float32)
+  path = str(tmp_path / 'iid.npz')
+  checkpoint.save_npz(params, path)
+  photos = _photos(tmp_path / 'photos', 2)
+  for random_init in (False, True):
+    info = report.run(path, str(photos), str(tmp_path / f'o{random_init}'),
+                      model='ViT-test', image_size=56, images=2,
+                      rollout_images=1, layer_images=1,
+                      random_init=random_init)
+    assert info['grid'] == [14, 14] and info['checkpoint_grid'] == [7, 7]
+    assert info['position_embeddings_interpolated']
+    assert info['checkpoint_image_size'] == 28
+    sim = info['position_similarity']
+    assert sim['grid'] == [7, 7], random_init
+    assert abs(sim['neighbours']) < 0.1, (random_init, sim)
+  # The library without the checkpoint's own size: skipped, with the reason.
+  from vit_jax import trained as trained_lib
+  t = trained_lib.load(path, model='ViT-test', image_size=56)
+  out = report.inspect_model(t, _images(1, 56), ['a'], str(tmp_path / 'lib'))
+  assert 'interpolated from the checkpoint\'s 7x7 grid to 14x14' in out[
+      'skipped']['position_similarity.png']
+  assert 'position_similarity' not in out
+
+
+def test_figures_in_an_out_inside_the_data_folder_are_not_read_back(
+    tmp_path, monkeypatch):
+  """--data=photos --out=photos/inspect (or --out=photos): the second run
+  reads the same 3 photos, not the first run's figures."""
+  t = _trained()
+  monkeypatch.setattr('vit_jax.trained.load', lambda *a, **k: t)
+  for sub in ('inspect', '.'):
+    photos = _photos(tmp_path / f'photos{len(sub)}')
+    for _ in range(2):
+      info = report.run('x.npz', str(photos), str(photos / sub),
+                        model='ViT-test', images=20, rollout_images=1,
+                        layer_images=1)
+      assert info['image_names'] == ['im0.png', 'im1.png', 'im2.png'], sub
+  assert report.is_output(str(photos), str(photos / 'rollout.png'))
+  assert not report.is_output(str(photos), str(photos / 'im0.png'))
+  assert not report.is_output(str(photos / 'inspect'),
+                              str(photos / 'rollout.png'))
+
+
+@pytest.mark.parametrize('flag', ['split', 'data_dir'])
+def test_dataset_flags_with_an_image_folder_are_refused_before_loading(
+    flag, tmp_path):
+  photos = _photos(tmp_path / 'photos', 1)
+  with pytest.raises(ValueError, match=f'--{flag}=x apply to dataset names '
+                     'only; --data=.* is an image folder'):
+    report.run(str(tmp_path / 'no_such_run'), str(photos),
+               str(tmp_path / 'o'), **{flag: 'x'})
+  assert not (tmp_path / 'o').exists()
+
+
+def test_upsampled_maps_give_each_patch_its_own_pixels():
+  """30 px of 4-pixel patches: 7 patches of exactly 4 pixels, the last 2
+  pixels (never seen by the model) NaN; not 5-pixel patches with the
+  last one cut off."""
+  from vit_jax.inspect import figures
+  m = np.tile(np.arange(7.), (7, 1))
+  up = figures._upsample(m, 30, 4)
+  np.testing.assert_array_equal(up[0, :28], np.repeat(np.arange(7.), 4))
+  assert np.isnan(up[:, 28:]).all() and np.isnan(up[28:]).all()
+  assert not np.isnan(up[:28, :28]).any()
+  np.testing.assert_array_equal(figures._upsample(m, 28, 4)[::4, ::4], m)
+
+
+def test_a_plain_vit_run_at_a_size_not_a_multiple_of_its_patch(
+    smoke_workdir, tmp_path):
+  """A run fine-tuned at 18 px with 4-pixel patches (as ViT-H/14 at 384 px:
+  27x27 patches, the last 6 pixels unseen) is inspected at its own size by
+  default: a 4x4 grid, nothing interpolated, the last 2 pixels left out."""
+  import trained_workdir
+  workdir = trained_workdir.copy(smoke_workdir, tmp_path)
+  cfg_path = os.path.join(workdir, 'config.json')
+  with open(cfg_path) as f:
+    recorded = json.load(f)
+  recorded['config']['input']['image_size'] = 18
+  with open(cfg_path, 'w') as f:
+    json.dump(recorded, f)
+  out = tmp_path / 'o'
+  info = report.run(workdir, 'digits', str(out), images=3,
+                    rollout_images=1, layer_images=1)
+  assert (info['image_size'], info['grid'], info['pixels_per_token']) == (
+      18, [4, 4], 4)
+  assert info['checkpoint_image_size'] == 18
+  assert info['checkpoint_grid'] == [4, 4]
+  assert not info['position_embeddings_interpolated']
+  assert info['pixels_not_seen'] == 2
+  assert (out / 'rollout.png').stat().st_size > 1000
+
+
+def test_a_hybrid_at_a_size_not_a_multiple_of_its_patch_is_refused():
+  """A hybrid's ResNet stem pads rather than leaving pixels out: its
+  images must tile exactly (shapes only: nothing is compiled)."""
+  from vit_jax import trained as trained_lib
+  name = 'R50+ViT-B/16'
+  options = dict(resnet_layers=(1, 1, 1), resnet_width=0.5, hidden_size=32,
+                 mlp_dim=64, num_heads=2, num_layers=2)
+  model = models.create(name, num_classes=5, **options)
+  zeros = jax.tree.map(lambda a: np.zeros(a.shape, np.float32), jax.eval_shape(
+      lambda: model.init(jax.random.key(0), jnp.zeros((1, 64, 64, 3)))))
+  t = trained_lib._build(name, options, 5, 64, 'resize', zeros['params'],
+                         'x.npz', 'npz')
+  with pytest.raises(ValueError, match=r"--image_size=72 does not cut into "
+                     r"the model's 16x16-pixel patches \(a hybrid needs "
+                     r'whole ones\): use a multiple of 16, e.g. 64'):
+    report.check_inputs(t, np.zeros((1, 72, 72, 3), np.float32))
+  report.check_inputs(t, np.zeros((1, 64, 64, 3), np.float32))

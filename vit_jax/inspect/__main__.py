@@ -31,12 +31,17 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--data_dir', help='where a dataset named by --data is (as '
                  'input.data_dir; default: TFDS_DATA_DIR, else '
                  '~/tensorflow_datasets); fashion_mnist is prepared there '
-                 'if missing, other datasets must be prepared first')
-  p.add_argument('--split', help='dataset split (default: its eval split)')
+                 'if missing, other datasets must be prepared first; '
+                 'refused for an image folder')
+  p.add_argument('--split', help='dataset split (default: its eval split); '
+                 'dataset names only, refused for an image folder')
   p.add_argument('--images', type=int, default=128, help='images averaged '
                  'for the attention distances (the paper: 128)')
-  p.add_argument('--image_size', type=int, help="input side; default: the "
-                 "checkpoint's (others interpolate the position embeddings)")
+  p.add_argument('--image_size', type=int, help="input side in pixels; "
+                 "default: the checkpoint's (others interpolate the position "
+                 'embeddings; position_similarity.png still shows the '
+                 "checkpoint's own). A plain ViT takes sizes that are not a "
+                 'multiple of its patch, leaving out the last pixels')
   p.add_argument('--out', required=True, help="output folder; this run's "
                  'files replace those of an earlier run there (other files '
                  'are kept)')

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import matplotlib
+import matplotlib.patches  # noqa: F401  (matplotlib.patches.Rectangle)
 
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is set)
@@ -24,12 +25,25 @@ def _save(fig, path: str) -> str:
 
 
 def _show_image(ax, image):
-  """An NHWC image in [-1, 1] (1 or 3 channels)."""
-  x = np.clip((np.asarray(image, np.float32) + 1) / 2, 0, 1)
+  """An HWC image in [-1, 1] (1 or 3 channels); NaN pixels (those the
+  model never sees) are drawn hatched over the background."""
+  x = np.asarray(image, np.float32)
+  unseen = np.isnan(x).any(-1)
+  x = np.clip((np.nan_to_num(x, nan=-1) + 1) / 2, 0, 1)
   if x.shape[-1] == 1:
-    ax.imshow(x[..., 0], cmap='gray', vmin=0, vmax=1)
-  else:
-    ax.imshow(x)
+    x = np.repeat(x, 3, axis=-1)
+  ax.imshow(np.concatenate([x, (~unseen)[..., None].astype(np.float32)],
+                           axis=-1))
+  if unseen.any():  # The bottom rows and right columns past the patches.
+    h, w = unseen.shape
+    seen_h = int(np.flatnonzero(~unseen.all(1)).max(initial=-1)) + 1
+    seen_w = int(np.flatnonzero(~unseen.all(0)).max(initial=-1)) + 1
+    for xy, width, height in (((seen_w - .5, -.5), w - seen_w, h),
+                              ((-.5, seen_h - .5), seen_w, h - seen_h)):
+      if width and height:
+        ax.add_patch(matplotlib.patches.Rectangle(
+            xy, width, height, fill=False, hatch='////', edgecolor='0.5',
+            linewidth=0))
   ax.set_xticks([])
   ax.set_yticks([])
 
@@ -107,16 +121,29 @@ def attention_distance(distance: np.ndarray, path: str, title: str,
   return _save(fig, path)
 
 
-def _upsample(m: np.ndarray, size: int) -> np.ndarray:
-  reps = -(-size // m.shape[0])
-  return np.kron(m, np.ones((reps, reps)))[:size, :size]
+def _upsample(m: np.ndarray, size: int, stride: int) -> np.ndarray:
+  """A (grid_h, grid_w) map on `size` x `size` pixels: each patch covers
+  exactly its `stride` x `stride` pixels, as the model cut them; the last
+  size - grid * stride rows and columns, which no patch covers (a plain
+  ViT at a size that is not a multiple of its patch), are NaN."""
+  gh, gw = m.shape
+  if gh * stride > size or gw * stride > size:
+    raise ValueError(f'a {gh}x{gw} grid of {stride}-pixel patches does not '
+                     f'fit in {size} pixels')
+  out = np.full((size, size), np.nan)
+  out[:gh * stride, :gw * stride] = np.kron(m, np.ones((stride, stride)))
+  return out
 
 
 def rollout(images: np.ndarray, maps: np.ndarray, path: str,
-            title: str) -> str:
+            title: str, pixels_per_token: Optional[int] = None) -> str:
   """Fig 6: each input image, its rollout map (patch grid) and the image
-  weighted by the map (normalised to max 1)."""
+  weighted by the map (normalised to max 1). `pixels_per_token`: the
+  model's patch side in pixels (default: the image side over the grid's,
+  right when the patches tile the image); pixels past the last patch are
+  hatched in the weighted image: the model never saw them."""
   n = len(images)
+  stride = pixels_per_token or images.shape[1] // maps.shape[1]
   fig, axes = plt.subplots(n, 3, figsize=(6.3, 2.1 * n + 0.9), squeeze=False,
                            layout='constrained')
   for i in range(n):
@@ -126,14 +153,19 @@ def rollout(images: np.ndarray, maps: np.ndarray, path: str,
                            interpolation='nearest')
     axes[i, 1].set_xticks([])
     axes[i, 1].set_yticks([])
-    up = _upsample(m, images.shape[1])[..., None]
+    up = _upsample(m, images.shape[1], stride)[..., None]
     _show_image(axes[i, 2], (np.asarray(images[i]) + 1) * up - 1)
     if i == 0:
       axes[i, 0].set_title('Input', fontsize=9)
       axes[i, 1].set_title('Attention rollout', fontsize=9)
       axes[i, 2].set_title('Input x rollout', fontsize=9)
+  label = 'Attention rollout (each map scaled to max = 1)'
+  unseen = images.shape[1] - maps.shape[1] * stride
+  if unseen:
+    label += (f'\nhatched: the last {unseen} pixel rows and columns, past '
+              'the last whole patch, which the model does not see')
   fig.colorbar(im, ax=axes[-1, :].tolist(), location='bottom', shrink=0.6,
-               label='Attention rollout (each map scaled to max = 1)')
+               label=label)
   fig.suptitle(title, fontsize=10)
   return _save(fig, path)
 

@@ -5,23 +5,27 @@ eval split (or `split`), or of the image files under a folder (searched
 recursively, sorted by path; `predict.list_images`). Either way they go
 through the checkpoint's eval pre-processing (`trained.pp` at
 `trained.image_size`, as `vit_jax.predict` does) and come back as float32
-NHWC arrays. A folder's unreadable files are reported by name and skipped.
+NHWC arrays. A folder's unreadable files are reported by name and skipped,
+and so are the command's own outputs (`skip`): `--out` may lie inside
+`--data`.
 """
 
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import ml_collections
 import numpy as np
 from absl import logging
 
 
-def _from_folder(folder: str, n: int, trained) -> Tuple[np.ndarray,
-                                                         List[str]]:
+def _from_folder(folder: str, n: int, trained,
+                 skip: Optional[Callable[[str], bool]] = None
+                 ) -> Tuple[np.ndarray, List[str]]:
   from vit_jax import predict
-  files = predict.list_images([folder])
+  files = [f for f in predict.list_images([folder])
+           if not (skip and skip(f))]
   if not files:
     raise FileNotFoundError(
         f'no images ({", ".join(predict.EXTENSIONS)}) under {folder}: pass '
@@ -70,13 +74,33 @@ def _from_dataset(name: str, n: int, trained, split: Optional[str],
   return x, [f'{name} ({where}) #{i}' for i in range(len(x))]
 
 
+def check_source(data: str, split: Optional[str] = None,
+                 data_dir: Optional[str] = None) -> None:
+  """--split and --data_dir say where a named dataset's images are: for an
+  image folder they would be ignored without a word, so they are refused
+  (before the checkpoint is loaded)."""
+  if not os.path.isdir(data):
+    return
+  given = [f'--{flag}={value}' for flag, value in (
+      ('split', split), ('data_dir', data_dir)) if value]
+  if given:
+    raise ValueError(f'{" and ".join(given)} apply to dataset names only; '
+                     f'--data={data} is an image folder, whose files are '
+                     'all read: leave them out')
+
+
 def load(data: str, n: int, trained, split: Optional[str] = None,
-         data_dir: Optional[str] = None) -> Tuple[np.ndarray, List[str]]:
-  """(images (n, H, W, C) as the model takes them, a name per image)."""
+         data_dir: Optional[str] = None,
+         skip: Optional[Callable[[str], bool]] = None
+         ) -> Tuple[np.ndarray, List[str]]:
+  """(images (n, H, W, C) as the model takes them, a name per image).
+  `skip(path)`: True for a folder's files that are not inputs (the
+  command's own figures, when --out is inside --data)."""
   if n < 1:
     raise ValueError(f'--images={n}: inspect at least one image')
+  check_source(data, split, data_dir)
   if os.path.isdir(data):
-    return _from_folder(data, n, trained)
+    return _from_folder(data, n, trained, skip)
   if os.path.isfile(data):
     raise ValueError(f'--data={data} is a file: pass a folder of images or '
                      'a dataset name')

@@ -10,6 +10,7 @@ at 384 px never holds a (layers, batch, heads, T, T) tensor on the host.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -58,8 +59,14 @@ def _title(trained, what: str) -> str:
 
 def inspect_model(trained, images: np.ndarray, names: Sequence[str],
                   out: str, *, batch: int = 32, rollout_images: int = 8,
-                  layer_images: int = 4) -> Dict[str, Any]:
+                  layer_images: int = 4, native=None) -> Dict[str, Any]:
   """Writes the figures and inspect.json into `out`; returns the JSON.
+
+  `native`: the checkpoint at its own resolution, when `trained` is it at
+  another (`trained.resized`): the position similarity is computed from
+  its embeddings, as trained, not from their interpolation to `trained`'s
+  grid (which makes neighbours similar whatever was learned). Without it,
+  a `trained` whose embeddings were interpolated skips that figure.
 
   The files are written into a temporary folder inside `out` and moved
   into place at the end, after this run's known names (`FILES`) are
@@ -75,7 +82,7 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
   try:
     result = _inspect_into(staging, trained, images, names, batch=batch,
                            rollout_images=rollout_images,
-                           layer_images=layer_images)
+                           layer_images=layer_images, native=native)
     for name in FILES:
       path = os.path.join(out, name)
       if os.path.isfile(path) or os.path.islink(path):
@@ -88,20 +95,47 @@ def inspect_model(trained, images: np.ndarray, names: Sequence[str],
   return result
 
 
+def _checkpoint_grid(trained):
+  """The (rows, cols) patch grid of the checkpoint's own position
+  embeddings, before any resize (from `native_image_size`, the smallest
+  side that makes it); None when unknown."""
+  if trained.native_image_size is None:
+    return None
+  side = trained.native_image_size // trained.stride
+  return (side, side)
+
+
+def _at_own_size(trained, native):
+  """The checkpoint at its own resolution: `native`, or `trained` itself
+  when its position embeddings are the checkpoint's (same grid: nothing
+  was interpolated); None when they were interpolated and `native` is
+  unknown."""
+  if native is not None:
+    return native
+  own = analysis.grid_of(trained.params)[0]
+  return trained if _checkpoint_grid(trained) in (None, own) else None
+
+
 def _inspect_into(out: str, trained, images: np.ndarray,
                   names: Sequence[str], *, batch: int, rollout_images: int,
-                  layer_images: int) -> Dict[str, Any]:
+                  layer_images: int, native=None) -> Dict[str, Any]:
   model, params = trained.model('float32'), trained.params
   size = images.shape[1]
   ppt = trained.stride
   grid = (size // ppt, size // ppt)
+  native = _at_own_size(trained, native)
+  native_grid = (analysis.grid_of(native.params)[0] if native is not None
+                 else _checkpoint_grid(trained))
   result: Dict[str, Any] = dict(
       model=trained.name, architecture=trained.architecture,
       checkpoint=trained.source, checkpoint_kind=trained.kind,
-      image_size=size, checkpoint_image_size=trained.native_image_size,
-      position_embeddings_interpolated=(trained.native_image_size not in
-                                        (None, size)),
-      grid=list(grid), pixels_per_token=ppt, images=len(images),
+      image_size=size,
+      checkpoint_image_size=(native.image_size if native is not None
+                             else trained.native_image_size),
+      checkpoint_grid=list(native_grid),
+      position_embeddings_interpolated=native_grid != grid,
+      grid=list(grid), pixels_per_token=ppt,
+      pixels_not_seen=size - grid[0] * ppt, images=len(images),
       image_names=list(names), skipped={}, files=[])
   written = result['files']
   classifier = getattr(model, 'classifier', 'token')
@@ -126,13 +160,14 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   except ValueError as e:
     _skip(result, 'filters.png', str(e))
 
-  # Fig 7 (centre) / Fig 10: position-embedding similarity.
-  sim = analysis.position_similarity(params, grid)
-  figures.position_similarity(
-      sim, os.path.join(out, 'position_similarity.png'),
-      _title(trained, 'Position embedding similarity (cosine)'))
-  written.append('position_similarity.png')
-  result['position_similarity'] = similarity_summary(sim)
+  # Fig 7 (centre) / Fig 10: position-embedding similarity, of the
+  # embeddings as the checkpoint learned them (not their interpolation).
+  try:
+    result['position_similarity'] = _position_similarity(
+        out, trained, native, native_grid, grid)
+    written.append('position_similarity.png')
+  except ValueError as e:
+    _skip(result, 'position_similarity.png', str(e))
 
   # Attention, batch by batch, reduced on the device: distances over all
   # images, rollout maps kept for the images drawn.
@@ -166,7 +201,8 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   n = min(rollout_images, len(images))
   figures.rollout(images[:n], maps[-1, :n],
                   os.path.join(out, 'rollout.png'),
-                  _title(trained, f'Attention rollout: {how}'))
+                  _title(trained, f'Attention rollout: {how}'),
+                  pixels_per_token=ppt)
   k = min(layer_images, len(images))
   figures.rollout_layers(
       images[:k], maps[:, :k], os.path.join(out, 'rollout_layers.png'),
@@ -184,6 +220,32 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   return result
 
 
+def _position_similarity(out: str, trained, native, native_grid,
+                         grid) -> Dict[str, Any]:
+  """Draws position_similarity.png from the checkpoint's own embeddings
+  (`native`) and returns its summary, with the grid it is of. At another
+  image size the interpolated embeddings would score their neighbours
+  high whatever the checkpoint learned (i.i.d. random ones: 0.76 at twice
+  the size), and a fresh initialisation at that size would not: the
+  trained-vs-random comparison would be biased."""
+  if native is None:
+    raise ValueError(
+        f'the position embeddings were interpolated from the checkpoint\'s '
+        f'{native_grid[0]}x{native_grid[1]} grid to {grid[0]}x{grid[1]}: '
+        'their similarity would show the interpolation; pass native= (the '
+        'checkpoint at its own size) to draw it')
+  gh, gw = native_grid
+  sim = analysis.position_similarity(native.params, native_grid)
+  what = f'the checkpoint\'s {gh}x{gw} grid'
+  if native_grid != grid:
+    what += (f', as trained\n(inspected at {grid[0]}x{grid[1]}, the '
+             'embeddings interpolated)')
+  figures.position_similarity(
+      sim, os.path.join(out, 'position_similarity.png'),
+      _title(trained, f'Position embedding similarity (cosine): {what}'))
+  return dict(grid=[gh, gw], **similarity_summary(sim))
+
+
 def _skip(result: Dict[str, Any], name: str, reason: str) -> None:
   reason = reason.splitlines()[0]
   logging.warning('skipping %s: %s', name, reason)
@@ -199,7 +261,9 @@ def run(init: str, data: str, out: str, *, model: str = None,
   has attention, read the images, check them against the model, then
   `inspect_model`. With `random_init`, the checkpoint only names the
   model: a fresh initialisation (`seed`) of it is inspected, the baseline
-  trained figures are compared with. `raw`:
+  trained figures are compared with; at another `image_size` it is made
+  at the checkpoint's size and resized as the checkpoint is, so that both
+  are measured alike. `raw`:
   a run's raw parameters instead of its Polyak averages. `data_dir`: where
   a dataset named by `data` is (as `input.data_dir`)."""
   from vit_jax import outputs, trained as trained_lib
@@ -210,21 +274,28 @@ def run(init: str, data: str, out: str, *, model: str = None,
                       ('rollout_images', rollout_images),
                       ('layer_images', layer_images)):
     _check_count(flag, value)
+  _check_image_size(image_size)
   out = _output_folder(outputs.directory(out, '--out', remote=False))
   data = os.path.expanduser(data)  # --data=~/photos reaches us unexpanded.
   data_dir = os.path.expanduser(data_dir) if data_dir else data_dir
-  trained = trained_lib.load(init, model=model, image_size=image_size,
-                             require_head=False, ema=False if raw else None)
+  images_lib.check_source(data, split, data_dir)
+  # The checkpoint at its own size first: its position embeddings as
+  # trained are what position_similarity.png shows (Fig 7 centre).
+  native = trained_lib.load(init, model=model, require_head=False,
+                            ema=False if raw else None)
   if random_init:
-    trained = trained_lib.reinitialised(trained, seed)
+    native = trained_lib.reinitialised(native, seed)
   # Before the images: a dataset may need downloading or preparing first,
   # work (or an error about it) wasted on a model with nothing to inspect.
-  check_model(trained)
-  x, names = images_lib.load(data, images, trained, split, data_dir)
+  check_model(native)
+  trained = (trained_lib.resized(native, image_size)
+             if image_size and image_size != native.image_size else native)
+  x, names = images_lib.load(data, images, trained, split, data_dir,
+                             skip=functools.partial(is_output, out))
   check_inputs(trained, x)
   result = inspect_model(trained, x, names, out, batch=batch,
                          rollout_images=rollout_images,
-                         layer_images=layer_images)
+                         layer_images=layer_images, native=native)
   d = result['attention_distance']['mean_per_layer']
   print(f'{trained.architecture} from {trained.source}: {len(x)} images '
         f'at {trained.image_size}px; mean attention distance per layer (px): '
@@ -236,6 +307,25 @@ def run(init: str, data: str, out: str, *, model: str = None,
 def _check_count(flag: str, value: int) -> None:
   if not isinstance(value, (int, np.integer)) or value < 1:
     raise ValueError(f'--{flag}={value}: pass a whole number of at least 1')
+
+
+def _check_image_size(image_size) -> None:
+  """None is the checkpoint's size; 0 would silently be taken as that, a
+  negative one fail deep in the pre-processing."""
+  if image_size is not None and (
+      not isinstance(image_size, (int, np.integer)) or image_size < 1):
+    raise ValueError(f'--image_size={image_size}: pass a positive side in '
+                     'pixels, or leave it out for the checkpoint\'s')
+
+
+def is_output(out: str, path: str) -> bool:
+  """Whether `path` is one of the files this command writes into `out`
+  (`FILES`): with `--out` inside `--data` (or the same folder), an earlier
+  run's figures are not read back as images to inspect. (The staging
+  folder, `.inspect-*`, is hidden: image folders are listed without
+  hidden folders.) Only those names: the photos beside them are inputs."""
+  folder, name = os.path.split(os.path.realpath(path))
+  return name in FILES and folder == os.path.realpath(out)
 
 
 def _output_folder(out: str) -> str:
@@ -264,12 +354,17 @@ def check_model(trained) -> None:
 
 def check_inputs(trained, images: np.ndarray) -> None:
   """Clear errors before any compile: a model without attention, or images
-  whose size does not cut into the model's patches."""
+  whose size does not cut into the patches of a model that needs whole
+  ones (a hybrid: its ResNet stem pads). A plain ViT takes any size, as it
+  was trained: size // patch patches per side, the last size % patch rows
+  and columns of pixels left out (ViT-H/14 at 384 px: 27x27)."""
   check_model(trained)
   size, ppt = images.shape[1], trained.stride
-  if size % ppt:
+  if size % ppt and not getattr(trained.model(), 'drops_partial_patches',
+                                False):
     raise ValueError(f'--image_size={size} does not cut into the model\'s '
-                     f'{ppt}x{ppt}-pixel patches: use a multiple of {ppt}, '
+                     f'{ppt}x{ppt}-pixel patches (a hybrid needs whole '
+                     f'ones): use a multiple of {ppt}, '
                      f'e.g. {size // ppt * ppt or ppt}')
 
 
