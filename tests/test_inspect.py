@@ -325,6 +325,10 @@ def test_a_resized_model_reports_its_checkpoints_resolution(tmp_path):
   assert (again.image_size, again.native_image_size) == (48, 28)
   pe = again.params['Transformer']['posembed_input']['pos_embedding']
   assert pe.shape[1] == 1 + 12 * 12
+  # 30 px makes the checkpoint's own 7x7 grid (the last 2 pixels unseen, as
+  # ViT-H/14 at 384 px): that is its size, nothing interpolated.
+  at_30 = trained.load(path, model='ViT-test', image_size=30)
+  assert (at_30.image_size, at_30.native_image_size) == (30, 30)
 
 
 def test_npz_of_another_model_names_the_mismatch(tmp_path):

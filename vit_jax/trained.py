@@ -696,7 +696,20 @@ def _build(name, options, num_classes, size, pp, params, source, kind,
                  image_size=size, channels=channels, pp=ops, labels=[],
                  params=loaded, source=source, kind=kind, dtype=dtype,
                  pp_spec=pp,
-                 native_image_size=_posemb_size(name, options, params))
+                 native_image_size=_native_size(
+                     _posemb_size(name, options, params), size,
+                     getattr(module, 'stride', None)))
+
+
+def _native_size(posemb_size: Optional[int], size: int,
+                 stride: Optional[int]) -> Optional[int]:
+  """The checkpoint's own resolution: `size` when its position embeddings'
+  grid is `size`'s (a ViT-H/14 fine-tuned at 384 px has a 27x27 grid,
+  which 378 px also makes: 384 is its size, as its run recorded), else the
+  smallest side making its grid (`posemb_size`)."""
+  if posemb_size and stride and posemb_size // stride == size // stride:
+    return size
+  return posemb_size
 
 
 def _pp_output(ops: List[str], size: int):
