@@ -76,6 +76,10 @@ def test_operations_take_the_references_arguments():
   # Posterize keeps int(4 * level) bits: 4 at 10, all 8 at 20.
   np.testing.assert_array_equal(op['posterize'](x, 1.0, 1.0), PHOTO & 0xF0)
   np.testing.assert_array_equal(op['posterize'](x, 2.0, 1.0), PHOTO)
+  # Below magnitude 2.5, 0 bits: the reference's uint8 shift (clamped to 7)
+  # keeps the top bit, not a black image.
+  np.testing.assert_array_equal(op['posterize'](x, 0.0, 1.0),
+                                np.where(PHOTO >= 128, 128, 0))
   # Enhance factors 0.1 + 1.8 * level, whatever the sign: brightness 1.9.
   for sign in (1.0, -1.0):
     np.testing.assert_allclose(op['brightness'](x, 1.0, sign),

@@ -15,7 +15,8 @@ implementation's level-to-argument maps, level = magnitude / 10:
   colour, contrast, brightness, sharpness
                 factor 0.1 + 1.8 * level (> 1 enhances; no random direction)
   posterize     keeps int(4 * level) bits (magnitude 20: all 8; below 2.5:
-                none, a black image, as there)
+                0 bits, which the reference's uint8 shift keeps as 1 bit:
+                pixels 0 or 128, not a black image)
   solarize      inverts pixels >= int(256 * level) (magnitude 10 and above:
                 none, as there: stronger is weaker for this one)
   solarize_add  adds int(110 * level) to pixels below 128
@@ -118,7 +119,10 @@ def _rotate(image, level, sign):
 
 def _posterize(image, level, sign):
   bits = tf.clip_by_value(tf.cast(tf.math.floor(level * 4.0), tf.int32), 0, 8)
-  shift = 8 - bits
+  # The reference shifts uint8 pixels, whose shift amount TF clamps to 7: 0
+  # bits keep the top bit (an int32 shift by 8 would black out the image,
+  # 12% of randaug(2, 0)'s images, AugReg's light1).
+  shift = tf.minimum(8 - bits, 7)
   x = tf.cast(tf.round(image), tf.int32)
   return tf.cast(tf.bitwise.left_shift(tf.bitwise.right_shift(x, shift),
                                        shift), tf.float32)
