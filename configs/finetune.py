@@ -73,7 +73,8 @@ def get_config(arg=None):
   c.input.batch_size = 512
   c.input.eval_batch_size = 512
   c.input.pp_train = 'finetune'  # resize 448 -> random crop 384 + flip.
-  c.input.pp_eval = 'eval'
+  # Square resize to S, as the reference (the train preset squashes too).
+  c.input.pp_eval = 'resize'
   if args.sweep:  # The paper's dev splits: 10% (Pets, Flowers), 2% (CIFAR),
     c.input.train_split = 'train_dev'  # 1% (ImageNet) of train held out.
     c.input.eval_split = 'dev'

@@ -595,3 +595,18 @@ def test_optimizer_and_real_options_are_reachable_from_the_command_line():
       update, state = tx.update(grads, state, params)
     updates.append(float(update['w'][0]))
   assert updates[0] != updates[1]
+
+
+def test_fine_tuning_evaluates_images_squashed_as_it_trains_them():
+  """The `finetune` train preset squashes a 4:3 photo to a square (the
+  reference's protocol); evaluation must too, not crop the unsquashed
+  centre: a left quarter stays a quarter of the evaluated image."""
+  import tensorflow as tf
+  from vit_jax.data import preprocess
+  config = finetune.get_config('data=oxford_iiit_pet,init=/x')
+  image = np.zeros((48, 64, 3), np.uint8)
+  image[:, :16] = 255  # The left quarter.
+  out = preprocess.build(config.input.pp_eval, 32)(
+      {'image': tf.constant(image)}, tf.constant((0, 0), tf.int64))['image']
+  white = float(np.mean(out.numpy()[..., 0] > 0))
+  assert abs(white - 0.25) < 0.04, white

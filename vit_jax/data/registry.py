@@ -63,7 +63,7 @@ class DatasetSpec:
   splits: Mapping[str, str] = dataclasses.field(default_factory=dict)
   num_train_examples: Optional[int] = None
   pp_train: str = 'finetune'
-  pp_eval: str = 'eval'
+  pp_eval: str = 'resize'  # Squashes as pp_train does (the reference's).
   image_size: int = 384
   tfds_name: Optional[str] = None
   image_key: str = 'image'
