@@ -9,6 +9,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,30 @@ def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
   after = json.load(open(os.path.join(workdir, 'summary.json')))
   assert after['train_loss'] == before['train_loss']
   assert after['eval_accuracy'] == before['eval_accuracy']
+  # Evaluating again trains nothing: the run's cost stays what it was.
+  for key in ('wall_s', 'device_hours', 'core_days'):
+    assert after[key] == before[key], key
+
+
+def test_a_finished_run_without_its_checkpoints_is_not_trained_over(
+    reference_run, tmp_path):
+  """checkpoints/ removed after a sweep: training again from scratch would
+  replace the run's summary.json and metrics.jsonl rows. Refused."""
+  workdir = trained_workdir.copy(reference_run[0], tmp_path)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints'))
+  kept = {name: open(os.path.join(workdir, name), 'rb').read()
+          for name in ('summary.json', 'metrics.jsonl')}
+  out = _main(workdir)
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      f'vit_jax: ResultsWithoutCheckpointError: {workdir} holds a finished '
+      "run's results (summary.json, step 40) but no checkpoint to resume "
+      'from: training here would start over and replace them. Use a new '
+      '--workdir, or move summary.json and metrics.jsonl aside to train '
+      'again here')
+  for name, content in kept.items():
+    assert open(os.path.join(workdir, name), 'rb').read() == content, name
+  assert not os.path.exists(os.path.join(workdir, 'checkpoints'))
 
 
 def test_sigkill_and_restart_matches_uninterrupted_run(reference_run,

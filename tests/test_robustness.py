@@ -554,8 +554,8 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
 
 def _steps_1_and_2(tmp_path):
   """(Checkpointer with steps 1 and 2 saved, abstract state, shardings,
-  failing) where `failing(error)` is a `manager.restore` that raises
-  `error` reading step 2's state."""
+  failing) where `failing(error)` is a `StandardCheckpointHandler.restore`
+  (what reads a step's state) that raises `error` reading step 2's."""
   import flax
   import jax
   import jax.numpy as jnp
@@ -573,13 +573,13 @@ def _steps_1_and_2(tmp_path):
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
                           state)
   shardings = jax.tree.map(lambda a: a.sharding, state)
-  real = ckpt.manager.restore
+  real = ocp.StandardCheckpointHandler.restore
 
   def failing(error):
-    def restore(step, args=None):
-      if step == 2 and 'state' in args.keys():
+    def restore(self, directory, *args, **kwargs):
+      if directory.parent.name == '2':
         raise error
-      return real(step, args=args)
+      return real(self, directory, *args, **kwargs)
     return restore
   return ckpt, abstract, shardings, failing
 
@@ -593,12 +593,13 @@ def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
 
   for error in (ValueError('UNAVAILABLE: GCS returned 503'), MemoryError(),
                 OSError(errno.ETIMEDOUT, 'Connection timed out')):
-    monkeypatch.setattr(ckpt.manager, 'restore', failing(error))
+    monkeypatch.setattr(ocp.StandardCheckpointHandler, 'restore',
+                        failing(error))
     with pytest.raises(orbax_state.CheckpointUnavailableError,
                        match='Nothing was moved'):
       ckpt.restore(abstract, shardings)
     assert (tmp_path / 'checkpoints' / '2').exists()
-  monkeypatch.setattr(ckpt.manager, 'restore', failing(
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, 'restore', failing(
       ValueError('DATA_LOSS: truncated chunk')))
   step, restored, data = ckpt.restore(abstract, shardings)
   assert (step, data) == (1, {'position': 1})
@@ -607,44 +608,297 @@ def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
   ckpt.close()
 
 
-def test_a_step_one_process_finds_damaged_is_skipped_by_all_at_the_next_start(
-    tmp_path, monkeypatch):
-  """Orbax restores collectively: a process that finds a step damaged (its
-  own shards) cannot walk back alone. It marks the step and stops the run
-  (exit 75); at the next start every process skips the step."""
+def _as_process(monkeypatch, index, others=()):
+  """What orbax_state sees as process `index` of a run with one more
+  process per `others` entry: (outcome, message) that process reports at
+  each agreement (`orbax_state._gather`)."""
   import types
   import jax
   from vit_jax.train import orbax_state
-  ckpt, abstract, shardings, failing = _steps_1_and_2(tmp_path)
+  fake = types.SimpleNamespace(**{k: getattr(jax, k) for k in dir(jax)
+                                  if not k.startswith('__')})
+  count = 1 + len(others)
+  fake.process_count, fake.process_index = (lambda: count), (lambda: index)
+  monkeypatch.setattr(orbax_state, 'jax', fake)
+  monkeypatch.setattr(
+      orbax_state, '_gather',
+      lambda code, message: (list(others[:index]) + [(code, message)]
+                             + list(others[index:])))
 
-  def as_process(index):  # What orbax_state sees of a 2-process run.
-    fake = types.SimpleNamespace(**{k: getattr(jax, k) for k in dir(jax)
-                                    if not k.startswith('__')})
-    fake.process_count, fake.process_index = (lambda: 2), (lambda: index)
-    monkeypatch.setattr(orbax_state, 'jax', fake)
-    monkeypatch.setattr(orbax_state.multihost_utils, 'sync_global_devices',
-                        lambda _: None)
-  as_process(1)
-  monkeypatch.setattr(ckpt.manager, 'restore', failing(
-      ValueError('DATA_LOSS: truncated chunk')))
+
+def test_processes_agree_on_how_reading_a_step_went(monkeypatch):
+  """Each process reads its own shards, so one may fail where the others
+  read whole. Every process acts on the worst outcome: damaged on one is
+  damaged on all (they walk back together), unavailable on one stops all
+  (exit 75), instead of one leaving orbax's barrier with its error and the
+  others waiting until the distributed service aborts them all (134)."""
+  from vit_jax.train import orbax_state
+  ok = lambda: 'read'
+  def damaged():
+    raise orbax_state.DamagedCheckpointError('cannot read s/state',
+                                             reason='state item: DATA_LOSS')
+  def unavailable():
+    raise orbax_state.CheckpointUnavailableError('could not read s/state')
+  OK, DAMAGED, UNAVAILABLE = (orbax_state._OK, orbax_state._DAMAGED,
+                              orbax_state._UNAVAILABLE)
+
+  _as_process(monkeypatch, 0, [(OK, '')])
+  assert orbax_state._agreed(ok, 's/state') == 'read'
+  _as_process(monkeypatch, 0, [(DAMAGED, 'state item: DATA_LOSS x')])
+  with pytest.raises(orbax_state.DamagedCheckpointError,
+                     match='s/state is damaged as process 1 reads it') as e:
+    orbax_state._agreed(ok, 's/state')
+  assert e.value.reason == 'state item: DATA_LOSS x (process 1)'
+  _as_process(monkeypatch, 1, [(OK, '')])  # The process that found it.
+  with pytest.raises(orbax_state.DamagedCheckpointError, match='DATA_LOSS'):
+    orbax_state._agreed(damaged, 's/state')
+  # A passing failure anywhere outranks damage: nothing is moved aside.
+  _as_process(monkeypatch, 0, [(UNAVAILABLE, 'UNAVAILABLE: 503'),
+                               (DAMAGED, 'state item: DATA_LOSS')])
   with pytest.raises(orbax_state.CheckpointUnavailableError,
-                     match='step 2 is damaged as process 1 reads it'):
-    ckpt.restore(abstract, shardings)
-  assert (tmp_path / 'checkpoints' / '2').exists()  # Nothing moved yet.
-  monkeypatch.undo()  # The next start: process 0 reads step 2 whole.
-  as_process(0)
+                     match=r'process 1 could not read s/state for a passing '
+                     r'reason \(UNAVAILABLE: 503\). Nothing was moved'):
+    orbax_state._agreed(damaged, 's/state')
+  _as_process(monkeypatch, 1, [(DAMAGED, 'x')])
+  with pytest.raises(orbax_state.CheckpointUnavailableError,
+                     match='could not read s/state$'):  # Its own.
+    orbax_state._agreed(unavailable, 's/state')
+  # Another layout found by one: refused by all, with its message.
+  _as_process(monkeypatch, 0, [(orbax_state._REFUSED, 'holds another model')])
+  with pytest.raises(orbax_state.ConfigChangedError,
+                     match=r'holds another model \(process 1\)'):
+    orbax_state._agreed(ok, 's/state')
+
+
+def test_outcomes_are_gathered_with_their_messages(monkeypatch):
+  from vit_jax.train import orbax_state
+  monkeypatch.setattr(orbax_state.multihost_utils, 'process_allgather',
+                      lambda mine: np.stack([mine, mine * 0]))
+  got = orbax_state._gather(orbax_state._DAMAGED, 'state item: é' + 'x' * 2000)
+  assert got[0][0] == orbax_state._DAMAGED
+  assert got[0][1].startswith('state item: éxxx')
+  assert len(got[0][1].encode()) == orbax_state._MESSAGE_BYTES
+  assert got[1] == (orbax_state._OK, '')
+
+
+def test_a_step_one_process_finds_damaged_is_walked_back_by_all(
+    tmp_path, monkeypatch):
+  """Process 0 reads step 2 whole, process 1 finds its shards damaged: both
+  skip step 2 in the same start, restore step 1, and process 0 moves step 2
+  aside; it is saved anew when the run gets there."""
+  from vit_jax.train import orbax_state
+  ckpt, abstract, shardings, _ = _steps_1_and_2(tmp_path)
+  real = orbax_state._gather
+  def process_1_reports(code, message):
+    # Process 1 reads step 2's data and metadata, not its shards.
+    if '/2/state' in process_1_reports.what:
+      return [(code, message), (orbax_state._DAMAGED, 'state item: DATA_LOSS')]
+    return [(code, message), (orbax_state._OK, '')]
+  _as_process(monkeypatch, 0, [(orbax_state._OK, '')])
+  agreed = orbax_state._agreed
+  def tracking(read, what):
+    process_1_reports.what = what
+    return agreed(read, what)
+  monkeypatch.setattr(orbax_state, '_agreed', tracking)
+  monkeypatch.setattr(orbax_state, '_gather', process_1_reports)
+  step, _, data = ckpt.restore(abstract, shardings)
+  assert (step, data) == (1, {'position': 1})
+  aside, = (tmp_path / 'damaged_checkpoints').iterdir()
+  assert aside.name.startswith('2-')
+  monkeypatch.undo()
+  assert orbax_state._gather is real
+  _, state, data = ckpt.restore(abstract, shardings)
+  ckpt.maybe_save(2, state, data)  # The resumed run saves step 2 anew.
+  ckpt.wait()
+  assert ckpt.restore(abstract, shardings)[0] == 2
+  ckpt.close()
+
+
+def test_steps_marked_by_an_earlier_version_are_skipped_and_moved(tmp_path):
+  """An earlier version stopped the run and marked the step instead: such
+  marks are still honoured, and moved aside with their step."""
+  ckpt, abstract, shardings, _ = _steps_1_and_2(tmp_path)
+  marks = tmp_path / 'damaged_checkpoints' / 'marks'
+  marks.mkdir(parents=True)
+  (marks / '2.process-1').write_text('process 1: state item: DATA_LOSS\n')
   step, _, data = ckpt.restore(abstract, shardings)
   assert (step, data) == (1, {'position': 1})
   aside, = [p for p in (tmp_path / 'damaged_checkpoints').iterdir()
             if p.name != 'marks']
   assert (aside / 'DAMAGED-2.process-1').read_text().startswith(
       'process 1: state item: DATA_LOSS')
-  assert not list((tmp_path / 'damaged_checkpoints' / 'marks').iterdir())
-  _, state, data = ckpt.restore(abstract, shardings)
-  ckpt.maybe_save(2, state, data)  # The resumed run saves step 2 anew.
-  ckpt.wait()
-  assert ckpt.restore(abstract, shardings)[0] == 2  # Not skipped.
+  assert not list(marks.iterdir())
   ckpt.close()
+
+
+def test_a_damaged_step_that_cannot_be_moved_aside_stops_the_run(
+    tmp_path, monkeypatch):
+  """Left in place, a damaged step is never saved anew (orbax keeps a step
+  it lists): the run would finish with it. It stops before training,
+  naming the folder to move; nothing is deleted."""
+  from etils import epath
+  from vit_jax.train import orbax_state
+  ckpt, abstract, shardings, failing = _steps_1_and_2(tmp_path)
+  monkeypatch.setattr(ocp.StandardCheckpointHandler, 'restore', failing(
+      ValueError('DATA_LOSS: truncated chunk')))
+  def no_rename(self, target):
+    raise OSError(95, 'Operation not supported')
+  monkeypatch.setattr(type(epath.Path(str(tmp_path))), 'rename', no_rename)
+  with pytest.raises(orbax_state.CheckpointWriteError,
+                     match=r'damaged checkpoint step\(s\) could not be moved '
+                     r'aside: .*/checkpoints/2 \(OSError: .*Operation not '
+                     r'supported\). Nothing was trained or deleted. Move each '
+                     r'into .*/damaged_checkpoints/ yourself \(or delete it\)'):
+    ckpt.restore(abstract, shardings)
+  assert sorted(os.listdir(tmp_path / 'checkpoints')) == ['1', '2']
+  ckpt.close()
+
+
+def test_a_failed_save_is_one_line_naming_the_step_and_the_steps_kept(
+    tmp_path, monkeypatch):
+  """A full disk: orbax's error (pages of it, a save late when saving in
+  the background) becomes one line with the step, the cause, the complete
+  steps kept and the fix."""
+  from vit_jax.train import orbax_state
+  ckpt, _, _, _ = _steps_1_and_2(tmp_path)
+  full = ValueError('RESOURCE_EXHAUSTED: Error writing "opt_state/0" in '
+                    'OCDBT database at local file "/w/...": ' + 'x' * 300 +
+                    ' No space left on device [os_error_code=\'28\']')
+  def failing(*args, **kwargs):
+    raise full
+  monkeypatch.setattr(ckpt.manager, 'save', failing)
+  with pytest.raises(orbax_state.CheckpointWriteError) as e:
+    ckpt.maybe_save(3, None, {}, force=True)
+  assert str(e.value) == (
+      f'could not save checkpoint step 3 in {tmp_path}/checkpoints (No space '
+      'left on device); the complete checkpoints kept: steps 1, 2. Free '
+      'space (or fix the storage) and re-run the same command to resume '
+      'from step 2')
+  monkeypatch.undo()
+  monkeypatch.setattr(ckpt.manager, 'wait_until_finished', failing)
+  ckpt._saving = 2  # A background save that failed after it began.
+  with pytest.raises(orbax_state.CheckpointWriteError,
+                     match='could not save checkpoint step 2 .* kept: steps '
+                     '1. Free space'):
+    ckpt.close()
+
+
+# `python -m vit_jax.main` on storage without renames of checkpoint steps.
+_NO_RENAME = ('from etils import epath\n'
+              'Path = type(epath.Path("/"))\n'
+              'real = Path.rename\n'
+              'def rename(self, target):\n'
+              '  if "/checkpoints/" in str(self):\n'
+              '    raise OSError(95, "Operation not supported")\n'
+              '  return real(self, target)\n'
+              'Path.rename = rename\n'
+              'from absl import app\nfrom vit_jax import main\n'
+              'app.run(main.main)\n')
+
+# `python -m vit_jax.main` on a disk that fills up after step 40's save.
+_DISK_FULL = ('import orbax.checkpoint as ocp\n'
+              'real = ocp.CheckpointManager.save\n'
+              'def save(self, step, *args, **kwargs):\n'
+              '  if step > 40:\n'
+              '    raise ValueError("RESOURCE_EXHAUSTED: Error writing ... '
+              'No space left on device [os_error_code=28]")\n'
+              '  return real(self, step, *args, **kwargs)\n'
+              'ocp.CheckpointManager.save = save\n'
+              'from absl import app\nfrom vit_jax import main\n'
+              'app.run(main.main)\n')
+
+
+def _main_with(script, workdir, *flags):
+  cmd = [sys.executable, '-c', script, *_cmd(workdir, *flags)[3:]]
+  return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                        env=ENV)
+
+
+def test_a_damaged_step_left_in_place_stops_before_training(
+    reference, tmp_path):
+  workdir = trained_workdir.copy(reference, tmp_path)
+  os.remove(os.path.join(workdir, 'summary.json'))
+  _truncate_arrays(os.path.join(workdir, 'checkpoints', '40'))
+  rows = _rows(workdir)
+  out = _main_with(_NO_RENAME, workdir)
+  assert out.returncode == 1, out.stderr[-3000:]
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith('vit_jax: CheckpointWriteError: damaged checkpoint '
+                         f'step(s) could not be moved aside: {workdir}/'
+                         'checkpoints/40 (OSError: '), last
+  assert last.endswith(f'Nothing was trained or deleted. Move each into '
+                       f'{workdir}/damaged_checkpoints/ yourself (or delete '
+                       'it), then re-run the same command'), last
+  assert _steps(workdir) == [20, 30, 40]
+  assert _rows(workdir) == rows  # Nothing trained.
+
+
+def test_a_full_disk_stops_with_one_line_keeping_the_steps_saved(
+    reference, tmp_path):
+  workdir = trained_workdir.copy(reference, tmp_path)
+  out = _main_with(_DISK_FULL, workdir, '--config.total_steps=50')
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1] == (
+      'vit_jax: CheckpointWriteError: could not save checkpoint step 50 in '
+      f'{workdir}/checkpoints (No space left on device); the complete '
+      'checkpoints kept: steps 20, 30, 40. Free space (or fix the storage) '
+      'and re-run the same command to resume from step 40')
+  assert 'Traceback' not in out.stderr
+  assert _steps(workdir) == [20, 30, 40]
+  assert _summary(workdir) == _summary(reference)
+
+
+def _truncate_one_shard(step_dir, process):
+  shards = os.path.join(step_dir, 'state', f'ocdbt.process_{process}', 'd')
+  name = sorted(os.listdir(shards))[0]
+  with open(os.path.join(shards, name), 'r+b') as f:
+    f.truncate(10)
+
+
+@pytest.mark.slow  # ~70 s: two processes train, then resume.
+def test_a_step_damaged_on_one_of_two_processes_is_walked_back_by_both(
+    tmp_path):
+  """Each process reads its own shards: process 1 finds step 20 damaged,
+  process 0 reads its part whole. Both walk back to step 10 in the same
+  start and finish (orbax's collective restore left process 0 waiting
+  until the distributed service aborted both, exit 134, minutes later)."""
+  workdir = str(tmp_path / 'run')
+  base = ['--config=configs/smoke.py:data=digits,steps=20,batch=32',
+          *BASE[1:], '--config.mesh.data=1', '--config.mesh.fsdp=2',
+          '--config.fsdp_min_size=1']
+
+  def both():
+    with socket.socket() as s:
+      s.bind(('127.0.0.1', 0))
+      port = s.getsockname()[1]
+    procs = [subprocess.Popen(
+        _cmd(workdir, f'--coordinator=127.0.0.1:{port}', '--num_processes=2',
+             f'--process_id={i}', base=base), cwd=ROOT, env=ENV,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    try:
+      errs = [p.communicate(timeout=240)[1] for p in procs]
+    finally:
+      for p in procs:
+        p.kill()
+    return [p.returncode for p in procs], errs
+
+  codes, errs = both()
+  assert codes == [0, 0], errs[1][-3000:]
+  assert _steps(workdir) == [10, 20]
+  os.remove(os.path.join(workdir, 'summary.json'))
+  _truncate_one_shard(os.path.join(workdir, 'checkpoints', '20'), 1)
+  started = time.time()
+  codes, errs = both()
+  assert codes == [0, 0], (errs[0][-3000:], errs[1][-3000:])
+  assert time.time() - started < 200  # Not the 300 s shutdown timeout.
+  for err in errs:
+    assert 'checkpoint step 20 is damaged' in err
+    assert 'resumed from step 10' in err
+  aside = os.listdir(os.path.join(workdir, 'damaged_checkpoints'))
+  assert len(aside) == 1 and aside[0].startswith('20-')
+  assert _steps(workdir) == [10, 20]
+  assert _summary(workdir)['steps'] == 20
 
 
 def test_sigterm_outside_the_steps_stops_at_once_with_75(monkeypatch):

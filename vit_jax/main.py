@@ -120,7 +120,8 @@ def _run(mode: str, config, workdir: str):
   # What users cause and the message explains (the data, a checkpoint, a
   # path): no traceback. Anything else keeps its traceback.
   except (orbax_state.DamagedCheckpointError, orbax_state.ConfigChangedError,
-          loop.NonFiniteLossError, DataError, CheckpointError,
+          orbax_state.CheckpointWriteError, loop.NonFiniteLossError,
+          loop.ResultsWithoutCheckpointError, DataError, CheckpointError,
           CheckpointNotFoundError, param_groups.ParamGroupError,
           MeshError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)

@@ -42,6 +42,11 @@ class NonFiniteLossError(FloatingPointError):
   kept are all finite."""
 
 
+class ResultsWithoutCheckpointError(RuntimeError):
+  """A workdir with a finished run's results but no checkpoint to resume
+  from: training would start over and replace those results."""
+
+
 def _check_mpp_value_range(input_config) -> None:
   """MPP's colour targets (colour, downsized; not pixels, a regression)
   quantise pixel values in [-1, 1]: images of another range
@@ -124,6 +129,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
   the summary written to `workdir/summary.json`."""
   config_check.check(config)
   with lock.hold(workdir):
+    _check_results_kept(workdir)
     run = setup(config, workdir)
     if run.start >= run.steps:
       _check_finished_run(config, workdir, run.start)
@@ -145,6 +151,23 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
       raise
     run.ckpt.close()
     return summarise(run, *outcome)
+
+
+def _check_results_kept(workdir: str) -> None:
+  """A finished run whose checkpoints/ was removed (a clean-up after a
+  sweep) would train again from scratch and replace its summary.json and
+  metrics.jsonl rows: refused, before anything is read or written. Only
+  summary.json says a run finished: a run stopped before its first save
+  (a divergence, a kill) has metrics rows but no summary, and starts
+  afresh as its error said."""
+  summary = run_files.read_summary(workdir, own=False)
+  if not summary or orbax_state.saved_steps(workdir):
+    return
+  raise ResultsWithoutCheckpointError(
+      f'{workdir} holds a finished run\'s results (summary.json, step '
+      f'{summary.get("steps")}) but no checkpoint to resume from: training '
+      'here would start over and replace them. Use a new --workdir, or move '
+      'summary.json and metrics.jsonl aside to train again here')
 
 
 def _check_finished_run(config, workdir: str, step: int) -> None:
@@ -486,10 +509,24 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
   # or trained again) keeps nothing of it; one resumed at its last step
   # (it only evaluated) keeps what it lacks (train metrics of a checkpoint
   # saved before they were recorded, metrics `mode=eval` merged in).
+  if step == run.start:
+    summary.update(_cost_recorded(run.workdir, step))
   path = run_files.write_summary(run.workdir, summary,
                                  fresh=step != run.start)
   logging.info('summary written to %s: %s', path, summary)
   return summary
+
+
+def _cost_recorded(workdir: str, step: int) -> Dict[str, Any]:
+  """The cost figures of the summary a finished run started again (it
+  trained nothing: it evaluated again) already has for `step`: evaluating
+  again is not training time. {} where there is none (a run killed before
+  its summary: the evaluation now stands in for the one it lost)."""
+  earlier = run_files.read_summary(workdir, own=False)
+  if earlier.get('steps') != step:
+    return {}
+  return {k: earlier[k] for k in ('wall_s', 'device_hours', 'core_days')
+          if isinstance(earlier.get(k), (int, float))}
 
 
 def _cell_data(report: Dict[str, Any]) -> Optional[str]:

@@ -47,6 +47,12 @@ class CheckpointUnavailableError(RuntimeError):
   unavailable or timing out, out of memory): nothing is moved aside."""
 
 
+class CheckpointWriteError(RuntimeError):
+  """A checkpoint that could not be written (a full disk, storage refusing
+  writes) or a damaged one that could not be moved aside: the run stops
+  with the complete checkpoints it keeps, instead of training on unsaved."""
+
+
 # Status codes and messages of failures that say nothing about the files:
 # gRPC / absl codes (TensorStore, GCS, XLA) and the usual OS wordings.
 _TRANSIENT_CODES = ('UNAVAILABLE', 'DEADLINE_EXCEEDED', 'RESOURCE_EXHAUSTED',
@@ -96,6 +102,7 @@ class Checkpointer:
       workdir = os.path.abspath(workdir)
     directory = workdir.rstrip('/') + '/checkpoints'
     self.every = every
+    self._saving = None  # The step of the newest save begun.
     self.manager = ocp.CheckpointManager(
         directory,
         options=ocp.CheckpointManagerOptions(
@@ -117,10 +124,16 @@ class Checkpointer:
       return False
     if step in self.manager.all_steps():
       return False
-    return self.manager.save(
-        step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            data=ocp.args.JsonSave(data_state)), force=True)
+    self.wait()  # Orbax's save waits too: a failure is the earlier step's.
+    try:
+      saved = self.manager.save(
+          step, args=ocp.args.Composite(
+              state=ocp.args.StandardSave(state),
+              data=ocp.args.JsonSave(data_state)), force=True)
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_failed(step, e) from e
+    self._saving = step
+    return saved
 
   def restore(self, abstract_state: Any, shardings: Any,
               expect: Optional[dict] = None
@@ -136,6 +149,8 @@ class Checkpointer:
     deleted) and reported. A checkpoint that is intact but holds another
     layout (another model or optimiser) is `ConfigChangedError`, and
     `expect` entries (e.g. the model config) must equal the saved JSON.
+    Several processes each read their own shards and agree on every
+    outcome (`_agreed`): they walk back, stop or go on together.
     """
     damaged = []  # (step, reason)
     marked = self._marked()
@@ -147,10 +162,8 @@ class Checkpointer:
         continue
       try:
         result = self._restore_step(step, abstract_state, shardings, expect)
-      except DamagedCheckpointError as e:
+      except DamagedCheckpointError as e:  # On every process alike.
         logging.warning('checkpoint step %d is damaged: %s', step, e.reason)
-        if jax.process_count() > 1 and e.reason != _NON_FINITE:
-          raise self._mark(step, e.reason) from e
         damaged.append((step, e.reason))
         continue
       self._move_aside(damaged)
@@ -166,13 +179,8 @@ class Checkpointer:
 
   def _restore_step(self, step, abstract_state, shardings, expect):
     step_dir = f'{self.manager.directory}/{step}'
-    try:
-      saved = self.manager.restore(step, args=ocp.args.Composite(
-          data=ocp.args.JsonRestore()))['data']
-      if not isinstance(saved, dict):
-        raise ValueError(f'not a JSON object: {saved!r:.80}')
-    except Exception as e:  # Missing or garbled JSON item.
-      raise _unreadable(step_dir, 'data', e) from e
+    saved = _agreed(lambda: _read_data(step_dir), f'{step_dir}/data')
+    # Every process read the same JSON: they refuse it alike.
     for key, value in (expect or {}).items():
       if key in saved and as_saved(saved[key]) != as_saved(value):
         raise ConfigChangedError(
@@ -181,29 +189,21 @@ class Checkpointer:
             f'{as_saved(value)} in this config. '
             'Use a new --workdir, or start from those weights with '
             '--config.init=<that workdir>')
-    _check_layout(step_dir, abstract_state)
+    _agreed(lambda: _check_layout(step_dir, abstract_state),
+            f'{step_dir}/state')
     target = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
         abstract_state, shardings)
-    try:
-      restored = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(target),
-          data=ocp.args.JsonRestore()))
-    except Exception as e:  # Orbax raises many types for damaged files.
-      raise _unreadable(step_dir, 'state', e) from e
-    if not _all_finite(restored['state'].params):  # Every process agrees.
+    state = _agreed(lambda: _read_state(step_dir, target), f'{step_dir}/state')
+    if not _all_finite(state.params):  # Every process agrees.
       raise DamagedCheckpointError(
           f'{step_dir} holds non-finite parameters', reason=_NON_FINITE)
-    return step, restored['state'], restored['data']
+    return step, state, saved
 
-  # Multi-process restores. Each process reads its own shards, so one may
-  # find a step damaged that the others read whole. Orbax's restore is
-  # collective (barriers inside it): once one process has left it with an
-  # error the processes cannot walk back together. That process records
-  # the step in a mark file on the shared store and stops the run
-  # (CheckpointUnavailableError: exit 75, launchers restart it; the
-  # distributed service stops the others); the next start skips marked
-  # steps on every process and restores the newest good one.
+  # Marks: an earlier version stopped a multi-process run whose process
+  # found a step damaged, recording it in a mark file, and the next start
+  # skipped it. The processes now agree instead (`_agreed`); steps marked
+  # then are still skipped, and moved aside with their marks.
 
   def _marks(self) -> epath.Path:
     root = str(self.manager.directory).rstrip('/')
@@ -221,25 +221,17 @@ class Checkpointer:
         found[int(step)] = mark.read_text().strip()
     return found
 
-  def _mark(self, step: int, reason: str) -> Exception:
-    """Records `step` as damaged; the error that stops this process."""
-    me = jax.process_index()
-    mark = self._marks() / f'{step}.process-{me}'
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    mark.write_text(f'process {me}: {reason}\n')
-    return CheckpointUnavailableError(
-        f'checkpoint step {step} is damaged as process {me} reads it '
-        f'({reason}). Recorded in {mark}: the run stops (the other processes '
-        'with it) and its next start restores an earlier step on every '
-        'process. Run the same command again')
-
   def _move_aside(self, damaged) -> None:
     """Moves damaged steps to <workdir>/damaged_checkpoints/ (process 0),
-    with the marks naming them."""
+    with the marks naming them. A step that cannot be moved (storage
+    without renames, permissions) stops the run on every process
+    (CheckpointWriteError): left in place it would never be saved anew
+    (orbax keeps a step it lists), and readers would take its files."""
     if not damaged:
       return
     root = str(self.manager.directory).rstrip('/')
     aside = root.rsplit('/', 1)[0] + '/damaged_checkpoints'
+    stuck = []  # (step, why) of those process 0 could not move.
     if jax.process_index() == 0:
       for step, reason in damaged:
         src = epath.Path(f'{root}/{step}')
@@ -247,28 +239,193 @@ class Checkpointer:
         try:
           dst.parent.mkdir(parents=True, exist_ok=True)
           src.rename(dst)
-          logging.warning('moved damaged checkpoint step %d (%s) to %s',
-                          step, reason, dst)
         except Exception as e:  # pylint: disable=broad-except
-          logging.warning('could not move damaged checkpoint %s aside (%s); '
-                          'it is skipped and left in place', src, e)
+          stuck.append((step, f'{type(e).__name__}: {e}'))
           continue
+        logging.warning('moved damaged checkpoint step %d (%s) to %s',
+                        step, reason, dst)
         # A later save of this step (the run redoes it) is a new one.
         for mark in self._marks().glob(f'{step}.*'):
           mark.rename(dst / f'DAMAGED-{mark.name}')
-    if jax.process_count() > 1:
-      multihost_utils.sync_global_devices('damaged checkpoints moved')
+    error = None
+    if stuck:
+      steps = ', '.join(f'{root}/{s} ({why})' for s, why in stuck)
+      error = CheckpointWriteError(
+          f'damaged checkpoint step(s) could not be moved aside: {steps}. '
+          'Nothing was trained or deleted. Move each into '
+          f'{aside}/ yourself (or delete it), then re-run the same command')
+    _agreed(lambda: _raise(error), 'moving damaged checkpoints aside')
     self.manager.reload()
 
   def wait(self) -> None:
-    self.manager.wait_until_finished()
+    """Waits for the save in progress; CheckpointWriteError if it failed."""
+    try:
+      self.manager.wait_until_finished()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_failed(self._saving, e) from e
 
   def close(self) -> None:
-    self.manager.wait_until_finished()
-    self.manager.close()
+    self.wait()
+    try:
+      self.manager.close()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._write_failed(self._saving, e) from e
+
+  def _write_failed(self, step: Optional[int], e: Exception) -> Exception:
+    """One line for a save that failed (orbax's errors span pages, and its
+    asynchronous saves report them a save later): the step, the cause and
+    the complete steps the run keeps, which a re-run resumes from."""
+    try:
+      kept = sorted(ocp.step.checkpoint_steps(self.manager.directory))
+    except Exception:  # pylint: disable=broad-except
+      kept = None
+    if kept is None:
+      listing = 'the complete checkpoints kept could not be listed'
+    else:
+      kept = [s for s in kept if s != step]
+      listing = ('the complete checkpoints kept: steps '
+                 + ', '.join(map(str, kept)) if kept else
+                 'no complete checkpoint is kept yet')
+    resume = (f'resume from step {kept[-1]}' if kept else 'start again')
+    return CheckpointWriteError(
+        f'could not save checkpoint step {step} in {self.manager.directory} '
+        f'({_write_cause(e)}); {listing}. Free space (or fix the storage) '
+        f'and re-run the same command to {resume}')
 
 
 _NON_FINITE = 'non-finite parameters (saved before finite checks)'
+
+
+def _write_cause(error: BaseException) -> str:
+  """What stopped a write, in a few words: a full disk or quota where any
+  error in the chain says so (orbax puts it at the end of a long line),
+  else the first line of the error."""
+  seen, first = set(), error
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    for number, words in ((errno.ENOSPC, 'No space left on device'),
+                          (errno.EDQUOT, 'Disk quota exceeded')):
+      if getattr(error, 'errno', None) == number or words in str(error):
+        return words
+    error = error.__cause__ or error.__context__
+  line = (str(first).strip().splitlines() or [''])[0] or type(first).__name__
+  return line[:240] + ('...' if len(line) > 240 else '')
+
+
+def _read_data(step_dir: str) -> dict:
+  """A step's `data` item (the run state's JSON), read by this process
+  alone (no barrier: see `_agreed`)."""
+  try:
+    saved = ocp.JsonCheckpointHandler().restore(
+        epath.Path(step_dir) / 'data', args=ocp.args.JsonRestore())
+    if not isinstance(saved, dict):
+      raise ValueError(f'not a JSON object: {saved!r:.80}')
+  except Exception as e:  # Missing or garbled JSON item.
+    raise _unreadable(step_dir, 'data', e) from e
+  return saved
+
+
+def _read_state(step_dir: str, target: Any) -> Any:
+  """A step's `state` item into `target`'s shardings: this process's
+  shards, read by the item's handler, without the barrier that orbax's
+  `Checkpointer.restore` holds after reading (one process failing there
+  would leave the others waiting on it for good: see `_agreed`)."""
+  handler = ocp.StandardCheckpointHandler()
+  try:
+    return handler.restore(epath.Path(step_dir) / 'state',
+                           args=ocp.args.StandardRestore(target))
+  except Exception as e:  # Orbax raises many types for damaged files.
+    raise _unreadable(step_dir, 'state', e) from e
+  finally:
+    handler.close()
+
+
+def _raise(error: Optional[Exception]) -> None:
+  if error is not None:
+    raise error
+
+
+# How reading an item went on a process, in the order in which the
+# processes' outcomes combine (the highest wins).
+_OK, _DAMAGED, _REFUSED, _UNAVAILABLE, _WRITE, _FAILED = range(6)
+_MESSAGE_BYTES = 1024  # Of each process's error, gathered with its outcome.
+
+
+def _outcome(error: Optional[BaseException]) -> int:
+  for kind, code in ((type(None), _OK), (DamagedCheckpointError, _DAMAGED),
+                     (ConfigChangedError, _REFUSED),
+                     (CheckpointUnavailableError, _UNAVAILABLE),
+                     (CheckpointWriteError, _WRITE)):
+    if isinstance(error, kind):
+      return code
+  return _FAILED
+
+
+def _agreed(read, what: str) -> Any:
+  """`read()`'s result, once every process has read its part of `what`.
+
+  Each process reads its own shards, so one may fail where the others
+  succeed. Orbax's restore then deadlocks (its barrier waits for a process
+  that has left with the error) until the distributed service aborts every
+  process minutes later (exit 134, which launchers do not restart). Here
+  every process reads alone, then all exchange their outcomes and act on
+  the worst one together: damaged on any process, the step is damaged on
+  all (they walk back alike); unavailable on any, every one stops with
+  CheckpointUnavailableError (exit 75: run again). A single process raises
+  its own error as it is."""
+  try:
+    result, error = read(), None
+  except Exception as e:  # pylint: disable=broad-except
+    result, error = None, e
+  if jax.process_count() == 1:
+    _raise(error)
+    return result
+  every = _gather(_outcome(error), _message(error))
+  worst = max(code for code, _ in every)
+  if worst == _OK:
+    return result
+  if _outcome(error) == worst:
+    raise error
+  raise _their_error(worst, what, every)
+
+
+def _message(error: Optional[BaseException]) -> str:
+  if error is None:
+    return ''
+  return getattr(error, 'reason', None) or f'{error}' or type(error).__name__
+
+
+def _gather(code: int, message: str) -> list:
+  """[(outcome, message)] of every process (a collective: every process
+  calls it at the same point)."""
+  mine = np.zeros(_MESSAGE_BYTES + 1, np.int32)
+  text = message.encode()[:_MESSAGE_BYTES]
+  mine[0], mine[1:1 + len(text)] = code, np.frombuffer(text, np.uint8)
+  every = np.asarray(multihost_utils.process_allgather(mine))
+  return [(int(row[0]), bytes(row[1:].astype(np.uint8)).rstrip(b'\0')
+           .decode(errors='replace')) for row in every.reshape(
+               -1, _MESSAGE_BYTES + 1)]
+
+
+def _their_error(worst: int, what: str, every: list) -> Exception:
+  """The error of a process whose own read went better than another's."""
+  bad = [i for i, (code, _) in enumerate(every) if code == worst]
+  theirs = every[bad[0]][1]
+  who = f'process {bad[0]}' if len(bad) == 1 else f'processes {bad}'
+  if worst == _DAMAGED:
+    return DamagedCheckpointError(f'{what} is damaged as {who} reads it',
+                                  reason=f'{theirs} ({who})')
+  if worst == _REFUSED:
+    return ConfigChangedError(f'{theirs} ({who})')
+  if worst == _UNAVAILABLE:
+    return CheckpointUnavailableError(
+        f'{who} could not read {what} for a passing reason ({theirs}). '
+        'Nothing was moved or deleted: run the same command again once the '
+        'storage (or memory) is available')
+  if worst == _WRITE:
+    return CheckpointWriteError(theirs)
+  return RuntimeError(f'{who} failed reading {what} ({theirs}): its log has '
+                      'the traceback')
 
 
 def as_saved(value: Any) -> Any:
@@ -283,6 +440,14 @@ def as_saved(value: Any) -> Any:
       return [prune(x) for x in v]
     return v
   return prune(json.loads(json.dumps(value)))
+
+
+def saved_steps(workdir: str) -> list:
+  """The finished checkpoint steps in `workdir` (none: [])."""
+  directory = workdir.rstrip('/') + '/checkpoints'
+  if not epath.Path(directory).is_dir():
+    return []
+  return sorted(ocp.step.checkpoint_steps(directory))
 
 
 def resolve(path: str) -> str:
@@ -346,6 +511,8 @@ def _check_layout(step_dir: str, abstract_state: Any) -> None:
       meta = ocp.StandardCheckpointer().metadata(
           f'{step_dir}/state').item_metadata.tree
   except Exception as e:  # Missing / garbled metadata or missing state/.
+    if transient(e):  # The storage, not the files.
+      raise _unreadable(step_dir, 'state', e) from e
     raise DamagedCheckpointError(
         f'cannot read the metadata of {step_dir}/state',
         reason=f'state metadata: {e}') from e
