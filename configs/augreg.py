@@ -12,7 +12,8 @@ Where each number comes from:
   vit_i21k.py, its public configs): 300 epochs, batch 4096, 224 px, Adam
   (0.9, 0.999) with a bfloat16 first moment, LR 1e-3, 10k warm-up steps
   then cosine decay, global-norm clipping at 1, inception crop + flip, then
-  RandAugment; evaluation resize 256 + central crop 224.
+  RandAugment; evaluation resize 256 (area, big_vision's resize_small
+  default) + central crop 224.
   Weight decay: the paper's values (0.1 or 0.03) are multiplied by the
   learning rate, our optim.weight_decay's convention (optax.adamw);
   big_vision writes the product (wd=0.0001 for 0.1 at LR 1e-3).
@@ -78,8 +79,9 @@ def pp_train(aug: str, size: int = 224) -> str:
 
 
 def pp_eval(size: int = 224) -> str:
-  """big_vision's: resize the short side to 256/224 of the crop, crop."""
-  return (f'decode|resize_small({round(size * 256 / 224)})|'
+  """big_vision's: resize the short side to 256/224 of the crop with its
+  `resize_small`'s default area method (anti-aliased), crop."""
+  return (f'decode|resize_small({round(size * 256 / 224)}, method="area")|'
           f'central_crop({size})|value_range(-1,1)')
 
 

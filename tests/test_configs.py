@@ -610,3 +610,19 @@ def test_fine_tuning_evaluates_images_squashed_as_it_trains_them():
       {'image': tf.constant(image)}, tf.constant((0, 0), tf.int64))['image']
   white = float(np.mean(out.numpy()[..., 0] > 0))
   assert abs(white - 0.25) < 0.04, white
+
+
+def test_augreg_evaluates_with_big_visions_area_resize():
+  """AugReg checkpoints are evaluated as big_vision does: its resize_small
+  defaults to the area method (anti-aliased), not bilinear."""
+  import tensorflow as tf
+  from vit_jax.data import preprocess
+  config = augreg.get_config('variant=B/16,data=i1k')
+  rng = np.random.RandomState(0)
+  image = rng.randint(0, 256, (300, 400, 3)).astype(np.uint8)
+  out = preprocess.build(config.input.pp_eval, 224)(
+      {'image': tf.constant(image)}, tf.constant((0, 0), tf.int64))['image']
+  area = tf.image.resize(image, (256, 341), method='area')
+  top, left = (256 - 224) // 2, (341 - 224) // 2
+  want = area[top:top + 224, left:left + 224] / 127.5 - 1
+  np.testing.assert_allclose(out.numpy(), want.numpy(), atol=1e-4)
