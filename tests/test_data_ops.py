@@ -78,6 +78,9 @@ def test_inception_crop_area_range_is_respected():
   assert all(0.48 <= a <= 0.62 for a in areas), areas
   with pytest.raises(ValueError, match='area_min'):
     preprocess.build('inception_crop(224, area_min=0)', 224)
+  # big_vision's percent: named, with the fraction to write.
+  with pytest.raises(ValueError, match=r'not percent .*area_min=0\.05 here'):
+    preprocess.build('inception_crop(224, area_min=5)', 224)
 
 
 def test_fused_jpeg_crop_matches_decode_then_crop():

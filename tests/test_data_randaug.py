@@ -122,8 +122,14 @@ def test_random_erasing_erases_one_box_in_range():
   assert 0.02 * 128 * 128 * 0.5 <= box <= 128 * 128 / 3 * 1.2
   assert changed.sum() >= 0.8 * box  # One filled rectangle of noise.
   np.testing.assert_array_equal(_run('random_erasing(0.0)'), PHOTO)
-  floats = _run('value_range(-1,1)|random_erasing(1.0)')
-  assert floats.min() >= -1 and floats.max() <= 1 + 1e-5
+  # The noise spans the pixel range whatever the image holds (a dark
+  # image's box is not dark noise), on pixels: before value_range.
+  dark = np.full_like(PHOTO, 10)
+  noise = _run('random_erasing(1.0)', image=dark)
+  noise = noise[np.any(noise != dark, axis=-1)]
+  assert noise.min() < 30 and noise.max() > 225
+  with pytest.raises(ValueError, match='random_erasing'):
+    _run('value_range(-1,1)|random_erasing(1.0)')
   rate = np.mean([not np.array_equal(_run('random_erasing(0.5)', seed=(i, 0)),
                                      PHOTO) for i in range(40)])
   assert 0.25 <= rate <= 0.75

@@ -237,8 +237,12 @@ def _check_crop_ranges(area_min: float, area_max: float, aspect_min: float,
   """The area and aspect ranges an inception crop samples from (an inverted
   aspect range would otherwise be accepted and sample nonsense)."""
   if not 0 < area_min <= area_max <= 1:
+    # big_vision writes the areas in percent (area_min=5, area_max=100).
+    percent = (f': fractions of the image, not percent (big_vision\'s '
+               f'area_min={area_min:g} is area_min={area_min / 100:g} here)'
+               if 1 < area_min <= 100 else '')
     raise ValueError(f'inception_crop needs 0 < area_min <= area_max <= 1, '
-                     f'got ({area_min}, {area_max})')
+                     f'got ({area_min}, {area_max}){percent}')
   if not 0 < aspect_min <= aspect_max:
     fix = ('swap them' if 0 < aspect_max < aspect_min else
            'both are width/height ratios')

@@ -32,8 +32,10 @@ reference's histogram sum gives (pixel count) / 256 (196 at 224 px, 3 at
 
 `random_erasing(probability=0.25, area_min=0.02, area_max=1/3,
 aspect_min=0.3, aspect_max=1/0.3)`: with `probability`, one rectangle of
-that area fraction and aspect ratio is replaced by per-pixel uniform noise
-(DeiT's `mode='pixel'`), in the image's value range.
+that area fraction and aspect ratio is replaced by per-pixel noise (DeiT's
+`mode='pixel'`), uniform over the pixel range [0, 255] whatever the image
+holds (DeiT draws normal noise after normalising); on pixels, so before
+`value_range`.
 
 Both draw every random number from the op's stateless seed: a resumed run
 augments each example exactly as the uninterrupted one did.
@@ -275,7 +277,7 @@ def randaug(num_layers: int = 2, magnitude: float = 10) -> ops.OpFn:
   return ops.on_image(fn)
 
 
-@ops.register('random_erasing', random=True)
+@ops.register('random_erasing', random=True, pixels=True)
 def random_erasing(probability: float = 0.25, area_min: float = 0.02,
                    area_max: float = 1 / 3, aspect_min: float = 0.3,
                    aspect_max: float = 1 / 0.3) -> ops.OpFn:
@@ -305,9 +307,8 @@ def random_erasing(probability: float = 0.25, area_min: float = 0.02,
     box = _box(shape, [top + (h - 1) / 2, left + (w - 1) / 2],
                [h / 2, w / 2])
     x = tf.cast(image, tf.float32)
-    lo, hi = (0.0, 255.0) if image.dtype == tf.uint8 else (
-        tf.reduce_min(x), tf.reduce_max(x))
-    noise = tf.random.stateless_uniform(shape, s[4], lo, hi + 1e-6)
+    # The pixel range, not the image's own (a dark image's noise was dark).
+    noise = tf.random.stateless_uniform(shape, s[4], 0.0, 255.0 + 1e-6)
     erase = tf.random.stateless_uniform([], tf.reverse(s[4], [0])) < (
         probability)
     out = tf.where(box & erase, noise, x)
