@@ -303,3 +303,49 @@ def test_a_float32_model_never_decides_the_cpu_form(monkeypatch):
             ).lower(q, q)
   finally:
     matmul.reset_cpu_form()
+
+
+def test_plain_dot_general_has_forward_mode_autodiff():
+  """`dot_general`'s float32 CPU layout is a custom VJP, traced wherever the
+  program runs (a platform branch): no `jax.jvp`. `plain_dot_general`, what
+  plain-autodiff models take, is `lax.dot_general` itself, forward mode
+  included; bf16 products keep `dot_general`'s."""
+  x, w = _inputs(6, (2, 5, 8), (8, 6))
+  f = lambda dot: lambda x: dot(x, w, DN_DENSE)
+  with pytest.raises(TypeError, match='forward-mode'):
+    jax.jvp(f(matmul.dot_general), (x,), (x,))
+  got = jax.jvp(f(matmul.plain_dot_general), (x,), (x,))
+  want = jax.jvp(f(lax.dot_general), (x,), (x,))
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+  xb, wb = x.astype(jnp.bfloat16), w.astype(jnp.bfloat16)
+  np.testing.assert_array_equal(
+      matmul.plain_dot_general(xb, wb, DN_DENSE),
+      matmul.dot_general(xb, wb, DN_DENSE))
+
+
+def test_cpu_export_of_the_onednn_form_traces_inside_portable(monkeypatch):
+  """`jax.export` of a bf16 model for CPUs, in a process whose CPU form is
+  'onednn': inside `matmul.portable()` (as docs/models.md says, and
+  `vit_jax.export` does) it serialises, with XLA's dots; outside, jax
+  refuses the oneDNN custom call, which has no compatibility guarantee
+  (its error names the call)."""
+  from vit_jax import models
+  if not onednn.available()[0]:
+    pytest.skip(f'the oneDNN matmul is unavailable: {onednn.available()[1]}')
+  monkeypatch.setenv(matmul.ENV, 'onednn')
+  matmul.reset_cpu_form()
+  try:
+    model = models.create('ViT-test', num_classes=3, dtype=jnp.bfloat16)
+    x = jnp.zeros((2, 8, 8, 3))
+    p = jax.jit(model.init)(jax.random.key(0), x)['params']
+    # A jit of its own per export: jit keeps a function's first trace.
+    fn = lambda: jax.jit(lambda p, x: model.apply({'params': p}, x))
+    with matmul.portable():
+      exported = jax.export.export(fn(), platforms=['cpu'])(p, x)
+    assert exported.serialize()
+    assert onednn.TARGET not in exported.mlir_module()
+    with pytest.raises(ValueError, match=onednn.TARGET):
+      jax.export.export(fn(), platforms=['cpu'])(p, x)
+  finally:
+    matmul.reset_cpu_form()

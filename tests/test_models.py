@@ -650,3 +650,102 @@ def test_mixer_matches_timm():
     want = ref(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
   got = np.asarray(model.apply({'params': params}, x))
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('overrides', [
+    {}, dict(attention_impl='explicit', representation_size=8,
+             scan_layers=True)])
+def test_float32_without_recomputed_internals_has_forward_mode_autodiff(
+    rng, overrides):
+  """float32 with `recompute_internals=False` traces no custom VJP
+  (`recompute.plain_autodiff`): `jax.jvp` agrees with a finite difference,
+  `jax.jacfwd` with `jax.jacrev`, and a forward-over-reverse
+  Hessian-vector product with reverse-over-reverse. Each raised "can't
+  apply forward-mode autodiff (jvp) to a custom_vjp function"."""
+  model = models.create('ViT-test', num_classes=3, recompute_internals=False,
+                        **overrides)
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 12, 12, 3)), jnp.float32)
+  p = jax.tree.map(lambda a: a + 0.1 * rng.normal(size=a.shape),
+                   _init(model, x.shape))
+  v = jax.tree.map(lambda a: jnp.asarray(rng.normal(size=a.shape),
+                                         jnp.float32), p)
+  f = lambda q: model.apply({'params': q}, x)
+  _, tangent = jax.jit(lambda q, t: jax.jvp(f, (q,), (t,)))(p, v)
+  eps = 3e-4  # Central difference: error ~eps^2 (0.15 at 1e-2), ~2e-4 here.
+  step = lambda s: jax.jit(f)(jax.tree.map(lambda a, b: a + s * eps * b,
+                                           p, v))
+  difference = (step(1) - step(-1)) / (2 * eps)
+  np.testing.assert_allclose(tangent, difference,
+                             atol=3e-3 * float(jnp.abs(difference).max()))
+  of_x = lambda y: model.apply({'params': p}, y)
+  np.testing.assert_allclose(jax.jit(jax.jacfwd(of_x))(x),
+                             jax.jit(jax.jacrev(of_x))(x), atol=1e-5)
+  loss = lambda q: (f(q) ** 2).sum()
+  fwd_rev = jax.jit(lambda q: jax.jvp(jax.grad(loss), (q,), (v,))[1])(p)
+  rev_rev = jax.jit(jax.grad(lambda q: jax.tree.reduce(
+      lambda a, b: a + b, jax.tree.map(lambda g, t: (g * t).sum(),
+                                       jax.grad(loss)(q), v))))(p)
+  for a, b in zip(jax.tree.leaves(fwd_rev), jax.tree.leaves(rev_rev)):
+    np.testing.assert_allclose(a, b, atol=1e-4 * (1 + float(
+        jnp.abs(b).max())))
+
+
+@pytest.mark.parametrize('targets', ['cuda', 'gpu'])
+def test_cudnn_attention_traced_for_gpus_is_cudnn_or_an_error(targets):
+  """A program traced for NVIDIA GPUs with "cudnn" attention carries cuDNN's
+  call, or, on a host where jax cannot build it (no GPU or cuDNN: this CPU
+  host), is an error naming the choice: it used to be XLA attention, with a
+  warning, so that the program depended on the host that traced it."""
+  from vit_jax.models import platform_switch
+  model = models.create('ViT-test', num_classes=3, dtype=jnp.bfloat16,
+                        attention_impl='cudnn')
+  x = jnp.zeros((2, 8, 8, 3))
+  p = _init(model, x.shape)
+  fn = jax.jit(lambda q: model.apply({'params': q}, x))
+  try:
+    with platform_switch.tracing_for(targets):
+      text = fn.trace(p).lower(lowering_platforms=('cuda',)).as_text()
+  except ValueError as e:
+    assert "attention_impl='cudnn'" in str(e)
+    assert "attention_impl='xla'" in str(e)  # The fix.
+  else:
+    assert '__cudnn$fmha' in text
+
+
+def test_cudnn_attention_elsewhere_is_xla_whatever_the_host(monkeypatch,
+                                                            caplog):
+  """Traced for platforms without NVIDIA GPUs, "cudnn" attention is "xla"
+  without asking jax for cuDNN's call (which would succeed on a GPU host and
+  put a cuDNN call into a CPU or TPU program); where the platforms are
+  unknown, jax is asked (a call it cannot build falls back to "xla")."""
+  from vit_jax.models import attention, platform_switch
+  model = models.create('ViT-test', num_classes=3, dtype=jnp.bfloat16,
+                        attention_impl='cudnn')
+  x = jnp.asarray(np.random.RandomState(0).uniform(-1, 1, (2, 8, 8, 3)),
+                  jnp.float32)
+  p = _init(model, x.shape)
+  want = model.clone(attention_impl='xla').apply({'params': p}, x)
+  asked = []
+  build = attention._valid_only
+  monkeypatch.setattr(attention, '_valid_only', lambda *a: (
+      asked.append(a[-1]), build(*a))[1])
+  with caplog.at_level('WARNING'):
+    with platform_switch.tracing_for('cpu'):
+      got = model.apply({'params': p}, x)
+  assert 'cudnn' not in asked and 'NVIDIA GPUs only' in caplog.text
+  np.testing.assert_allclose(got, want, atol=1e-6)  # One padded token.
+  model.apply({'params': p}, x)  # Platforms unknown: this host decides.
+  assert 'cudnn' in asked
+
+
+@pytest.mark.parametrize('scan', [False, True])
+def test_params_of_another_image_size_name_the_resize(scan):
+  """Position embeddings of another token count (parameters made at 8 px,
+  applied at 12 px) are a ValueError with both counts and the resize to
+  use, not flax's shape error about an initializer."""
+  model = models.create('ViT-test', num_classes=3, scan_layers=scan)
+  p = _init(model, (1, 8, 8, 3))  # 2x2 patches + the class token.
+  with pytest.raises(ValueError, match='resize_posemb') as e:
+    model.apply({'params': p}, jnp.zeros((1, 12, 12, 3)))
+  assert 'holds 5 positions' in str(e.value) and '10 tokens' in str(e.value)
+  assert 'trained.resized' in str(e.value)

@@ -7,14 +7,27 @@ The encoder blocks' `attention_impl` picks one of:
     library kernel, with flash attention's backward pass, `_cpu_core`; the
     softmax weights are never handed back to the caller);
   * "cudnn": the same call with cuDNN flash attention (NVIDIA GPUs, bf16 or
-    fp16 compute; cuDNN must be present when the step is traced). Odd
-    sequence lengths (a ViT's 197 tokens) are padded to even ones, which
-    cuDNN's backward pass needs (`even_lengths`). Where cuDNN refuses the
-    shapes, the block falls back to "xla" with a warning;
+    fp16 compute; cuDNN must be present when the step is traced: jax builds
+    the call only where it finds a GPU and cuDNN). Odd sequence lengths (a
+    ViT's 197 tokens) are padded to even ones, which cuDNN's backward pass
+    needs (`even_lengths`). A program traced for NVIDIA GPUs
+    (`platform_switch.tracing_for` "gpu" or "cuda": a GPU mesh's train
+    step, an export for CUDA) that cannot have the cuDNN call (no cuDNN on
+    the tracing host, shapes cuDNN refuses) is an error rather than another
+    program; one traced for other platforms only takes "xla" (cuDNN cannot
+    run there), with a warning; where the platforms are unknown, a block
+    whose cuDNN call cannot be built falls back to "xla" with a warning
+    (`_without_cudnn`);
   * "explicit": softmax weights as an array (flax's `dot_product_attention`
     with the project's mixed-precision matmul, float32 logits and softmax as
     "xla"). Used whenever a caller needs the weights (`vit_jax.inspect`) or
     attention dropout is active in training, and by ONNX export.
+
+Plain-autodiff models (`recompute.plain_autodiff`: float32 without
+`recompute_internals`) trace no custom VJP here, so forward-mode autodiff
+works: "xla"'s CPU core is its forward computation under autodiff's own
+backward pass, "explicit" takes `matmul.plain_dot_general`. ("cudnn" is
+jax's cuDNN call, half precision only.)
 
 `resolve(impl, platform, dtype)` turns "auto" into one of these from the
 platform the program will run on, which callers know from their mesh: no
@@ -105,13 +118,15 @@ def _keys_mask(mask, valid_length: int, key_length: int):
   return keep if mask is None else jnp.logical_and(mask, keep)
 
 
-def _xla(query, key, value, mask, recomputed: bool = False):
+def _xla(query, key, value, mask, recomputed: bool = False,
+         plain: bool = False):
   """`jax.nn.dot_product_attention(implementation='xla')`; on CPUs the same
   computation as canonical-layout batched matmuls with a backward pass of
   their own (`_cpu_core`). `recomputed`: on TPUs and GPUs the backward pass
   recomputes the logits and softmax from q, k, v instead of keeping them
   (flash attention's trade: 2% more FLOPs for ViT-B/16, no (heads, tokens,
-  tokens) arrays kept per layer); the CPU core always does."""
+  tokens) arrays kept per layer); the CPU core always does, except with
+  `plain` (no custom VJP: autodiff's backward pass, forward mode works)."""
   def default(q, k, v, mask):
     return jax.nn.dot_product_attention(q, k, v, mask=mask,
                                         implementation='xla')
@@ -119,7 +134,7 @@ def _xla(query, key, value, mask, recomputed: bool = False):
     default = recompute.recompute(default)
   return platform_switch.switch(
       query, key, value,
-      cpu=lambda q, k, v: _cpu_core(q, k, v, mask),
+      cpu=lambda q, k, v: _cpu_core(q, k, v, mask, plain),
       default=lambda q, k, v: default(q, k, v, mask))
 
 
@@ -182,7 +197,7 @@ def _logits(q, k, mask, shape):
   return _masked(logits * _scale(q), mask, shape)
 
 
-def _cpu_core(query, key, value, mask):
+def _cpu_core(query, key, value, mask, plain: bool = False):
   """What `jax.nn.dot_product_attention`'s XLA implementation computes:
   float32 logits (bf16 products accumulated in float32), scaled, masked,
   float32 softmax, probabilities in the inputs' dtype times the values.
@@ -204,9 +219,14 @@ def _cpu_core(query, key, value, mask):
 
   The output is named as `matmul.dot_general`'s batched products are, so
   that the "dots_saveable" remat policy keeps it (`vit_jax.models.remat`).
+  `plain`: the forward computation alone, differentiated by autodiff (no
+  custom VJP; `recompute.plain_autodiff`).
   """
-  return checkpoint_name(_flash(key.shape[1], query, key, value, mask),
-                         matmul.BATCHED_NAME)
+  if plain:
+    out = _flash_fwd(key.shape[1], query, key, value, mask)[0]
+  else:
+    out = _flash(key.shape[1], query, key, value, mask)
+  return checkpoint_name(out, matmul.BATCHED_NAME)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -261,13 +281,50 @@ def _flash_bwd(kv_len, res, g):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+# The platforms (`platform_switch.tracing_for`) of NVIDIA GPUs.
+NVIDIA = ('gpu', 'cuda')
+
+
+def _for_nvidia(query) -> bool:
+  """Whether "cudnn" attention should build its cuDNN call: unless the
+  program is traced for platforms none of which is an NVIDIA GPU (cuDNN
+  cannot run there: "xla", with a warning, whatever the tracing host has)."""
+  targets = platform_switch.targets()
+  if targets is None or any(p in NVIDIA for p in targets):
+    return True
+  logging.warning("attention_impl='cudnn' in a program traced for %s: "
+                  "cuDNN runs on NVIDIA GPUs only; using attention_impl='xla' "
+                  'for q%s %s', '/'.join(targets), query.shape, query.dtype)
+  return False
+
+
+def _without_cudnn(query, error: Exception) -> None:
+  """jax could not build the cuDNN call (`error`): "xla" with a warning where
+  the program's platforms are unknown; an error where it is traced for
+  NVIDIA GPUs, where the fallback would make the program depend on the
+  host that traces it (XLA attention from a CPU host exporting for CUDA,
+  cuDNN's from a GPU host)."""
+  targets = platform_switch.targets()
+  if targets is not None:
+    raise ValueError(
+        f"attention_impl='cudnn': jax cannot build cuDNN flash attention "
+        f'for q{query.shape} {query.dtype} here ({error}), in a program '
+        f'traced for {"/".join(targets)}. jax builds the cuDNN call only on '
+        'a host with an NVIDIA GPU and cuDNN, for bf16/fp16 and shapes '
+        "cuDNN takes: trace the program there, or set attention_impl='xla' "
+        '(the same attention, XLA-fused)') from error
+  logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
+                  "attention_impl='xla'", query.shape, query.dtype, error)
+
+
 def attention_fn(impl: str, recompute: bool = False,
-                 valid_length: Optional[int] = None):
+                 valid_length: Optional[int] = None, plain: bool = False):
   """An `attention_fn` for `flax.linen.MultiHeadDotProductAttention`;
   `recompute`: "xla" keeps only its inputs for the backward pass;
   `valid_length`: the tokens from this index on are padding, hidden as keys
   (cuDNN's sequence-length mask, a key mask elsewhere); their outputs are
-  whatever the implementation gives and must be dropped by the caller."""
+  whatever the implementation gives and must be dropped by the caller;
+  `plain`: no custom VJP ("xla", "explicit"; `recompute.plain_autodiff`)."""
   if impl not in IMPLEMENTATIONS:
     raise ValueError(f'attention_impl={impl!r} must be resolved to one of '
                      f'{", ".join(IMPLEMENTATIONS)} (see attention.resolve)')
@@ -277,49 +334,49 @@ def attention_fn(impl: str, recompute: bool = False,
          broadcast_dropout=True, deterministic=False, dtype=None,
          precision=None, module=None):
     dropout = dropout_rate > 0.0 and not deterministic
-    plain = not (impl == 'explicit' or dropout or module is not None)
+    fused = not (impl == 'explicit' or dropout or module is not None)
     lengths_only = valid_length is not None and mask is None
     if valid_length is not None:
       mask = _keys_mask(mask, valid_length, key.shape[1])
-    if impl == 'cudnn' and plain:
+    if impl == 'cudnn' and fused and _for_nvidia(query):
       try:
         if lengths_only:
           return _valid_only(query, key, value, valid_length, valid_length,
                              'cudnn')
         return even_lengths(query, key, value, mask, 'cudnn')
       except (RuntimeError, ValueError, NotImplementedError) as e:
-        logging.warning('cuDNN attention unavailable for q%s %s (%s); using '
-                        "attention_impl='xla'", query.shape, query.dtype, e)
-    if not plain:
+        _without_cudnn(query, e)
+    if not fused:
       return _explicit(
           query, key, value, mask, dropout_rng=dropout_rng,
           dropout_rate=dropout_rate, broadcast_dropout=broadcast_dropout,
           deterministic=deterministic, dtype=dtype, precision=precision,
-          module=module)
-    return _xla(query, key, value, mask, recompute)
+          module=module, dot_general=matmul.dot_general_for(plain))
+    return _xla(query, key, value, mask, recompute, plain)
 
   return fn
 
 
 def _explicit(query, key, value, mask, *, dtype, precision, module,
-              **dropout):
+              dot_general=matmul.dot_general, **dropout):
   """Flax's `dot_product_attention` with the numerics of "xla" (jax's
   `dot_product_attention`): float32 logits and softmax, whatever the
   compute dtype (bf16 logits of a trained model reach tens, where bf16
   steps by 0.125, and shift every weight), float32 weights sown for
   `vit_jax.inspect`; the weighted sum of the values in the compute dtype,
-  by the project's mixed-precision matmul."""
+  by the project's mixed-precision matmul (`dot_general`)."""
   dtype = dtype or jnp.result_type(query, key, value)
   weights = _weights(query.astype(dtype), key.astype(dtype), mask,
                      dtype=dtype, precision=precision, module=module,
-                     **dropout)
+                     dot_general=dot_general, **dropout)
   return jnp.einsum('...hqk,...khd->...qhd', weights.astype(dtype),
                     value.astype(dtype), precision=precision,
-                    _dot_general=matmul.dot_general)
+                    _dot_general=dot_general)
 
 
 def _weights(query, key, mask, *, dtype, precision, module, dropout_rng,
-             dropout_rate, broadcast_dropout, deterministic):
+             dropout_rate, broadcast_dropout, deterministic,
+             dot_general=matmul.dot_general):
   """Softmax weights (..., heads, queries, keys) in float32, as flax's
   `dot_product_attention_weights(force_fp32_for_softmax=True)` gives them
   (sown, then attention dropout with flax's masks), except that the
@@ -329,7 +386,7 @@ def _weights(query, key, mask, *, dtype, precision, module, dropout_rng,
   float32 attention, against "xla"'s 0.77%."""
   logits = jnp.einsum('...qhd,...khd->...hqk', query, key,
                       precision=precision, preferred_element_type=jnp.float32,
-                      _dot_general=matmul.dot_general)
+                      _dot_general=dot_general)
   logits = logits * _scale(query)
   if mask is not None:
     logits = jnp.where(mask, logits, _BIG_NEGATIVE)
@@ -353,7 +410,8 @@ class MultiHeadDotProductAttention(nn.Module):
   bias gradients).
 
   `impl`: a resolved implementation and `valid_length` the count of real
-  tokens, the rest padding (`attention_fn`); `sow_weights=True`
+  tokens, the rest padding (`attention_fn`); without `recompute`, a float32
+  block traces no custom VJP (`recompute.plain_autodiff`); `sow_weights=True`
   sows the softmax weights into `intermediates` as `attention_weights`
   (flax's name, read by `vit_jax.inspect`).
   """
@@ -374,13 +432,16 @@ class MultiHeadDotProductAttention(nn.Module):
       raise ValueError(f'hidden size {width} is not divisible by '
                        f'num_heads={self.num_heads}')
     heads = (self.num_heads, width // self.num_heads)
+    plain = recompute.plain_autodiff(self.dtype or x.dtype, self.recompute)
+    dot_general = matmul.dot_general_for(plain)
     project = functools.partial(
         dense.Dense, heads, ('embed', 'heads', 'kv'),
         kernel_init=self.kernel_init, bias_init=self.bias_init,
-        dtype=self.dtype, param_dtype=self.param_dtype)
+        dtype=self.dtype, param_dtype=self.param_dtype,
+        dot_general=dot_general)
     query, key, value = (project(name=n)(x) for n in ('query', 'key', 'value'))
     dropout = self.dropout_rate > 0.0 and not deterministic
-    fn = attention_fn(self.impl, self.recompute, self.valid_length)
+    fn = attention_fn(self.impl, self.recompute, self.valid_length, plain)
     y = fn(query, key, value,
            dropout_rng=self.make_rng('dropout') if dropout else None,
            dropout_rate=self.dropout_rate, broadcast_dropout=False,
@@ -389,4 +450,5 @@ class MultiHeadDotProductAttention(nn.Module):
     return dense.Dense(width, ('heads', 'kv', 'embed'), in_axes=2,
                        kernel_init=self.kernel_init,
                        bias_init=self.bias_init, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='out')(y)
+                       param_dtype=self.param_dtype, dot_general=dot_general,
+                       name='out')(y)

@@ -15,7 +15,13 @@ in bf16. XLA:CPU runs such bf16 reductions as slow loops (ViT-B/16 batch 8:
 of a 3.6 s bf16 train step, docs/performance.md) and bf16 accumulation over
 thousands of terms loses precision. `add_bias` computes the same forward
 sum, and in the backward pass sums the cotangent in float32 (what TPUs and
-GPUs accumulate in anyway). For float32 activations it is plain autodiff.
+GPUs accumulate in anyway). For float32 activations it is the plain sum,
+whose autodiff gradient is that float32 sum already (and which forward-mode
+autodiff, `jax.jvp`, can differentiate: a custom VJP cannot be).
+
+`Dense`, `apply` and `Head` take the kernel product from `dot_general`
+(`matmul.dot_general`; `matmul.plain_dot_general` for models that must
+support forward-mode autodiff, `recompute.plain_autodiff`).
 """
 
 from __future__ import annotations
@@ -34,15 +40,27 @@ from vit_jax.models.partitioning import with_axes
 Dtype = Any
 
 
-@jax.custom_vjp
 def add_bias(y, bias):
   """y + bias (broadcast over y's leading axes, cast to y's dtype); the bias
-  gradient is summed in float32 and cast to the bias's dtype."""
+  gradient is summed in float32 (at least) and cast to the bias's dtype.
+
+  For a y of 32 bits or more that is autodiff's own gradient: the plain sum,
+  no custom VJP (so `jax.jvp` and `jax.jacfwd` work through it); half
+  precision takes `_half_add_bias`."""
+  if jnp.dtype(y.dtype).itemsize >= 4:
+    return y + bias.astype(y.dtype)
+  return _half_add_bias(y, bias)
+
+
+@jax.custom_vjp
+def _half_add_bias(y, bias):
+  """`add_bias` of a half-precision y: autodiff would sum the bias gradient
+  in y's dtype (module doc)."""
   return y + bias.astype(y.dtype)
 
 
 def _add_bias_fwd(y, bias):
-  return add_bias(y, bias), bias
+  return _half_add_bias(y, bias), bias
 
 
 def _add_bias_bwd(bias, g):
@@ -84,18 +102,20 @@ def _by_product(g, lead: int):
   return out[0].reshape(g.shape[lead:])
 
 
-add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
+_half_add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
 
 
-def apply(x, kernel, bias, dtype: Optional[Dtype] = None):
+def apply(x, kernel, bias, dtype: Optional[Dtype] = None,
+          dot_general: Callable = matmul.dot_general):
   """flax DenseGeneral's computation: x's trailing `kernel.ndim - bias.ndim`
-  axes contracted with the kernel's leading ones, then the bias; operands
-  cast to `dtype` (the kernel and bias dtypes' promotion with x's if None)."""
+  axes contracted with the kernel's leading ones (by `dot_general`), then
+  the bias; operands cast to `dtype` (the kernel and bias dtypes' promotion
+  with x's if None)."""
   dtype = dtype or jnp.result_type(x, kernel, bias)
   n = kernel.ndim - (bias.ndim if bias is not None else 0)
   contract = tuple(range(x.ndim - n, x.ndim))
-  y = matmul.dot_general(x.astype(dtype), kernel.astype(dtype),
-                         ((contract, tuple(range(n))), ((), ())))
+  y = dot_general(x.astype(dtype), kernel.astype(dtype),
+                  ((contract, tuple(range(n))), ((), ())))
   return y if bias is None else add_bias(y, bias)
 
 
@@ -120,7 +140,8 @@ class DenseParams(nn.Module):
   function of its own (`vit.MlpBlock` recomputes its second Dense).
 
   `axes`: logical names of the kernel's axes (input axes, then features);
-  the bias takes the features' names.
+  the bias takes the features' names. `dot_general`: the kernel product
+  of the subclasses that apply them (`Dense`, `Head`).
   """
   features: Union[int, Sequence[int]]
   axes: Sequence[Optional[str]]
@@ -129,6 +150,7 @@ class DenseParams(nn.Module):
   in_axes: int = 1
   dtype: Optional[Dtype] = None
   param_dtype: Dtype = jnp.float32
+  dot_general: Callable = matmul.dot_general
 
   @nn.compact
   def __call__(self, in_shape: Sequence[int]) -> Tuple[jax.Array, jax.Array]:
@@ -158,7 +180,7 @@ class Dense(DenseParams):
   @nn.compact
   def __call__(self, x):  # pylint: disable=arguments-renamed
     kernel, bias = self._create(tuple(x.shape[x.ndim - self.in_axes:]))
-    return apply(x, kernel, bias, self.dtype)
+    return apply(x, kernel, bias, self.dtype, self.dot_general)
 
 
 @jax.custom_vjp
@@ -203,16 +225,18 @@ class Head(DenseParams):
     kernel, bias = self._create((x.shape[-1],))
     dtype = self.dtype or jnp.result_type(x, kernel)
     if jnp.dtype(dtype) == jnp.float32:
-      y = matmul.dot_general(x.astype(dtype), kernel.astype(dtype),
-                             (((x.ndim - 1,), (0,)), ((), ())))
+      y = self.dot_general(x.astype(dtype), kernel.astype(dtype),
+                           (((x.ndim - 1,), (0,)), ((), ())))
     else:
       y = _wide_dot(x.astype(dtype), kernel.astype(dtype))
     return y + bias.astype(jnp.float32)
 
 
-def head(module, features: int, bias: float = 0.0, name: str = 'head'
-         ) -> Head:
+def head(module, features: int, bias: float = 0.0, name: str = 'head',
+         dot_general: Callable = matmul.dot_general) -> Head:
   """The output layer of `module` (a model with `dtype` and `param_dtype`):
-  `features` wide, its bias initialised to the constant `bias`."""
+  `features` wide, its bias initialised to the constant `bias`, its float32
+  product by `dot_general`."""
   return Head(features, dtype=module.dtype, param_dtype=module.param_dtype,
-              name=name, bias_init=nn.initializers.constant(bias))
+              name=name, bias_init=nn.initializers.constant(bias),
+              dot_general=dot_general)

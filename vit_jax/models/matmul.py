@@ -3,7 +3,9 @@
 `dot_general` is a drop-in for `lax.dot_general` (flax's `dot_general=` and
 `einsum_dot_general=` hooks). For float32 operands it computes what
 `lax.dot_general` does; on CPUs a dense (unbatched) product's backward pass
-takes the layout of the bf16 form below (`_cpu_f32_dot`). For bfloat16
+takes the layout of the bf16 form below (`_cpu_f32_dot`), a custom VJP;
+`plain_dot_general` leaves them to `lax.dot_general` (models that need
+forward-mode autodiff, `recompute.plain_autodiff`). For bfloat16
 operands every product is accumulated in float32, forward and
 backward, and the result is rounded to bfloat16 once (what TPUs and GPUs do
 for bf16 matmuls anyway; plain autodiff would give bf16-accumulated or
@@ -122,6 +124,29 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None,
   # Named so that remat policies can keep it: the platform switch and the
   # custom VJP hide the dot_general that `checkpoint_policies.dots_*` see.
   return checkpoint_name(out, BATCHED_NAME if dn[1][0] else NAME)
+
+
+def plain_dot_general(lhs, rhs, dimension_numbers, precision=None,
+                      preferred_element_type=None, **kwargs):
+  """`dot_general` for models written in plain autodiff
+  (`recompute.plain_autodiff`: float32 without `recompute_internals`):
+  float32 products are `lax.dot_general` itself on every platform, as
+  under `portable()`. `dot_general`'s CPU layout has a custom VJP, and
+  `lax.platform_dependent` traces the CPU branch wherever the program runs,
+  so forward-mode autodiff (`jax.jvp`, `jax.jacfwd`, Hessian-vector
+  products) would fail on every platform. Other dtypes as `dot_general`."""
+  if lhs.dtype == rhs.dtype == F32:
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                           preferred_element_type=preferred_element_type,
+                           **kwargs)
+  return dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                     preferred_element_type=preferred_element_type, **kwargs)
+
+
+def dot_general_for(plain: bool):
+  """The product of a model in plain autodiff (`plain_dot_general`) or not
+  (`dot_general`)."""
+  return plain_dot_general if plain else dot_general
 
 
 def _accelerator_dot(lhs, rhs, *, dn):

@@ -20,6 +20,11 @@ would be anyway.
 
 Callers: the encoder's LayerNorm, XLA attention and the MLP's GELU +
 second Dense (`recompute_internals`, `vit_jax.models.vit`).
+
+A custom VJP cannot be differentiated in forward mode (`jax.jvp`,
+`jax.jacfwd`, `jax.linearize`, forward-over-reverse Hessian-vector
+products). `plain_autodiff` names the configuration whose models trace
+none: float32 without `recompute_internals`.
 """
 
 from __future__ import annotations
@@ -28,6 +33,19 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+
+def plain_autodiff(dtype, recompute_internals: bool) -> bool:
+  """Whether a ViT of compute `dtype` (None: float32) is written in plain
+  differentiable ops only, with no custom VJP anywhere (not even in a
+  platform branch that lowering drops), so that forward-mode autodiff works:
+  float32 with `recompute_internals=False`. Its backward pass is then
+  autodiff's own: the same values, but on CPUs without the layouts of the
+  custom backward passes (`matmul.plain_dot_general`, `attention._cpu_core`).
+  Half precision keeps its float32-accumulating custom VJPs (bias gradients,
+  matmuls), and `recompute_internals` is one by construction."""
+  return not recompute_internals and jnp.dtype(
+      dtype or jnp.float32) == jnp.float32
 
 
 def _is_float(x) -> bool:

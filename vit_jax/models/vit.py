@@ -41,11 +41,31 @@ class AddPositionEmbs(nn.Module):
   @nn.compact
   def __call__(self, x):
     shape = (1, x.shape[1], x.shape[2])
+    self._check_tokens(x.shape[1])
     pe = self.param('pos_embedding',
                     with_axes(nn.initializers.normal(stddev=0.02),
                               (None, None, 'embed')),
                     shape, self.param_dtype)
     return x + pe.astype(x.dtype)
+
+  def _check_tokens(self, tokens: int) -> None:
+    """Parameters of another token count (another image or patch size) are
+    a ValueError that says so and names the resize, not flax's shape
+    error, which names neither."""
+    if not self.has_variable('params', 'pos_embedding'):
+      return
+    have = jnp.shape(nn.meta.unbox(self.get_variable('params',
+                                                   'pos_embedding')))
+    if len(have) == 3 and have[1] != tokens:
+      name = '/'.join(tuple(self.scope.path) + ('pos_embedding',))
+      raise ValueError(
+          f'{name} holds {have[1]} positions (class token, if any, and '
+          f'patch grid), but these images give {tokens} tokens: the '
+          'parameters were made for another image size (or patch size). '
+          'Resize them to this input with vit_jax.checkpoint.resize_posemb '
+          '(load_pretrained does, given the new model\'s initial '
+          'parameters), or vit_jax.trained.resized for a trained model; '
+          'or feed images of the size they were made for')
 
 
 class DropPath(nn.Module):
@@ -106,7 +126,8 @@ class MlpBlock(nn.Module):
   `recompute_internals`: the GELU and the second Dense keep only the GELU's
   input for the backward pass, which recomputes the GELU's output for the
   Dense's weight gradient (without dropout; with it, the GELU alone; see
-  `Encoder`).
+  `Encoder`); without it, a float32 block traces no custom VJP
+  (`recompute.plain_autodiff`).
   """
   mlp_dim: int
   dropout_rate: float = 0.0
@@ -117,10 +138,13 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, deterministic: bool):
+    plain = recompute.plain_autodiff(self.dtype, self.recompute_internals)
+    dot_general = matmul.dot_general_for(plain)
     def layer(n, axes, name, cls=dense.Dense):
       return cls(n, axes, kernel_init=nn.initializers.xavier_uniform(),
                  bias_init=nn.initializers.normal(stddev=1e-6),
-                 dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+                 dtype=self.dtype, param_dtype=self.param_dtype,
+                 dot_general=dot_general, name=name)
     out_dim = x.shape[-1]
     x = layer(self.mlp_dim, ('embed', 'mlp'), 'Dense_0')(x)
     x = nn.with_logical_constraint(x, ('batch', 'length', 'mlp'))
@@ -131,7 +155,8 @@ class MlpBlock(nn.Module):
     def gelu(y):  # In float32 whatever the compute dtype: one rounding.
       return nn.gelu(y.astype(jnp.float32),
                      approximate=self.gelu_approximate).astype(y.dtype)
-    project = functools.partial(dense.apply, dtype=self.dtype)
+    project = functools.partial(dense.apply, dtype=self.dtype,
+                                dot_general=dot_general)
     maybe = recompute.recompute if self.recompute_internals else (lambda f: f)
     if self.dropout_rate > 0.0 and not deterministic:
       x = nn.Dropout(rate=self.dropout_rate)(maybe(gelu)(x),
@@ -210,8 +235,10 @@ class Encoder(nn.Module):
   (`vit_jax.models.recompute`): statistics, attention logits and softmax, the
   GELU's output. That is less than PyTorch's autograd keeps. False keeps
   every intermediate (jax's default: the same numbers with about twice the
-  activation memory, docs/performance.md). Independent of `remat`, which
-  recomputes whole blocks.
+  activation memory, docs/performance.md); in float32 the model then has no
+  custom VJP at all, so that forward-mode autodiff works
+  (`recompute.plain_autodiff`). Independent of `remat`, which recomputes
+  whole blocks.
 
   `even_tokens`: an odd token count (a ViT's 197) is padded once by one zero
   token, which every block's attention hides as a key, and sliced off
@@ -316,7 +343,9 @@ class VisionTransformer(Module):
     scan_layers / remat: see `Encoder` (same numbers, less compile time and
       memory for deep models).
     recompute_internals: see `Encoder` (same numbers; False keeps every
-      LayerNorm/GELU/attention intermediate for the backward pass).
+      LayerNorm/GELU/attention intermediate for the backward pass, and a
+      float32 model is then plain autodiff: `jax.jvp`, `jax.jacfwd` and
+      Hessian-vector products work, `recompute.plain_autodiff`).
     dtype: compute dtype of every layer; param_dtype: storage dtype of params.
   """
   num_classes: Optional[int]
@@ -361,6 +390,8 @@ class VisionTransformer(Module):
     x = encode(self, embed_patches(self, images), train=train)
     x = x[:, 0] if self.classifier == 'token' else jnp.mean(x, axis=1)
 
+    plain = recompute.plain_autodiff(self.dtype, self.recompute_internals)
+    dot_general = matmul.dot_general_for(plain)
     if self.representation_size:
       # Named as an MLP's first layer: the representation is split over
       # the `model` mesh axis under tensor parallelism.
@@ -369,13 +400,14 @@ class VisionTransformer(Module):
                    kernel_init=with_axes(nn.initializers.lecun_normal(),
                                          ('embed', 'mlp')),
                    bias_init=with_axes(nn.initializers.zeros, ('mlp',)),
-                   dot_general=matmul.dot_general, name='pre_logits')(x)
+                   dot_general=dot_general, name='pre_logits')(x)
       x = nn.tanh(x)
     # The image representation (few-shot evaluators read it from here).
     self.sow('intermediates', 'representation', x)
     if not self.num_classes:
       return x
-    return dense.head(self, self.num_classes, self.head_bias_init)(x)
+    return dense.head(self, self.num_classes, self.head_bias_init,
+                      dot_general=dot_general)(x)
 
 
 def embed_patches(module: VisionTransformer, images):
