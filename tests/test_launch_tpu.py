@@ -1129,7 +1129,7 @@ def test_vit_jax_main_stopped_by_sigterm_while_starting_exits_75(tmp_path):
   finally:
     p.kill()
   assert p.returncode == EXIT_PREEMPTED, err
-  assert ('stopped by SIGTERM before training began; nothing to save; '
+  assert ('stopped by SIGTERM outside training steps; nothing to save; '
           'exit 75 (restart)') in err
 
 

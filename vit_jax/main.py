@@ -26,12 +26,12 @@ import sys
 from vit_jax.train.preemption import EXIT_PREEMPTED
 
 
-def _stop_before_training(signum, frame):  # pylint: disable=unused-argument
+def _stop_outside_training(signum, frame):  # pylint: disable=unused-argument
   """SIGTERM while the run starts (imports, TensorFlow, jax.distributed:
-  minutes on a fresh pod), before `preemption` installs its handlers:
-  exits 75, which launchers re-run, instead of dying by the signal (143,
-  which they take as a failure). Nothing is trained yet, so nothing is
-  saved; `os._exit`, as no cleanup may wait on peers (jax.distributed's
+  minutes on a fresh pod), before `preemption` installs its handlers, or
+  once they are gone again after the last checkpoint (evaluating, writing
+  the summary): exits 75, which launchers re-run, instead of dying by the
+  signal (143, which they take as a failure). Nothing is left to save; `os._exit`, as no cleanup may wait on peers (jax.distributed's
   shutdown barrier) and a lock left behind is taken over on this host."""
   for stream in (sys.stdout, sys.stderr):
     try:  # The code interrupted may be writing to it (reentrant flush).
@@ -39,7 +39,7 @@ def _stop_before_training(signum, frame):  # pylint: disable=unused-argument
     except Exception:  # pylint: disable=broad-except
       pass
   try:
-    os.write(2, b'vit_jax: stopped by SIGTERM before training began; '
+    os.write(2, b'vit_jax: stopped by SIGTERM outside training steps; '
              b'nothing to save; exit 75 (restart)\n')
   except OSError:  # A stderr that is gone.
     pass
@@ -49,7 +49,7 @@ def _stop_before_training(signum, frame):  # pylint: disable=unused-argument
 if __name__ == '__main__':
   # First, before the heavy imports; replaced by `preemption`'s handlers
   # (and on a pod by JAX's preemption service) once the run is set up.
-  signal.signal(signal.SIGTERM, _stop_before_training)
+  signal.signal(signal.SIGTERM, _stop_outside_training)
 
 # pylint: disable=wrong-import-position
 from absl import app, flags
