@@ -59,10 +59,16 @@ class Evaluator(abc.ABC):
   Subclasses take `(name, cfg, context)`: the section's name in
   `config.evals`, the section itself and the run's `Context`. Check the
   settings there, so that a bad one fails before training, not after it.
+  `KEYS`: the section keys the subclass reads besides `type` and `every`;
+  any other is refused (`check_keys`). None: not checked.
   """
+
+  KEYS: Optional[Tuple[str, ...]] = None
 
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: Context):
+    if self.KEYS is not None:
+      check_keys(name, cfg, self.KEYS)
     self.name = name
     self.every = int(cfg.get('every', 0))
     self.context = context

@@ -84,7 +84,6 @@ class Classification(base.Evaluator):
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
-    base.check_keys(name, cfg, self.KEYS)
     self._real_only = bool(cfg.get('real_only', False))
     self.prefix = _prefix(name, cfg)
     _check_not_posing_as_real(name, self.prefix, self._real_only)

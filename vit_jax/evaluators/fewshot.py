@@ -53,6 +53,8 @@ BIAS_FEATURE = 100.0
 DEFAULT_PP = preprocess.PRESETS['resize']
 L2_REG = 2.0**10  # big_vision's default.
 SHOTS = (1, 5, 10, 25)  # The paper's shot counts, `shots`' default.
+SEEDS = 3  # Draws of each k-shot set, `seeds`' default.
+POOL_PER_CLASS = 100  # First examples of each class drawn from.
 
 
 # Test rows standardised and scored at a time: a float64 copy of the whole
@@ -92,18 +94,6 @@ def fit_predict(x_train: np.ndarray, y_train: np.ndarray,
              ) / std
     pred[start:start + TEST_ROWS] = (block @ w[:d] + bias).argmax(-1)
   return pred
-
-
-def accuracy(x_train: np.ndarray, y_train: np.ndarray, x_test: np.ndarray,
-             y_test: np.ndarray, num_classes: int,
-             l2_reg: float = L2_REG) -> float:
-  """The test accuracy of `fit_predict`; NaN when a feature is not finite
-  (a diverged model): NaN scores would predict class 0 for every image, a
-  chance-level number that reads like a result."""
-  if not (np.isfinite(x_train).all() and np.isfinite(x_test).all()):
-    return float('nan')
-  pred = fit_predict(x_train, y_train, x_test, num_classes, l2_reg)
-  return float(np.mean(pred == y_test))
 
 
 def draw(labels: np.ndarray, num_classes: int, shots: Sequence[int],
@@ -146,12 +136,12 @@ class FewShot(base.Evaluator):
     self._key = metric_prefix(name)
     model, mesh = context.model, context.mesh
     params_sharding = context.params_sharding
-    base.check_keys(name, cfg, self.KEYS)
     self.shots = tuple(sorted(_counts(name, 'shots',
                                       cfg.get('shots', SHOTS))))
-    self.seeds = _count(name, 'seeds', cfg.get('seeds', 3))
+    self.seeds = _count(name, 'seeds', cfg.get('seeds', SEEDS))
     self.l2_reg = _l2_reg(name, cfg.get('l2_reg'))
-    self.pool = _count(name, 'pool_per_class', cfg.get('pool_per_class', 100))
+    self.pool = _count(name, 'pool_per_class',
+                       cfg.get('pool_per_class', POOL_PER_CLASS))
     if self.pool < self.shots[-1]:
       raise ValueError(f'evals.{name}.pool_per_class={self.pool} is below '
                        f'the largest shot count {self.shots[-1]}')
@@ -305,14 +295,18 @@ class FewShot(base.Evaluator):
       if not shot_counts:
         continue
       x_test, y_test = self._features(params, data, test_split)
+      if _not_finite(self.name, data, x_train, x_test):
+        for shots in shot_counts:
+          out[f'{self._key}{data}/{shots}shot'] = float('nan')
+          out[f'{self._key}{data}/{shots}shot_std'] = float('nan')
+        continue
       accs = {s: [] for s in shot_counts}
       for seed in range(self.seeds):
         for shots, idx in draw(y_train, k, shot_counts, seed).items():
-          accs[shots].append(accuracy(x_train[idx], y_train[idx], x_test,
-                                      y_test, k, self.l2_reg))
+          pred = fit_predict(x_train[idx], y_train[idx], x_test, k,
+                             self.l2_reg)
+          accs[shots].append(float(np.mean(pred == y_test)))
       for shots, values in accs.items():
-        if np.isnan(values).any():
-          _warn_not_finite(self.name, data, shots, x_train, x_test)
         out[f'{self._key}{data}/{shots}shot'] = float(np.mean(values))
         out[f'{self._key}{data}/{shots}shot_std'] = float(np.std(values))
     return out
@@ -331,9 +325,9 @@ class FewShot(base.Evaluator):
     return {'datasets': [list(_split_dataset(d))
                          for d in cfg.get('datasets', ())],
             'shots': sorted(int(k) for k in cfg.get('shots', SHOTS)),
-            'seeds': int(cfg.get('seeds', 3)),
+            'seeds': int(cfg.get('seeds', SEEDS)),
             'l2_reg': L2_REG if l2_reg is None else float(l2_reg),
-            'pool_per_class': int(cfg.get('pool_per_class', 100)),
+            'pool_per_class': int(cfg.get('pool_per_class', POOL_PER_CLASS)),
             'pp': cfg.get('pp') or DEFAULT_PP}
 
 
@@ -354,16 +348,20 @@ def first_of_each_class(labels: np.ndarray, counts: np.ndarray,
   return keep
 
 
-def _warn_not_finite(name: str, data: str, shots: int, x_train: np.ndarray,
-                     x_test: np.ndarray) -> None:
-  """Says why a few-shot result is NaN, naming the dataset and shot."""
+def _not_finite(name: str, data: str, x_train: np.ndarray,
+                x_test: np.ndarray) -> bool:
+  """Whether the representation is not finite (a diverged model), said in
+  the log: its NaN scores would predict class 0 for every image, a
+  chance-level accuracy that reads like a result; the metrics are NaN."""
   def bad(x):
     return int((~np.isfinite(x).all(axis=1)).sum())
-  logging.warning(
-      'few-shot %s (evals.%s) %d-shot: NaN, as the representation is not '
-      'finite for %d of %d train-pool and %d of %d test images (has the '
-      'model diverged?)', data, name, shots, bad(x_train), len(x_train),
-      bad(x_test), len(x_test))
+  train, test = bad(x_train), bad(x_test)
+  if train or test:
+    logging.warning(
+        'few-shot %s (evals.%s): NaN, as the representation is not finite '
+        'for %d of %d train-pool and %d of %d test images (has the model '
+        'diverged?)', data, name, train, len(x_train), test, len(x_test))
+  return bool(train or test)
 
 
 def _is_count(value: Any) -> bool:

@@ -60,7 +60,6 @@ class MaskedPatchEval(base.Evaluator):
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
-    base.check_keys(name, cfg, self.KEYS)
     if not isinstance(context.model, selfsup.MaskedPatchPrediction):
       raise ValueError(f'evals.{name}: type=mpp evaluates a masked patch '
                        'prediction model; set --config.objective=mpp')
@@ -90,18 +89,21 @@ class MaskedPatchEval(base.Evaluator):
       raise ValueError(f'evals.{self.name}: split {self._split!r} of '
                        f'{self._input.data} has no examples')
     sums = {k: float(v) for k, v in jax.device_get(sums).items()}
-    p, count = self.prefix, max(sums['count'], 1.0)
-    metrics = {f'{p}mpp_loss': sums['loss'] / count,
-               f'{p}mpp_positions': sums['count'],
-               f'{p}examples': sums['examples']}
+    count = max(sums['count'], 1.0)
+    values = {'mpp_loss': sums['loss'] / count,
+              'mpp_positions': sums['count'], 'examples': sums['examples'],
+              'mpp_accuracy': sums['correct'] / count}
+    return {self.prefix + k: values[k] for k in self._metric_keys()}
+
+  def _metric_keys(self):
+    """What `run` writes, less the prefix: a pixel regression has no
+    accuracy."""
+    keys = ('mpp_loss', 'mpp_positions', 'examples')
     if self.context.model.target != 'pixels':
-      metrics[f'{p}mpp_accuracy'] = sums['correct'] / count
-    return metrics
+      keys += ('mpp_accuracy',)
+    return keys
 
   def metric_names(self):
-    """What `run` writes, so that `build` refuses two sections (or a section
-    and the run's own `eval`) writing one metric."""
-    names = ['mpp_loss', 'mpp_positions', 'examples']
-    if self.context.model.target != 'pixels':
-      names.append('mpp_accuracy')
-    return frozenset(self.prefix + k for k in names)
+    """So that `build` refuses two sections (or a section and the run's own
+    `eval`) writing one metric."""
+    return frozenset(self.prefix + k for k in self._metric_keys())
