@@ -917,7 +917,7 @@ def test_an_evaluator_defined_in_a_config_file_survives_its_second_run(
     class Twice(evaluators.Evaluator):  # Another class, this file.
       def run(self, params):
         return {}
-    with pytest.raises(ValueError, match='under another type name'):
+    with pytest.raises(ValueError, match='under another name'):
       evaluators.register('test_twice')(Twice)
     assert base.TYPES['test_twice'] is module.Twice
   finally:

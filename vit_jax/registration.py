@@ -47,3 +47,13 @@ def describe(obj: Any) -> str:
   return (f'{getattr(obj, "__module__", "?")}.'
           f'{getattr(obj, "__qualname__", obj)} '
           f'({source_file(obj) or "source unknown"})')
+
+
+def check_free(what: str, name: str, first: Any, new: Any) -> None:
+  """Refuses `new` as the `what` (e.g. 'evaluator type') `name` when
+  `first`, already registered under it, is not the same definition
+  (None: the name is free)."""
+  if first is not None and not same_definition(first, new):
+    raise ValueError(f'{what} {name!r} is already registered by '
+                     f'{describe(first)}; register {describe(new)} under '
+                     'another name')

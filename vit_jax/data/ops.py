@@ -54,14 +54,8 @@ def register(name: str, *, random: bool = False, pixels: bool = False):
   would change every preset using it), but for the same definition run
   again (a config file runs twice: `vit_jax.registration`)."""
   def deco(factory):
-    if name in _FACTORIES:
-      first, *flags = _FACTORIES[name]
-      if (not registration.same_definition(first, factory)
-          or flags != [random, pixels]):
-        raise ValueError(
-            f'pre-processing op {name!r} is already registered by '
-            f'{registration.describe(first)}; register '
-            f'{registration.describe(factory)} under another name')
+    registration.check_free('pre-processing op', name,
+                            _FACTORIES.get(name, (None,))[0], factory)
     _FACTORIES[name] = (factory, random, pixels)
     return factory
   return deco

@@ -205,10 +205,7 @@ def register(kind: str) -> Callable[[Type[Source]], Type[Source]]:
   def add(cls: Type[Source]) -> Type[Source]:
     # The same definition run again (a config file runs twice) replaces
     # itself: `vit_jax.registration`.
-    if kind in KINDS and not registration.same_definition(KINDS[kind], cls):
-      raise ValueError(f'source kind {kind!r} is already registered by '
-                       f'{registration.describe(KINDS[kind])}; register '
-                       f'{registration.describe(cls)} under another kind')
+    registration.check_free('source kind', kind, KINDS.get(kind), cls)
     KINDS[kind] = cls
     return cls
   return add

@@ -143,12 +143,8 @@ def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:
   the same definition. Another class under a taken name is refused.
   """
   def add(cls: Type[Evaluator]) -> Type[Evaluator]:
-    first = TYPES.get(type_name)
-    if first is not None and not registration.same_definition(first, cls):
-      raise ValueError(
-          f'evaluator type {type_name!r} is already registered by '
-          f'{registration.describe(first)}; register '
-          f'{registration.describe(cls)} under another type name')
+    registration.check_free('evaluator type', type_name,
+                            TYPES.get(type_name), cls)
     TYPES[type_name] = cls
     return cls
   return add
