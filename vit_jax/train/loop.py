@@ -481,13 +481,11 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
           + ')' if overrides else ''),
       'dataset': config.input.data,
       'steps': step, 'batch_size': config.input.batch_size,
-      'examples_seen': examples, 'wall_s': wall,
+      'examples_seen': examples,
+      **reporting.cost(wall, jax.device_count(), hw.cores(1) if hw else 1.0),
       'num_devices': jax.device_count(),
       'num_processes': jax.process_count(),
       'hardware': hw.name if hw else jax.devices()[0].device_kind,
-      'device_hours': jax.device_count() * wall / 3600,
-      'core_days': jax.device_count() * (hw.cores(1) if hw else 1.0) * wall
-                   / 86400,
       'image_size': run.image_shape[0], 'init': config.get('init'),
       # The file or checkpoint step `init` named when the run started.
       'init_from': run.saved.get('init_from'),
@@ -525,7 +523,7 @@ def _cost_recorded(workdir: str, step: int) -> Dict[str, Any]:
   earlier = run_files.read_summary(workdir, own=False)
   if earlier.get('steps') != step:
     return {}
-  return {k: earlier[k] for k in ('wall_s', 'device_hours', 'core_days')
+  return {k: earlier[k] for k in reporting.COST_KEYS
           if isinstance(earlier.get(k), (int, float))}
 
 

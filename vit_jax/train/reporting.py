@@ -146,6 +146,19 @@ def make_writer(workdir: str, resume_step: Optional[int] = None
   ])
 
 
+# A run's cost figures (summary.json's; the progress log's but wall_s).
+COST_KEYS = ('wall_s', 'device_hours', 'core_days')
+
+
+def cost(wall_s: float, num_devices: int, cores_per_device: float
+         ) -> Dict[str, float]:
+  """`COST_KEYS` of `wall_s` seconds on `num_devices` devices of
+  `cores_per_device` cores each (TPU cores per chip; 1 elsewhere)."""
+  device_hours = num_devices * wall_s / 3600
+  return {'wall_s': wall_s, 'device_hours': device_hours,
+          'core_days': device_hours * cores_per_device / 24}
+
+
 class Progress(periodic_actions.ReportProgress):
   """clu's progress report (steps/s, ETA, time per timed part) plus what the
   run costs: img/s (total and per device), device-hours, TPU-core-days and
@@ -186,7 +199,7 @@ class Progress(periodic_actions.ReportProgress):
     interval = max(t - self._previous_time, 1e-9)
     steps_per_s = (step - self._previous_step) / interval
     wall = t - self._t0 + self.prior_wall_s
-    device_hours = self.num_devices * wall / 3600
+    spent_so_far = cost(wall, self.num_devices, self.cores_per_device)
     examples = step * self.batch_size  # Since step 0, resumes included.
     parts = dict(self._time_per_part)
     spent = {name: parts[name] - self._parts_before.get(name, 0.0)
@@ -214,8 +227,8 @@ class Progress(periodic_actions.ReportProgress):
         'img_per_s': steps_per_s * self.batch_size,
         'img_per_s_per_device': steps_per_s * self.batch_size / self.num_devices,
         'eta_hours': remaining / steps_per_s / 3600 if steps_per_s else 0.0,
-        'device_hours': device_hours,
-        'core_days': device_hours * self.cores_per_device / 24,
+        'device_hours': spent_so_far['device_hours'],
+        'core_days': spent_so_far['core_days'],
         'exaflops': examples * self.flops_per_example / 1e18,
         **split,
     }
