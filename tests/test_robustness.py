@@ -714,23 +714,6 @@ def test_a_step_one_process_finds_damaged_is_walked_back_by_all(
   ckpt.close()
 
 
-def test_steps_marked_by_an_earlier_version_are_skipped_and_moved(tmp_path):
-  """An earlier version stopped the run and marked the step instead: such
-  marks are still honoured, and moved aside with their step."""
-  ckpt, abstract, shardings, _ = _steps_1_and_2(tmp_path)
-  marks = tmp_path / 'damaged_checkpoints' / 'marks'
-  marks.mkdir(parents=True)
-  (marks / '2.process-1').write_text('process 1: state item: DATA_LOSS\n')
-  step, _, data = ckpt.restore(abstract, shardings)
-  assert (step, data) == (1, {'position': 1})
-  aside, = [p for p in (tmp_path / 'damaged_checkpoints').iterdir()
-            if p.name != 'marks']
-  assert (aside / 'DAMAGED-2.process-1').read_text().startswith(
-      'process 1: state item: DATA_LOSS')
-  assert not list(marks.iterdir())
-  ckpt.close()
-
-
 def test_a_damaged_step_that_cannot_be_moved_aside_stops_the_run(
     tmp_path, monkeypatch):
   """Left in place, a damaged step is never saved anew (orbax keeps a step
@@ -774,6 +757,15 @@ def test_a_failed_save_is_one_line_naming_the_step_and_the_steps_kept(
       'left on device); the complete checkpoints kept: steps 1, 2. Free '
       'space (or fix the storage) and re-run the same command to resume '
       'from step 2')
+  def unlistable(*args, **kwargs):  # The storage fails the listing too.
+    raise OSError('Input/output error')
+  monkeypatch.setattr(orbax_state.ocp.step, 'checkpoint_steps', unlistable)
+  with pytest.raises(orbax_state.CheckpointWriteError) as e:
+    ckpt.maybe_save(3, None, {}, force=True)
+  assert str(e.value).endswith(  # Steps may be kept all the same.
+      'the complete checkpoints kept could not be listed. Free space (or fix '
+      'the storage) and re-run the same command to resume from its newest '
+      'complete checkpoint')
   monkeypatch.undo()
   monkeypatch.setattr(ckpt.manager, 'wait_until_finished', failing)
   ckpt._saving = 2  # A background save that failed after it began.

@@ -31,9 +31,7 @@ class DamagedCheckpointError(RuntimeError):
   """A checkpoint step that cannot be read completely."""
 
   def __init__(self, message: str, *, reason: str):
-    # Orbax / TensorStore errors can span pages: keep their first line.
-    lines = str(reason).strip().splitlines() or ['']
-    self.reason = lines[0][:240] + ('...' if len(lines[0]) > 240 else '')
+    self.reason = _first_line(reason)
     super().__init__(f'{message} ({self.reason})'
                      if self.reason not in message else message)
 
@@ -64,31 +62,49 @@ _TRANSIENT_ERRNOS = {errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNREFUSED,
                      errno.ENETUNREACH}
 
 
+def _first_line(text: Any) -> str:
+  """The first line of `text`, cut at 240 characters: Orbax / TensorStore
+  errors can span pages, and a message names one cause in one line."""
+  lines = str(text).strip().splitlines() or ['']
+  return lines[0][:240] + ('...' if len(lines[0]) > 240 else '')
+
+
+def _chain(error: Optional[BaseException]):
+  """`error`, then the one it was raised from (or while handling), and so
+  on: the cause a wrapper (orbax, TensorStore) hides is further down."""
+  seen = set()  # A chain can loop back on itself.
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
 def transient(error: BaseException) -> bool:
   """Whether `error` (or one it was raised from) is a passing failure of the
   storage or the host rather than a sign of damaged files."""
-  seen = set()
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
-    if isinstance(error, (MemoryError, TimeoutError, ConnectionError)):
-      return True
-    if isinstance(error, OSError) and error.errno in _TRANSIENT_ERRNOS:
-      return True
-    if any(code in str(error) for code in _TRANSIENT_CODES):
-      return True
-    error = error.__cause__ or error.__context__
-  return False
+  return any(
+      isinstance(e, (MemoryError, TimeoutError, ConnectionError))
+      or (isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS)
+      or any(code in str(e) for code in _TRANSIENT_CODES)
+      for e in _chain(error))
+
+
+def _unavailable(failed: str, reason: str) -> CheckpointUnavailableError:
+  """The error for a read that `failed` for a passing `reason`, on this
+  process or another: the checkpoint keeps its place, so running the same
+  command again resumes from it."""
+  return CheckpointUnavailableError(
+      f'{failed} for a passing reason ({reason}). Nothing was moved or '
+      'deleted: run the same command again once the storage (or memory) is '
+      'available')
 
 
 def _unreadable(step_dir: str, item: str, e: Exception) -> Exception:
   """The error for an item that failed to restore: damaged files, or a
   passing failure that must not cost the checkpoint its place."""
   if transient(e):
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
-    return CheckpointUnavailableError(
-        f'could not read {step_dir}/{item} for a passing reason ({first}). '
-        'Nothing was moved or deleted: run the same command again once the '
-        'storage (or memory) is available')
+    return _unavailable(f'could not read {step_dir}/{item}',
+                        _first_line(e) or type(e).__name__)
   return DamagedCheckpointError(f'cannot read {step_dir}/{item}',
                                 reason=f'{item} item: {e}')
 
@@ -100,7 +116,7 @@ class Checkpointer:
                async_save: bool = True):
     if '://' not in workdir:  # Local: absolute. gs:// and others: as given.
       workdir = os.path.abspath(workdir)
-    directory = workdir.rstrip('/') + '/checkpoints'
+    directory = checkpoint_dir(workdir)
     self.every = every
     self._saving = None  # The step of the newest save begun.
     self.manager = ocp.CheckpointManager(
@@ -153,13 +169,7 @@ class Checkpointer:
     outcome (`_agreed`): they walk back, stop or go on together.
     """
     damaged = []  # (step, reason)
-    marked = self._marked()
     for step in sorted(self.manager.all_steps(), reverse=True):
-      if step in marked:
-        logging.warning('checkpoint step %d is damaged: %s', step,
-                        marked[step])
-        damaged.append((step, marked[step]))
-        continue
       try:
         result = self._restore_step(step, abstract_state, shardings, expect)
       except DamagedCheckpointError as e:  # On every process alike.
@@ -200,33 +210,12 @@ class Checkpointer:
           f'{step_dir} holds non-finite parameters', reason=_NON_FINITE)
     return step, state, saved
 
-  # Marks: an earlier version stopped a multi-process run whose process
-  # found a step damaged, recording it in a mark file, and the next start
-  # skipped it. The processes now agree instead (`_agreed`); steps marked
-  # then are still skipped, and moved aside with their marks.
-
-  def _marks(self) -> epath.Path:
-    root = str(self.manager.directory).rstrip('/')
-    return epath.Path(root.rsplit('/', 1)[0]) / 'damaged_checkpoints' / 'marks'
-
-  def _marked(self) -> dict:
-    """{step: reason} of the steps a process of an earlier start marked."""
-    marks = self._marks()
-    if not marks.exists():
-      return {}
-    found = {}
-    for mark in marks.iterdir():
-      step = mark.name.split('.', 1)[0]
-      if step.isdigit():
-        found[int(step)] = mark.read_text().strip()
-    return found
-
   def _move_aside(self, damaged) -> None:
-    """Moves damaged steps to <workdir>/damaged_checkpoints/ (process 0),
-    with the marks naming them. A step that cannot be moved (storage
-    without renames, permissions) stops the run on every process
-    (CheckpointWriteError): left in place it would never be saved anew
-    (orbax keeps a step it lists), and readers would take its files."""
+    """Moves damaged steps to <workdir>/damaged_checkpoints/ (process 0).
+    A step that cannot be moved (storage without renames, permissions)
+    stops the run on every process (CheckpointWriteError): left in place it
+    would never be saved anew (orbax keeps a step it lists), and readers
+    would take its files."""
     if not damaged:
       return
     root = str(self.manager.directory).rstrip('/')
@@ -244,9 +233,6 @@ class Checkpointer:
           continue
         logging.warning('moved damaged checkpoint step %d (%s) to %s',
                         step, reason, dst)
-        # A later save of this step (the run redoes it) is a new one.
-        for mark in self._marks().glob(f'{step}.*'):
-          mark.rename(dst / f'DAMAGED-{mark.name}')
     error = None
     if stuck:
       steps = ', '.join(f'{root}/{s} ({why})' for s, why in stuck)
@@ -279,14 +265,15 @@ class Checkpointer:
       kept = sorted(ocp.step.checkpoint_steps(self.manager.directory))
     except Exception:  # pylint: disable=broad-except
       kept = None
-    if kept is None:
+    if kept is None:  # Some may be kept: a re-run finds them.
       listing = 'the complete checkpoints kept could not be listed'
+      resume = 'resume from its newest complete checkpoint'
     else:
       kept = [s for s in kept if s != step]
       listing = ('the complete checkpoints kept: steps '
                  + ', '.join(map(str, kept)) if kept else
                  'no complete checkpoint is kept yet')
-    resume = (f'resume from step {kept[-1]}' if kept else 'start again')
+      resume = f'resume from step {kept[-1]}' if kept else 'start again'
     return CheckpointWriteError(
         f'could not save checkpoint step {step} in {self.manager.directory} '
         f'({_write_cause(e)}); {listing}. Free space (or fix the storage) '
@@ -300,16 +287,12 @@ def _write_cause(error: BaseException) -> str:
   """What stopped a write, in a few words: a full disk or quota where any
   error in the chain says so (orbax puts it at the end of a long line),
   else the first line of the error."""
-  seen, first = set(), error
-  while error is not None and id(error) not in seen:
-    seen.add(id(error))
+  for e in _chain(error):
     for number, words in ((errno.ENOSPC, 'No space left on device'),
                           (errno.EDQUOT, 'Disk quota exceeded')):
-      if getattr(error, 'errno', None) == number or words in str(error):
+      if getattr(e, 'errno', None) == number or words in str(e):
         return words
-    error = error.__cause__ or error.__context__
-  line = (str(first).strip().splitlines() or [''])[0] or type(first).__name__
-  return line[:240] + ('...' if len(line) > 240 else '')
+  return _first_line(error) or type(error).__name__
 
 
 def _read_data(step_dir: str) -> dict:
@@ -418,10 +401,7 @@ def _their_error(worst: int, what: str, every: list) -> Exception:
   if worst == _REFUSED:
     return ConfigChangedError(f'{theirs} ({who})')
   if worst == _UNAVAILABLE:
-    return CheckpointUnavailableError(
-        f'{who} could not read {what} for a passing reason ({theirs}). '
-        'Nothing was moved or deleted: run the same command again once the '
-        'storage (or memory) is available')
+    return _unavailable(f'{who} could not read {what}', theirs)
   if worst == _WRITE:
     return CheckpointWriteError(theirs)
   return RuntimeError(f'{who} failed reading {what} ({theirs}): its log has '
@@ -442,9 +422,15 @@ def as_saved(value: Any) -> Any:
   return prune(json.loads(json.dumps(value)))
 
 
+def checkpoint_dir(workdir: str) -> str:
+  """The folder of `workdir`'s checkpoint steps (the trainer's, and the one
+  readers look in first)."""
+  return workdir.rstrip('/') + '/checkpoints'
+
+
 def saved_steps(workdir: str) -> list:
   """The finished checkpoint steps in `workdir` (none: [])."""
-  directory = workdir.rstrip('/') + '/checkpoints'
+  directory = checkpoint_dir(workdir)
   if not epath.Path(directory).is_dir():
     return []
   return sorted(ocp.step.checkpoint_steps(directory))
@@ -462,7 +448,7 @@ def resolve(path: str) -> str:
   path = path.rstrip('/')
   if '://' not in path:
     path = os.path.abspath(path)
-  for directory in (path + '/checkpoints', path):
+  for directory in (checkpoint_dir(path), path):
     steps = sorted(ocp.step.checkpoint_steps(directory), reverse=True)
     if steps:
       # The newest step with its state/ (one half-copied by rsync or
