@@ -124,6 +124,19 @@ def test_hybrid_needs_multiple_of_16():
     jax.eval_shape(lambda: _init(model, (1, 40, 40, 3)))
 
 
+def test_every_family_says_whether_it_drops_partial_patches():
+  """`Module.drops_partial_patches` (False) is read from any family: True
+  only where a VALID patch convolution leaves the last pixels out."""
+  from vit_jax.models.partitioning import Module
+  want = {'ViT-B/16': True, 'Mixer-B/16': True, 'R50+ViT-B/16': False,
+          'R+ViT-Ti/16': False, 'BiT-R50x1': False}
+  for name in models.names():
+    assert issubclass(models.spec(name)['cls'], Module), name
+  got = {n: models.create(n, num_classes=2).drops_partial_patches
+         for n in want}
+  assert got == want
+
+
 def _dtypes_of_intermediates(model, params, x):
   from vit_jax.models.dense import DenseParams  # Returns parameters (float32).
   _, state = model.apply(
@@ -688,6 +701,22 @@ def test_float32_without_recomputed_internals_has_forward_mode_autodiff(
   for a, b in zip(jax.tree.leaves(fwd_rev), jax.tree.leaves(rev_rev)):
     np.testing.assert_allclose(a, b, atol=1e-4 * (1 + float(
         jnp.abs(b).max())))
+
+
+def test_attention_decides_plain_autodiff_by_its_dtype_field(rng):
+  """`recompute.plain_autodiff` takes each layer's `dtype` field (None:
+  float32), never its input's: attention with dtype=None on bf16 inputs
+  computes in float32 with its float32 parameters, and is plain autodiff
+  there as the MLP beside it is (`jax.jvp` raised on its custom VJP when it
+  decided by the input's bf16)."""
+  from vit_jax.models import attention
+  layer = attention.MultiHeadDotProductAttention(num_heads=2, dtype=None)
+  x = jnp.asarray(rng.uniform(-1, 1, (2, 5, 8)), jnp.bfloat16)
+  p = layer.init(jax.random.key(0), x, deterministic=True)
+  f = lambda q: layer.apply(q, x, deterministic=True)
+  t = jax.tree.map(jnp.ones_like, p)
+  out, tangent = jax.jvp(f, (p,), (t,))
+  assert out.dtype == tangent.dtype == jnp.float32
 
 
 @pytest.mark.parametrize('targets', ['cuda', 'gpu'])

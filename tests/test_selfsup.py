@@ -314,6 +314,20 @@ def test_forward_without_rng_is_uncorrupted_and_sows_the_representation():
   assert out.shape == (2, 49, 4 * 4 * 3)
 
 
+def test_mpp_refuses_a_size_that_leaves_pixels_out(caplog):
+  """The targets cut every pixel into patches, so the model refuses a size
+  a plain ViT would take (logging the pixels it leaves out): one error,
+  naming the fix, and no "not seen" warning before it."""
+  model = _mpp_model()
+  assert not model.drops_partial_patches
+  with caplog.at_level('WARNING'), pytest.raises(
+      ValueError, match=r'30x30 is not divisible by the patch size 4.*'
+      r'e\.g\. 32x32'):
+    jax.eval_shape(lambda: model.init(jax.random.key(0),
+                                      jnp.zeros((1, 30, 30, 3))))
+  assert 'not seen' not in caplog.text
+
+
 def test_mpp_forward_flops_count_the_head():
   plain = __import__('vit_jax.accounting', fromlist=['x'])
   base = plain.forward_flops('ViT-test', 28, 0)

@@ -258,8 +258,7 @@ def _images_grid(model, shape, grid_shape, pixels_per_token):
   or a ValueError if the caller's `grid_shape` / `pixels_per_token` say
   otherwise."""
   stride = model.stride
-  check_image_shape(shape, stride, drops_partial=getattr(
-      model, 'drops_partial_patches', False))
+  check_image_shape(shape, stride, drops_partial=model.drops_partial_patches)
   grid = (shape[1] // stride, shape[2] // stride)
   how = (f'{shape[1]}x{shape[2]}-pixel images cut into {stride}x{stride}-'
          f'pixel patches make a {grid[0]}x{grid[1]} (rows, cols) grid')

@@ -360,8 +360,7 @@ def check_inputs(trained, images: np.ndarray) -> None:
   and columns of pixels left out (ViT-H/14 at 384 px: 27x27)."""
   check_model(trained)
   size, ppt = images.shape[1], trained.stride
-  if size % ppt and not getattr(trained.model(), 'drops_partial_patches',
-                                False):
+  if size % ppt and not trained.model().drops_partial_patches:
     raise ValueError(f'--image_size={size} does not cut into the model\'s '
                      f'{ppt}x{ppt}-pixel patches (a hybrid needs whole '
                      f'ones): use a multiple of {ppt}, '

@@ -56,6 +56,8 @@ Dtype = Any
 
 IMPLEMENTATIONS = ('xla', 'cudnn', 'explicit')
 CHOICES = ('auto',) + IMPLEMENTATIONS
+# The platforms (`resolve`'s, `platform_switch.tracing_for`'s) of NVIDIA GPUs.
+NVIDIA = ('gpu', 'cuda')
 
 
 def check(impl: str) -> str:
@@ -72,7 +74,7 @@ def resolve(impl: str | None, platform: str, dtype) -> str:
   if impl != 'auto':
     return impl
   half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-  return 'cudnn' if platform in ('gpu', 'cuda') and half else 'xla'
+  return 'cudnn' if platform in NVIDIA and half else 'xla'
 
 
 def even_lengths(query, key, value, mask, implementation: str):
@@ -281,10 +283,6 @@ def _flash_bwd(kv_len, res, g):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
-# The platforms (`platform_switch.tracing_for`) of NVIDIA GPUs.
-NVIDIA = ('gpu', 'cuda')
-
-
 def _for_nvidia(query) -> bool:
   """Whether "cudnn" attention should build its cuDNN call: unless the
   program is traced for platforms none of which is an NVIDIA GPU (cuDNN
@@ -432,7 +430,7 @@ class MultiHeadDotProductAttention(nn.Module):
       raise ValueError(f'hidden size {width} is not divisible by '
                        f'num_heads={self.num_heads}')
     heads = (self.num_heads, width // self.num_heads)
-    plain = recompute.plain_autodiff(self.dtype or x.dtype, self.recompute)
+    plain = recompute.plain_autodiff(self.dtype, self.recompute)
     dot_general = matmul.dot_general_for(plain)
     project = functools.partial(
         dense.Dense, heads, ('embed', 'heads', 'kv'),

@@ -18,7 +18,14 @@ class Module(nn.Module):
   """A flax module whose `init` returns plain arrays (annotations stripped).
 
   Every registered model family derives from it.
+
+  `drops_partial_patches`: whether the model takes images whose size is not
+  a multiple of its stride, leaving the last pixels out (a plain ViT,
+  Mixer: `inputs.check_image_shape`). Declared here, False, so that the
+  image-size checks (`train.config_check`, `vit_jax.inspect`) read it from
+  every family alike; families whose images must tile say nothing.
   """
+  drops_partial_patches = False
 
   @nn.nowrap
   def init(self, *args, **kwargs):

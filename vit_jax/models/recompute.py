@@ -43,7 +43,13 @@ def plain_autodiff(dtype, recompute_internals: bool) -> bool:
   autodiff's own: the same values, but on CPUs without the layouts of the
   custom backward passes (`matmul.plain_dot_general`, `attention._cpu_core`).
   Half precision keeps its float32-accumulating custom VJPs (bias gradients,
-  matmuls), and `recompute_internals` is one by construction."""
+  matmuls), and `recompute_internals` is one by construction.
+
+  The one rule of every layer (MLP, attention, head): each passes its
+  configured `dtype` field, which a model hands to all of them alike, never
+  an input's dtype, so that no two layers of a model decide differently.
+  None is flax's "promote the inputs with the parameters", float32 with the
+  float32 parameters a model keeps by default."""
   return not recompute_internals and jnp.dtype(
       dtype or jnp.float32) == jnp.float32
 

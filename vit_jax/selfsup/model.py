@@ -74,6 +74,11 @@ class MaskedPatchPrediction(vit.VisionTransformer):
   rate: float = 0.5
   representation: str = 'token'
 
+  # Its targets cut every pixel of the images into patches
+  # (`targets_lib.patches`): a size that leaves pixels out is refused here,
+  # by `vit.embed_patches`, not logged and then refused by the targets.
+  drops_partial_patches = False
+
   @nn.compact
   def __call__(self, images, *, train: bool = False, corruption_keys=None):
     """(predictions, selected): float32 (batch, N, *output_shape) and the

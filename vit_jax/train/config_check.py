@@ -242,19 +242,32 @@ def _vit(config):
     return None
 
 
+def _objective_model(config, vit):
+  """The model the objective trains on `vit`'s architecture: `vit` itself,
+  or its masked patch prediction (None if it cannot have one, which
+  `_mpp_problems` names)."""
+  if config.get('objective', 'supervised') != 'mpp':
+    return vit
+  try:
+    return selfsup.from_vit(vit)
+  except ValueError:
+    return None
+
+
 def _image_problems(config) -> Iterator[str]:
-  """Images a hybrid ViT or a masked patch prediction cuts must tile into
-  whole patches; a plain ViT leaves out the last pixels, as the reference
-  does (ViT-H/14 at the paper's 384 px)."""
+  """Images must tile into whole patches unless the model leaves the last
+  pixels out (`drops_partial_patches`: a plain ViT, as the reference does
+  for ViT-H/14 at the paper's 384 px)."""
   vit = _vit(config)
   size = config.get('input', {}).get('image_size')
   if vit is None or not isinstance(size, int) or size <= 0:
     return
+  model = _objective_model(config, vit)
   stride = vit.stride
-  mpp = config.get('objective', 'supervised') == 'mpp'
-  if size % stride and (mpp or not vit.drops_partial_patches):
+  if model is not None and size % stride and not model.drops_partial_patches:
     why = ('masked patch prediction predicts every pixel of each patch'
-           if mpp else 'its ResNet stem pads the image instead')
+           if isinstance(model, selfsup.MaskedPatchPrediction)
+           else 'its ResNet stem pads the image instead')
     yield (f'--config.input.image_size={size} is not divisible by the patch '
            f'size {stride} of {config.model.name} (pixels per token), so the '
            f'patches do not tile the image ({why}); use a multiple of '
