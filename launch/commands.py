@@ -15,6 +15,8 @@ import re
 import shlex
 from typing import Mapping, Optional, Sequence
 
+from vit_jax.train.preemption import EXIT_PREEMPTED
+
 # The packed checkout (`launch.pack`), relative to the home directory.
 ARCHIVE = 'vit_jax_setup.tar.gz'
 _HOME_DIR = '$HOME/vit_jax'
@@ -185,7 +187,7 @@ def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
            "trap 't=1; g=1; kill -TERM $c 2>/dev/null' TERM; "
            f'{cmd} & c=$!; wait $c; s=$?; '
            'while [ $t = 1 ]; do t=0; wait $c; s=$?; done; '
-           f'if [ $g = 1 ] && [ $s != 0 ] && [ $s != 75 ] && '
+           f'if [ $g = 1 ] && [ $s != 0 ] && [ $s != {EXIT_PREEMPTED} ] && '
            f'[ $s != {EXIT_SIGTERM} ]; then echo "vit_jax_run: exit $s '
            f'after a SIGTERM: recorded as {EXIT_SIGTERM} (stopped by '
            f'SIGTERM)"; s={EXIT_SIGTERM}; fi; '

@@ -83,6 +83,18 @@ def files(repo: str) -> List[str]:
   return sorted(out)
 
 
+def ships(repo: str, relpath: str) -> bool:
+  """Whether `relpath` (inside `repo`) reaches the workers: among `files`,
+  itself or under a packed link to a folder (kept as a link, so with all
+  it holds)."""
+  packed = set(files(repo))
+  if relpath in packed:
+    return True
+  parts = relpath.split(os.sep)
+  return any(os.path.islink(os.path.join(repo, *parts[:i])) and
+             os.path.join(*parts[:i]) in packed for i in range(1, len(parts)))
+
+
 def pack(repo: str, out: str) -> List[str]:
   """Writes the archive of `files(repo)` to `out`; returns those files."""
   names = files(repo)

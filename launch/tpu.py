@@ -337,16 +337,6 @@ def confirm(args, runner: Runner, lines: Sequence[str]) -> bool:
   return False
 
 
-def _shipped(relpath: str, files: set, repo: str) -> bool:
-  """Whether `relpath` (inside `repo`) is among the packed `files`, itself
-  or under a packed link to a folder (kept as a link, so shipped too)."""
-  if relpath in files:
-    return True
-  parts = relpath.split(os.sep)
-  return any(os.path.islink(os.path.join(repo, *parts[:i])) and
-             os.path.join(*parts[:i]) in files for i in range(1, len(parts)))
-
-
 def _check_config_shipped(args) -> None:
   """The --config file must be in the archive `setup` copies (what git
   would commit, `launch.pack`): one in an ignored folder (workdirs/ is)
@@ -357,7 +347,7 @@ def _check_config_shipped(args) -> None:
     return  # A git URL: the workers clone it; this machine cannot tell.
   full, _ = config_file(args.config)
   relpath = os.path.relpath(full, repo)
-  if not _shipped(relpath, set(pack.files(repo)), repo):
+  if not pack.ships(repo, relpath):
     raise ValueError(
         f'--config={args.config}: {relpath} is not shipped to the workers: '
         f'the archive of {repo} holds what git would commit, and '

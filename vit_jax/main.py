@@ -48,7 +48,8 @@ def _stop_outside_training(signum, frame):  # pylint: disable=unused-argument
 
 if __name__ == '__main__':
   # First, before the heavy imports; replaced by `preemption`'s handlers
-  # (and on a pod by JAX's preemption service) once the run is set up.
+  # (and on a pod by JAX's preemption service) while the steps run, and
+  # back in place after the last checkpoint.
   signal.signal(signal.SIGTERM, _stop_outside_training)
 
 # pylint: disable=wrong-import-position

@@ -226,22 +226,23 @@ def _keep_channels(crop: tf.Tensor, image: tf.Tensor) -> tf.Tensor:
   return crop
 
 
-def _check_crop_ranges(area_min: float, area_max: float, aspect_min: float,
-                       aspect_max: float) -> None:
-  """The area and aspect ranges an inception crop samples from (an inverted
-  aspect range would otherwise be accepted and sample nonsense)."""
+def check_box_ranges(op: str, area_min: float, area_max: float,
+                     aspect_min: float, aspect_max: float) -> None:
+  """The area and aspect ranges `op` (an inception crop, random erasing)
+  samples boxes from (an inverted aspect range would otherwise be accepted
+  and sample nonsense)."""
   if not 0 < area_min <= area_max <= 1:
     # big_vision writes the areas in percent (area_min=5, area_max=100).
     percent = (f': fractions of the image, not percent (big_vision\'s '
                f'area_min={area_min:g} is area_min={area_min / 100:g} here)'
                if 1 < area_min <= 100 else '')
-    raise ValueError(f'inception_crop needs 0 < area_min <= area_max <= 1, '
+    raise ValueError(f'{op} needs 0 < area_min <= area_max <= 1, '
                      f'got ({area_min}, {area_max}){percent}')
   if not 0 < aspect_min <= aspect_max:
     fix = ('swap them' if 0 < aspect_max < aspect_min else
            'both are width/height ratios')
     raise ValueError(
-        f'inception_crop needs 0 < aspect_min <= aspect_max (width / height),'
+        f'{op} needs 0 < aspect_min <= aspect_max (width / height),'
         f' got aspect_min={aspect_min:g}, aspect_max={aspect_max:g}: {fix}, '
         'e.g. aspect_min=3/4, aspect_max=4/3 (the default)')
 
@@ -282,7 +283,8 @@ def inception_crop(size: Optional[int] = None, area_min: float = 0.05,
                    area_max: float = 1.0, aspect_min: float = 3 / 4,
                    aspect_max: float = 4 / 3) -> OpFn:
   """A crop covering a random 5-100% of the area ("Inception" crop)."""
-  _check_crop_ranges(area_min, area_max, aspect_min, aspect_max)
+  check_box_ranges('inception_crop', area_min, area_max, aspect_min,
+                   aspect_max)
   size = _crop_side(size, 'inception_crop')
 
   def fn(image, seed):
@@ -304,7 +306,8 @@ def decode_jpeg_and_inception_crop(
   to JPEG chroma upsampling at its edges. Non-JPEG bytes and decoded images
   take the unfused path.
   """
-  _check_crop_ranges(area_min, area_max, aspect_min, aspect_max)
+  check_box_ranges('inception_crop', area_min, area_max, aspect_min,
+                   aspect_max)
   size = _crop_side(size, 'decode_jpeg_and_inception_crop')
   area, aspect = (area_min, area_max), (aspect_min, aspect_max)
 

@@ -284,12 +284,8 @@ def random_erasing(probability: float = 0.25, area_min: float = 0.02,
   if not 0 <= probability <= 1:
     raise ValueError(f'random_erasing(probability={probability!r}): a '
                      'probability in [0, 1]')
-  if not 0 < area_min <= area_max <= 1:
-    raise ValueError(f'random_erasing: need 0 < area_min <= area_max <= 1, '
-                     f'got {area_min}, {area_max}')
-  if not 0 < aspect_min <= aspect_max:
-    raise ValueError(f'random_erasing: need 0 < aspect_min <= aspect_max, '
-                     f'got {aspect_min}, {aspect_max}')
+  ops.check_box_ranges('random_erasing', area_min, area_max, aspect_min,
+                       aspect_max)
 
   def fn(image, seed):
     s = tf.random.experimental.stateless_split(seed, 5)
