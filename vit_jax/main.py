@@ -31,8 +31,9 @@ def _stop_outside_training(signum, frame):  # pylint: disable=unused-argument
   minutes on a fresh pod), before `preemption` installs its handlers, or
   once they are gone again after the last checkpoint (evaluating, writing
   the summary): exits 75, which launchers re-run, instead of dying by the
-  signal (143, which they take as a failure). Nothing is left to save; `os._exit`, as no cleanup may wait on peers (jax.distributed's
-  shutdown barrier) and a lock left behind is taken over on this host."""
+  signal (143, which they take as a failure). Nothing is left to save;
+  `os._exit`, as no cleanup may wait on peers (jax.distributed's shutdown
+  barrier) and a lock left behind is taken over on this host."""
   for stream in (sys.stdout, sys.stderr):
     try:  # The code interrupted may be writing to it (reentrant flush).
       stream.flush()
