@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax.models import attention, dense, matmul, recompute, registry
 from vit_jax.models import remat as remat_lib
@@ -56,7 +57,9 @@ class AddPositionEmbs(nn.Module):
       return
     have = jnp.shape(nn.meta.unbox(self.get_variable('params',
                                                    'pos_embedding')))
-    if len(have) == 3 and have[1] != tokens:
+    known = lambda n: isinstance(n, (int, np.integer))  # Not symbolic.
+    if len(have) == 3 and known(have[1]) and known(tokens) and (
+        have[1] != tokens):
       name = '/'.join(tuple(self.scope.path) + ('pos_embedding',))
       raise ValueError(
           f'{name} holds {have[1]} positions (class token, if any, and '
