@@ -952,15 +952,22 @@ def test_queued_waits_for_active():
 # The worker-side shell, run for real against a fake home directory.
 
 
-def test_worker_scripts(tmp_path):
+def _worker_home(tmp_path, python_script: str):
+  """(home, env): a fake worker home whose environment's python is
+  `python_script` (a shell script standing in for the run)."""
   home = tmp_path / 'home'
   (home / 'vit_jax_env' / 'bin').mkdir(parents=True)
   (home / 'vit_jax').mkdir()
   python = home / 'vit_jax_env' / 'bin' / 'python'
-  python.write_text('#!/bin/sh\necho "ran $@ in $(pwd) with $RUN_ENV"\n'
-                    'sleep 2\nexit 3\n')
+  python.write_text(python_script)
   python.chmod(0o755)
-  env = dict(os.environ, HOME=str(home))
+  return home, dict(os.environ, HOME=str(home))
+
+
+def test_worker_scripts(tmp_path):
+  home, env = _worker_home(
+      tmp_path, '#!/bin/sh\necho "ran $@ in $(pwd) with $RUN_ENV"\n'
+      'sleep 2\nexit 3\n')
 
   def sh(script):
     return subprocess.run(['bash', '-c', script], env=env, text=True,
@@ -977,7 +984,8 @@ def test_worker_scripts(tmp_path):
                 commands.install_script()):
     busy = sh(setup)  # Setup would replace the running run's code.
     assert busy.returncode == 1 and 'still going' in busy.stdout
-  assert (home / 'vit_jax').is_dir() and python.exists()
+  assert (home / 'vit_jax').is_dir() and (
+      home / 'vit_jax_env' / 'bin' / 'python').exists()
   logs = sh(commands.logs_script())
   assert logs.returncode == 3  # The run's exit status.
   assert (f'ran -m vit_jax.main --config=c.py:a=1 --workdir=gs://b/r in '
@@ -1014,15 +1022,10 @@ def test_a_run_sigterm_saves_and_its_exit_status_is_kept(tmp_path):
   outlives the run's save, so the guard refuses a second run meanwhile,
   and the exit status (75: resume) is kept for `up`. Killed by a signal,
   the run's status is 128 + N."""
-  home = tmp_path / 'home'
-  (home / 'vit_jax_env' / 'bin').mkdir(parents=True)
-  (home / 'vit_jax').mkdir()
-  python = home / 'vit_jax_env' / 'bin' / 'python'
-  python.write_text(  # Saves for a second on SIGTERM, then exits 75.
-      '#!/bin/sh\ntrap \'trap "" TERM; echo saving; sleep 1; echo saved; '
-      'exit 75\' TERM\necho started\nwhile :; do sleep 0.05; done\n')
-  python.chmod(0o755)
-  env = dict(os.environ, HOME=str(home))
+  home, env = _worker_home(  # Saves for a second on SIGTERM, exits 75.
+      tmp_path, '#!/bin/sh\ntrap \'trap "" TERM; echo saving; sleep 1; '
+      'echo saved; exit 75\' TERM\necho started\nwhile :; do sleep 0.05; '
+      'done\n')
 
   def sh(script, **kw):
     return subprocess.run(['bash', '-c', script], env=env, text=True,
@@ -1073,14 +1076,9 @@ def test_a_run_sigterm_before_python_can_save_is_kept_as_143(tmp_path):
   """A SIGTERM that makes the run fail otherwise (exit 1 from an error it
   caused while starting) is recorded as 143, stopped by SIGTERM, which
   `up` resumes; its own status is said in the log."""
-  home = tmp_path / 'home'
-  (home / 'vit_jax_env' / 'bin').mkdir(parents=True)
-  (home / 'vit_jax').mkdir()
-  python = home / 'vit_jax_env' / 'bin' / 'python'
-  python.write_text('#!/bin/sh\ntrap \'echo broken; exit 1\' TERM\n'
-                    'echo started\nwhile :; do sleep 0.05; done\n')
-  python.chmod(0o755)
-  env = dict(os.environ, HOME=str(home))
+  home, env = _worker_home(
+      tmp_path, '#!/bin/sh\ntrap \'echo broken; exit 1\' TERM\n'
+      'echo started\nwhile :; do sleep 0.05; done\n')
   subprocess.run(['bash', '-c', commands.run_script(['--workdir=/w'], {})],
                  env=env, check=True, timeout=60, start_new_session=True)
   wrapper = int((home / 'vit_jax_run.pid').read_text())
