@@ -5,6 +5,10 @@ from typing import Optional, Sequence, Tuple
 from absl import logging
 
 
+# (height, width, stride) already said to leave pixels out.
+_WARNED = set()
+
+
 def check_image_shape(shape: Sequence[int], stride: int, *,
                       drops_partial: bool = False) -> None:
   """Raises a ValueError naming the fix when images cannot be cut in patches.
@@ -21,7 +25,9 @@ def check_image_shape(shape: Sequence[int], stride: int, *,
   if h < 1 or w < 1 or (drops_partial and (h < stride or w < stride)):
     raise ValueError(f'image size {h}x{w}: images need at least one patch '
                      f'({stride}x{stride} pixels)')
-  if (h % stride or w % stride) and drops_partial:
+  if (h % stride or w % stride) and drops_partial and (
+      (h, w, stride) not in _WARNED):
+    _WARNED.add((h, w, stride))  # Once per size: every trace calls this.
     logging.warning(
         'image size %dx%d is not a multiple of the patch size %d: the model '
         'sees a %dx%d grid of patches (%dx%d pixels); the last %d rows and %d '
