@@ -25,15 +25,15 @@ def check_image_shape(shape: Sequence[int], stride: int, *,
   if h < 1 or w < 1 or (drops_partial and (h < stride or w < stride)):
     raise ValueError(f'image size {h}x{w}: images need at least one patch '
                      f'({stride}x{stride} pixels)')
-  if (h % stride or w % stride) and drops_partial and (
-      (h, w, stride) not in _WARNED):
-    _WARNED.add((h, w, stride))  # Once per size: every trace calls this.
-    logging.warning(
-        'image size %dx%d is not a multiple of the patch size %d: the model '
-        'sees a %dx%d grid of patches (%dx%d pixels); the last %d rows and %d '
-        'columns of pixels are not seen (as in the reference implementation)',
-        h, w, stride, h // stride, w // stride, h // stride * stride,
-        w // stride * stride, h % stride, w % stride)
+  if (h % stride or w % stride) and drops_partial:
+    if (h, w, stride) not in _WARNED:  # Once per size: every trace checks.
+      _WARNED.add((h, w, stride))
+      logging.warning(
+          'image size %dx%d is not a multiple of the patch size %d: the '
+          'model sees a %dx%d grid of patches (%dx%d pixels); the last %d '
+          'rows and %d columns of pixels are not seen (as in the reference '
+          'implementation)', h, w, stride, h // stride, w // stride,
+          h // stride * stride, w // stride * stride, h % stride, w % stride)
   elif h % stride or w % stride:
     near = lambda n: max(stride, (n + stride // 2) // stride * stride)
     raise ValueError(
