@@ -21,8 +21,9 @@ elsewhere, as its ImageNet runs do.
 data=cpu: the CPU-scale ViT of configs/cpu_reproduce.py (patch 4, width
 128, 6 layers) on the 60,000 Fashion-MNIST training images at 28 px, with
 that config's supervised optimiser (Adam 1e-3, cosine, weight decay 0.05,
-clip 1, batch 128), few-shot on mnist5k and Fashion-MNIST at the end:
-docs/selfsup.md's evidence. Fine-tune the result with
+clip 1, batch 128; warm-up steps/7, at most 500), few-shot on mnist5k and
+Fashion-MNIST at the end: docs/selfsup.md's evidence. model= and fewshot=
+are the paper rows' (refused with data=cpu). Fine-tune the result with
 configs/cpu_reproduce.py (init=<this workdir>).
 
 Any dataset of the registry works (`--config.input.data=...`); the train
@@ -56,6 +57,12 @@ def get_config(arg=None):
                     representation=args.representation))
   c.seed = 0
   if args.data == 'cpu':
+    if args.model != 'ViT-B/16' or args.fewshot:
+      raise ValueError(
+          f'data=cpu trains the CPU reproduction\'s ViT with its own few-shot '
+          f'sets: model={args.model!r} / fewshot={args.fewshot!r} would be '
+          'ignored; drop them, or set --config.model.* and '
+          '--config.evals.fewshot.* on the command line')
     c.model.update(cpu_reproduce.VIT)
     c.input.data = 'fashion_mnist'
     c.input.prepare = True

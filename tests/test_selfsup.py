@@ -555,3 +555,13 @@ def test_few_labels_step_of_the_cpu_pipeline():
       'step=few_labels,data_dir=/d').init is None  # From scratch.
   assert cpu_reproduce.get_config(
       'step=few_labels,smoke=true').input.data == 'digits'
+
+
+@pytest.mark.parametrize('arg', ['data=cpu,model=ViT-L/16',
+                                 'data=cpu,fewshot=cifar100'])
+def test_cpu_mpp_refuses_the_paper_rows_arguments_it_would_ignore(arg):
+  """data=cpu trains the CPU reproduction's ViT and few-shot sets: a model=
+  or fewshot= there would be silently ignored."""
+  with pytest.raises(ValueError, match='would be ignored'):
+    mpp_config.get_config(arg)
+  mpp_config.get_config('data=cpu')
