@@ -5,9 +5,11 @@ files pre-processed like its evaluation; bad files are reported and
 skipped; class names come from the dataset, tfds info or a file.
 """
 
+import io
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -66,6 +68,10 @@ def test_folder_with_corrupt_files_reports_them_and_classifies_the_rest(
   assert code == 0, captured.err
   result = json.loads(out.read_text())
   assert result['output_activation'] == 'softmax'  # The run's loss.
+  # The checkpoint that classified: its step and folder.
+  assert result['step'] == trained.step and trained.step > 0
+  assert result['source'] == trained.source
+  assert result['source'].endswith(f'checkpoints/{trained.step}')
   files = sorted(os.path.basename(r['file']) for r in result['results'])
   assert files == sorted([f'{i}_digit{t}.png' for i, t in zip(
       range(1790, 1796), (8, 4, 9, 0, 8, 9))] + ['c.jpg'])
@@ -99,6 +105,97 @@ def test_ctrl_c_keeps_what_was_classified(trained, images, tmp_path,
   result = json.loads(out.read_text())
   assert result['interrupted'] and len(result['results']) == 3
   assert 'interrupted after' in capsys.readouterr().err
+
+
+def test_a_closed_stdout_loses_neither_the_json_nor_the_status(
+    trained, images, tmp_path, monkeypatch, capsys):
+  """`predict ... --json=out.json photos/ | head -1`: stdout closes after
+  one line; the JSON (written first) has every result and the exit status
+  is the usual one, not a BrokenPipeError traceback."""
+
+  class ClosedPipe(io.TextIOBase):
+    def write(self, text):
+      raise BrokenPipeError(32, 'Broken pipe')
+  monkeypatch.setattr(sys, 'stdout', ClosedPipe())
+  out = tmp_path / 'out.json'
+  assert predict.main([f'--init={trained.workdir}', '--batch=4',
+                       f'--json={out}', str(images)]) == 0
+  assert len(json.loads(out.read_text())['results']) == 7
+  assert '7 classified, 2 skipped' in capsys.readouterr().err
+
+
+def test_a_few_files_compute_a_batch_of_their_count(trained, images):
+  """One image computes one (rounded up to the devices), not a padded
+  --batch of 64."""
+  import jax
+  predictor = predict.Predictor(trained, batch=64)
+  shapes, fn = [], predictor._fn
+  predictor._fn = lambda p, x: (shapes.append(x.shape), fn(p, x))[1]
+  files = predict.list_images([str(images)])[:2]
+  assert [status for status, _, _ in predictor(files)] == ['ok', 'ok']
+  n = jax.local_device_count()
+  assert shapes == [(-(-2 // n) * n, *trained.image_shape)]
+  assert predictor.batch_for(1000) == predictor.batch >= 64
+
+
+def test_repeated_predict_calls_reuse_one_predictor(workdir, images,
+                                                    monkeypatch):
+  """`predict.predict(trained, paths)` called again on the same model does
+  not jit, trace and copy the weights to the devices again."""
+  fresh = trained_lib.load(workdir)
+  traces, activate = [], fresh.activate
+
+  def counting(logits):
+    traces.append(1)
+    return activate(logits)
+  monkeypatch.setattr(fresh, 'activate', counting)
+  files = predict.list_images([str(images)])
+  first, _ = predict.predict(fresh, files, batch=4)
+  made = len(traces)
+  second, _ = predict.predict(fresh, files, batch=4)
+  assert made and len(traces) == made and first == second
+  assert len(fresh._predictors) == 1
+  predict.predict(fresh, files, batch=4, dtype='bfloat16')  # Another one.
+  assert len(fresh._predictors) == 2
+
+
+def test_a_file_name_that_is_not_utf8_is_classified(images, trained,
+                                                    tmp_path, capsys):
+  """A name with bytes that are not UTF-8 (Python's surrogate-escaped str)
+  is read and classified, printed with \\xff, kept as is in the JSON."""
+  folder = tmp_path / 'photos'
+  folder.mkdir()
+  name = os.fsdecode(b'bad\xff.png')
+  shutil.copy(images / '1790_digit8.png', folder / name)
+  out = tmp_path / 'out.json'
+  assert predict.main([f'--init={trained.workdir}', f'--json={out}',
+                       str(folder)]) == 0
+  result = json.loads(out.read_text())
+  assert [r['file'] for r in result['results']] == [str(folder / name)]
+  assert 'bad\\xff.png: ' in capsys.readouterr().out
+
+
+def test_image_size_must_be_positive(capsys):
+  for bad in ('-16', '0'):
+    with pytest.raises(SystemExit) as e:
+      predict.main(['--init=nowhere', f'--image_size={bad}', 'x.jpg'])
+    assert e.value.code == 2
+    assert 'expected a positive integer' in capsys.readouterr().err
+
+
+def test_tensorflow_logging_is_quieted_before_it_is_imported(monkeypatch):
+  """TF_CPP_MIN_LOG_LEVEL is read when TensorFlow is imported, which
+  `_parser()`'s imports do: it is set before."""
+  monkeypatch.setenv('TF_CPP_MIN_LOG_LEVEL', '0')  # Restored afterwards.
+  monkeypatch.delenv('TF_CPP_MIN_LOG_LEVEL')
+  seen, parser = [], predict._parser
+
+  def spy():
+    seen.append(os.environ.get('TF_CPP_MIN_LOG_LEVEL'))
+    return parser()
+  monkeypatch.setattr(predict, '_parser', spy)
+  assert predict.main(['--init=nowhere', 'x.jpg']) == 1
+  assert seen == ['2']
 
 
 def test_predict_equals_the_model_on_the_eval_pipeline(trained, images):
@@ -198,6 +295,24 @@ def test_clear_errors(tmp_path, capsys):
     trained_lib.load(str(tmp_path / 'empty_run'))
   assert predict.main([f'--init={tmp_path / "empty_run"}', 'x.jpg']) == 1
   assert 'no trained model' in capsys.readouterr().err
+
+
+def test_an_init_file_that_is_not_npz_says_what_init_takes(tmp_path,
+                                                          capsys):
+  """A Hugging Face weights file or an image as --init: exit 1 with what
+  --init takes (the weights' folder), not a checkpoint reader traceback."""
+  hf = tmp_path / 'hf'
+  hf.mkdir()
+  (hf / 'model.safetensors').write_bytes(b'not read')
+  (tmp_path / 'cat.jpg').write_bytes(b'\xff\xd8 an image')
+  assert predict.main([f'--init={hf / "model.safetensors"}', 'x.jpg']) == 1
+  err = capsys.readouterr().err
+  assert f'pass its folder, --init={hf}' in err and 'Traceback' not in err
+  assert predict.main([f'--init={tmp_path / "cat.jpg"}', 'x.jpg']) == 1
+  err = capsys.readouterr().err
+  assert 'is a file, not a model' in err and 'Hugging Face' in err
+  with pytest.raises(trained_lib.TrainedModelError, match='not a model'):
+    trained_lib.load(str(tmp_path / 'cat.jpg'))
 
 
 # Orbax's failed read leaves a callback for its closed event loop.

@@ -94,6 +94,11 @@ class Trained:
   output_activation: str = DEFAULT_ACTIVATION
   _jitted: Dict[str, Any] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
+  # `vit_jax.predict.cached_predictor`'s: one jitted, device-placed
+  # Predictor per (batch, dtype, ...), so repeated `predict()` calls on one
+  # model neither re-trace nor copy the weights to the devices again.
+  _predictors: Dict[Any, Any] = dataclasses.field(
+      default_factory=dict, init=False, repr=False, compare=False)
 
   @property
   def stride(self) -> int:
@@ -200,6 +205,7 @@ def load(init: str, *, model: Optional[str] = None,
   if not init:
     raise TrainedModelError('--init is required: a training workdir, an .npz '
                             'checkpoint or a Hugging Face directory')
+  _check_not_a_stray_file(init)
   if ema is not None and (init.startswith(HF_PREFIX) or init.endswith('.npz')
                           or _is_hf_dir(init)):
     raise TrainedModelError(f'{init} is not a training workdir: only runs '
@@ -223,6 +229,24 @@ def load(init: str, *, model: Optional[str] = None,
   if output_activation:
     trained.output_activation = output_activation
   return trained
+
+
+def _check_not_a_stray_file(init: str) -> None:
+  """A local file other than an .npz is no model `load` reads: say what
+  is, instead of the checkpoint reader's NotADirectoryError. The weights
+  file of a Hugging Face model (model.safetensors, pytorch_model.bin) is
+  read through its folder, with config.json beside it."""
+  if (init.startswith(HF_PREFIX) or init.endswith('.npz') or '://' in init
+      or not os.path.isfile(init)):
+    return
+  folder = os.path.dirname(os.path.abspath(init))
+  hint = (f' {os.path.basename(init)} is a Hugging Face model\'s weights: '
+          f'pass its folder, --init={folder}.'
+          if os.path.basename(init) in _HF_WEIGHTS else '')
+  raise TrainedModelError(
+      f'--init={init} is a file, not a model.{hint} --init takes a training '
+      'workdir, one of its checkpoints/<step> folders, an .npz checkpoint '
+      '(with --model=NAME) or a Hugging Face save_pretrained folder')
 
 
 def resized(trained: Trained, image_size: int) -> Trained:
