@@ -18,7 +18,7 @@ All rows: SGD momentum 0.9, cosine decay, batch 512, no weight decay,
 global-norm clipping at 1, resolution 384 (`res=`), the whole pre-training
 head replaced by a zero-initialised linear layer, position embeddings
 interpolated to the new grid. Pre-processing: resize 448 -> random crop 384
-+ flip; evaluation resize + central crop at 384. ImageNet also reports
++ flip; evaluation a square resize to 384, no crop (as the reference). ImageNet also reports
 ImageNet ReaL (`real_accuracy`).
 
 `pretrain`, `pretrain_epochs` and `pretrain_opt` describe `init` for the

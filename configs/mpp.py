@@ -21,7 +21,8 @@ elsewhere, as its ImageNet runs do.
 data=cpu: the CPU-scale ViT of configs/cpu_reproduce.py (patch 4, width
 128, 6 layers) on the 60,000 Fashion-MNIST training images at 28 px, with
 that config's supervised optimiser (Adam 1e-3, cosine, weight decay 0.05,
-clip 1, batch 128; warm-up steps/7, at most 500), few-shot on mnist5k and
+clip 1, batch 128), but warm-up steps/7 (468; the supervised run: 500),
+few-shot on mnist5k and
 Fashion-MNIST at the end: docs/selfsup.md's evidence. model= and fewshot=
 are the paper rows' (refused with data=cpu). Fine-tune the result with
 configs/cpu_reproduce.py (init=<this workdir>).

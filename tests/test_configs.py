@@ -610,6 +610,12 @@ def test_fine_tuning_evaluates_images_squashed_as_it_trains_them():
       {'image': tf.constant(image)}, tf.constant((0, 0), tf.int64))['image']
   white = float(np.mean(out.numpy()[..., 0] > 0))
   assert abs(white - 0.25) < 0.04, white
+  # The registry's defaults pair likewise; inception-trained (pre-training)
+  # data keeps the centre crop.
+  assert [registry.get(d).pp_eval for d in ('cifar10', 'folder')] == [
+      'resize'] * 2
+  assert {registry.get(d).pp_eval for d in (
+      'imagenet2012', 'imagenet21k', 'jft', 'tfrecord')} == {'eval'}
 
 
 def test_augreg_evaluates_with_big_visions_area_resize():

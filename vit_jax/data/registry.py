@@ -63,7 +63,9 @@ class DatasetSpec:
   splits: Mapping[str, str] = dataclasses.field(default_factory=dict)
   num_train_examples: Optional[int] = None
   pp_train: str = 'finetune'
-  pp_eval: str = 'resize'  # Squashes as pp_train does (the reference's).
+  # Squashes as the default pp_train does (the reference's fine-tuning);
+  # inception-trained (pre-training) entries evaluate centre-cropped.
+  pp_eval: str = 'resize'
   image_size: int = 384
   tfds_name: Optional[str] = None
   image_key: str = 'image'
@@ -139,28 +141,28 @@ _ENTRIES: List[DatasetSpec] = [
         name='imagenet2012', source='tfds', tfds_name='imagenet2012',
         num_classes=1000, eval_split='validation',
         base_splits=('train', 'validation'), splits=_dev_splits(1),
-        num_train_examples=1_281_167, pp_train='inception', image_size=224,
-        prepare=_IMAGENET_MANUAL),
+        num_train_examples=1_281_167, pp_train='inception', pp_eval='eval',
+        image_size=224, prepare=_IMAGENET_MANUAL),
     DatasetSpec(
         name='imagenet2012_real', source='tfds', tfds_name='imagenet2012_real',
         num_classes=1000, train_split=None, eval_split='validation',
         base_splits=('validation',), label_key='original_label',
-        real_label_key='real_label', image_size=224,
+        real_label_key='real_label', pp_eval='eval', image_size=224,
         prepare=_IMAGENET_MANUAL.replace('imagenet2012 ', 'imagenet2012_real ')
         + '; fetches the ReaL labels from GitHub'),
     DatasetSpec(
         name='imagenet21k', source='tfds', tfds_name='imagenet21k',
         num_classes=21_843, eval_split='validation', base_splits=None,
-        num_train_examples=14_197_122, pp_train='inception', image_size=224,
-        prepare='user-prepared: a tfds directory DATA_DIR/imagenet21k/VERSION/ '
+        num_train_examples=14_197_122, pp_train='inception', pp_eval='eval',
+        image_size=224, prepare='user-prepared: a tfds directory DATA_DIR/imagenet21k/VERSION/ '
         'or TFRecord files DATA_DIR/train-* and DATA_DIR/validation-* '
         '(see docs/data.md)'),
     DatasetSpec(
         name='jft', source='tfrecord', num_classes=18_291,
         eval_split='validation', base_splits=None,
-        num_train_examples=303_000_000, pp_train='inception', image_size=224,
-        image_key='image/encoded', label_key='image/class/label',
-        multi_label=True,
+        num_train_examples=303_000_000, pp_train='inception', pp_eval='eval',
+        image_size=224, image_key='image/encoded',
+        label_key='image/class/label', multi_label=True,
         prepare='TFRecord files DATA_DIR/train-* and DATA_DIR/validation-* of '
         'tf.train.Examples with image/encoded and image/class/label (every '
         'label of the image)'),
@@ -208,7 +210,7 @@ _ENTRIES: List[DatasetSpec] = [
     DatasetSpec(
         name='tfrecord', source='tfrecord', num_classes=None,
         eval_split='validation', base_splits=None, pp_train='inception',
-        image_size=224, image_key='image/encoded',
+        pp_eval='eval', image_size=224, image_key='image/encoded',
         label_key='image/class/label',
         prepare='TFRecord files DATA_DIR/SPLIT-*; set input.num_classes'),
     # VTAB-1k (Zhai et al. 2019), 19 tasks.
