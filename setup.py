@@ -46,6 +46,9 @@ setup(
         'test': [
             'pytest>=8',
             'pytest-xdist>=3.6',
+            # A test that hangs fails after `timeout` (setup.cfg) instead
+            # of holding CI until its time limit.
+            'pytest-timeout>=2.3',
             'scikit-learn>=1.5',
             'scikit-image>=0.24',
             'mlxtend>=0.23',

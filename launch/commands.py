@@ -182,10 +182,14 @@ def run_script(main_args: Sequence[str], env: Mapping[str, str]) -> str:
   # A trapped signal ends `wait` early (status > 128): `t` says to wait
   # again; bash keeps a waited child's status, so a second `wait` on one
   # that has ended gives it too; `g` remembers that a SIGTERM came. The
-  # trap is set before Python starts.
+  # trap is set before Python starts. A SIGTERM between Python's start and
+  # `c=$!` finds no pid to pass on: it is passed on once `c` is set (else
+  # Python would never hear of it and the wrapper would wait forever).
   inner = (f'cd {_HOME_DIR} || {{ echo 1 > {EXIT}; exit 1; }}; t=0; g=0; '
-           "trap 't=1; g=1; kill -TERM $c 2>/dev/null' TERM; "
-           f'{cmd} & c=$!; wait $c; s=$?; '
+           "c=; trap 't=1; g=1; [ -n \"$c\" ] && kill -TERM $c "
+           "2>/dev/null' TERM; "
+           f'{cmd} & c=$!; [ $g = 1 ] && kill -TERM $c 2>/dev/null; '
+           'wait $c; s=$?; '
            'while [ $t = 1 ]; do t=0; wait $c; s=$?; done; '
            f'if [ $g = 1 ] && [ $s != 0 ] && [ $s != {EXIT_PREEMPTED} ] && '
            f'[ $s != {EXIT_SIGTERM} ]; then echo "vit_jax_run: exit $s '

@@ -952,6 +952,28 @@ def test_queued_waits_for_active():
 # The worker-side shell, run for real against a fake home directory.
 
 
+def _wait_for(ready, what='the run to start', seconds=30.0):
+  """`ready()`'s first truthy value, polled; fails after `seconds`."""
+  deadline = time.monotonic() + seconds
+  while not (value := ready()):
+    assert time.monotonic() < deadline, f'waited {seconds:g} s for {what}'
+    time.sleep(0.02)
+  return value
+
+
+# Tries of a race whose window is narrow: the old wrapper lost ~1 in 30
+# under load (2 cores busy), fewer when idle.
+RACE_TRIES = 150
+
+
+def _ended(env):
+  """The run's exit status once `status` says it has ended, else None."""
+  (run,) = commands.parse_status(subprocess.run(
+      ['bash', '-c', commands.status_script()], env=env, text=True,
+      capture_output=True, timeout=60).stdout)
+  return run.exit_code if run.state != 'running' else None
+
+
 def _worker_home(tmp_path, python_script: str):
   """(home, env): a fake worker home whose environment's python is
   `python_script` (a shell script standing in for the run)."""
@@ -1038,16 +1060,11 @@ def test_a_run_sigterm_saves_and_its_exit_status_is_kept(tmp_path):
               start_new_session=True).returncode == 0
     wrapper = int((home / 'vit_jax_run.pid').read_text())
     groups.append(os.getpgid(wrapper))
-    while 'started' not in (home / 'vit_jax_run.log').read_text():
-      time.sleep(0.05)
+    _wait_for(lambda: 'started' in (home / 'vit_jax_run.log').read_text())
     return wrapper
 
   def exit_status():  # Once the wrapper has ended, as `status` says.
-    while True:
-      (run,) = commands.parse_status(sh(commands.status_script()).stdout)
-      if run.state != 'running':
-        return run.exit_code
-      time.sleep(0.05)
+    return _wait_for(lambda: _ended(env), what='the wrapper to end')
 
   try:
     os.killpg(os.getpgid(start()), signal.SIGTERM)  # Every process.
@@ -1070,6 +1087,31 @@ def test_a_run_sigterm_saves_and_its_exit_status_is_kept(tmp_path):
     for group in groups:
       with contextlib.suppress(ProcessLookupError):
         os.killpg(group, signal.SIGKILL)
+
+
+def test_a_sigterm_as_the_run_starts_is_passed_on(tmp_path):
+  """A SIGTERM that reaches the wrapper just after it started Python, before
+  it knew Python's pid, still reaches Python (it was lost: the wrapper then
+  waited forever on a run that never heard of it, and held the TPU). The
+  window is narrow, so the wrapper is signalled as soon as the run prints,
+  many times; each run must end with its saved status."""
+  for i in range(RACE_TRIES):
+    home, env = _worker_home(
+        tmp_path / str(i), '#!/bin/sh\ntrap \'trap "" TERM; exit 75\' '
+        'TERM\necho started\nwhile :; do sleep 0.05; done\n')
+    log, exit_file = home / 'vit_jax_run.log', home / 'vit_jax_run.exit'
+    subprocess.run(['bash', '-c', commands.run_script(['--workdir=/w'], {})],
+                   env=env, check=True, timeout=60, start_new_session=True)
+    wrapper = int((home / 'vit_jax_run.pid').read_text())
+    try:
+      _wait_for(lambda: log.exists() and 'started' in log.read_text())
+      os.kill(wrapper, signal.SIGTERM)
+      _wait_for(lambda: exit_file.exists() and exit_file.read_text(),
+                what=f'the run to save and exit (try {i})', seconds=10)
+      assert exit_file.read_text().strip() == str(EXIT_PREEMPTED)
+    finally:
+      with contextlib.suppress(ProcessLookupError):
+        os.killpg(os.getpgid(wrapper), signal.SIGKILL)
 
 
 def test_a_run_sigterm_before_python_can_save_is_kept_as_143(tmp_path):
