@@ -1,4 +1,4 @@
-"""Fine-tuning rows of the paper's Table 4 (Tables 2, 5, 6 are made of them).
+"""Fine-tuning rows of the paper's Table 4 (Tables 2 and 6 are made of them).
 
     configs/finetune.py:model=ViT-B/16,data=cifar10,lr=0.01,init=WORKDIR_OR_NPZ
     configs/finetune.py:model=ViT-L/16,data=imagenet2012,lr=0.03,init=...,pretrain=i21k

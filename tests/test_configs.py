@@ -368,6 +368,8 @@ def test_vtab_driver_takes_task_names_as_the_config_does():
   from absl import app
   from vit_jax import vtab as driver  # Defines its flags: only here.
   assert driver.tasks(['vtab/caltech101', 'dtd']) == ['caltech101', 'dtd']
+  # A task named twice is run (and re-evaluated) once.
+  assert driver.tasks(['dtd', 'vtab/dtd', 'dtd']) == ['dtd']
   assert vtab.get_config('task=vtab/dtd').input.data == 'vtab/dtd'
   with pytest.raises(app.UsageError, match=r"unknown VTAB task\(s\) \['dtdd'\]"):
     driver.tasks(['vtab/dtdd'])
@@ -509,6 +511,36 @@ def test_a_transfer_report_records_the_lr_it_trained_with():
   config.input.eval_split = 'val200'
   report = loop._report(config, 'supervised', ran=(2500, (384, 384, 3)))
   assert report['overridden'] == 'evaluated on val200, not test'
+
+
+@pytest.mark.parametrize('config_args,field,value,why', [
+    ('task=dtd', 'input.train_split', 'train800',
+     'trained on train800, not train800val200'),
+    ('task=dtd', 'input.batch_size', 256, "batch_size=256, the paper's 512"),
+    ('task=dtd', 'optim.weight_decay', 0.1,
+     "weight_decay=0.1, the paper's 0.0"),
+    ('task=dtd', 'optim.grad_clip_norm', None,
+     "grad_clip_norm=None, the paper's 1.0"),
+    ('task=dtd', 'optim.name', 'adam', "optimizer=adam, the paper's sgd"),
+    ('task=dtd', 'optim.layer_decay', 0.75,
+     'optim.layer_decay=0.75, which the paper did not use'),
+    ('task=dtd,sweep=true', 'input.eval_split', 'test',
+     'evaluated on test, not val200 (a learning-rate sweep)'),
+    ('task=dtd,sweep=true', 'input.train_split', 'train800val200',
+     'trained on train800val200, not train800 (a learning-rate sweep)'),
+    ('task=dtd', 'accum_steps', 2, None),  # 512 in two halves: the same.
+])
+def test_a_vtab_set_off_table4_fills_no_cell(config_args, field, value, why):
+  """`--set` of a split, the batch or the optimizer (vit_jax.vtab's own
+  docs showed `--set=input.batch_size=256`) left Table 4's protocol but
+  filled the paper's VTAB cell; a sweep evaluated on test (or on data it
+  trained on) chose the learning rate on it."""
+  from vit_jax import vtab as vtab_driver
+  from vit_jax.train import loop
+  config = vtab.get_config(config_args + ',init=/x')
+  vtab_driver.override(config, f'{field}={value}')
+  report = loop._report(config, 'supervised', ran=(2500, (384, 384, 3)))
+  assert report.get('overridden') == why
 
 
 def test_a_run_on_other_data_than_its_cell_fills_no_cell():

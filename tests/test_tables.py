@@ -263,6 +263,17 @@ def test_errors(tmp_path):
   runs = tables.load_runs([str(bad), str(good)], skipped=skipped)
   assert [r.workdir for r in runs] == [str(good)]
   assert len(skipped) == 1 and str(bad) in skipped[0]
+  # A run still going (config.json, checkpoints, no summary yet) among
+  # finished ones: said so, and the others' table is made.
+  going = tmp_path / 'going'
+  (going / 'checkpoints' / '500').mkdir(parents=True)
+  (going / 'config.json').write_text('{}')
+  with pytest.raises(tables.TablesError, match='its run has not finished'):
+    tables.load_runs([str(going)])
+  skipped = []
+  runs = tables.load_runs([str(going), str(good)], skipped=skipped)
+  assert [r.workdir for r in runs] == [str(good)]
+  assert len(skipped) == 1 and 'has not finished' in skipped[0]
   with pytest.raises(tables.TablesError, match='unknown tables'):
     tables.paper_only(tables='2,7')
 
@@ -507,6 +518,26 @@ def test_a_vtab_cell_of_several_runs_says_so_and_names_their_lrs(tmp_path):
   assert cell.startswith('38.00 (mean of 2 ± 2.83') and 'lr 0.01, 0.03' in cell
 
 
+def test_vtab_means_of_tasks_trained_at_different_lrs_say_so(tmp_path):
+  """The protocol trains every task at one learning rate: group and overall
+  means over tasks fine-tuned at different rates (each task's cell a single
+  run, so with no note of its own) name the rates instead of passing for
+  the protocol's number."""
+  for i, task in enumerate(VTAB):
+    _write(tmp_path, task, _run('ViT-L/16', f'vtab/{task}', 0.7,
+                                pretrain='i21k', epochs=90,
+                                lr=0.01 if i % 2 else 0.03))
+  md = tables.render(tables.load_runs([str(tmp_path)]), flops='analytic')
+  col = 'ViT-L/16 (i21k, 90 ep)'
+  assert _col(md, 'VTAB-1k', col, 'dtd') == '70.00'
+  for row in ('**Natural mean**', '**Structured mean**',
+              '**VTAB mean (19)**'):
+    assert _col(md, 'VTAB-1k', col, row).endswith('lr 0.01, 0.03)'), row
+  (table2,) = [line for line in md.splitlines()
+               if line.startswith('| VTAB (19 tasks)')]
+  assert '70.00 (' in table2 and 'lr 0.01, 0.03)' in table2
+
+
 def test_vtab_sweep_picks_one_learning_rate_on_the_val200_mean(tmp_path):
   """The protocol's choice: the rate with the best mean val200 accuracy
   over all 19 tasks; a rate swept on some tasks only is listed, not
@@ -597,6 +628,22 @@ def test_pretrain_cost_is_the_mean_cost_with_its_own_spread(tmp_path):
                          'core_days': 3.0, 'hardware': 'h100'})
   assert costs() == ('55 / 60 (+5.0; mean of 2 of 3 runs ± 14)',
                      '21 (on h100, tpu_v3; mean of 3 ± 19)')
+
+
+def test_table2_core_days_of_other_hardware_have_no_difference(tmp_path):
+  """Table 2's TPUv3-core-days beside an H100 run's device-days: shown,
+  named, without a difference ("-80") that reads as a saving; a TPU v3
+  run's keeps its difference."""
+  def row(hardware):
+    _write(tmp_path, hardware, {
+        **_run('ViT-L/16', 'pretrain', pretrain='i21k', epochs=90),
+        'core_days': 150.0, 'exaflops': 470.0, 'hardware': hardware})
+    md = tables.render(tables.load_runs([str(tmp_path / hardware)]),
+                       tables='2', flops='analytic')
+    (line,) = [l for l in md.splitlines() if l.startswith('| TPUv3-core')]
+    return line
+  assert '| 230 / 150 (on h100) |' in row('h100')
+  assert '| 230 / 150 (-80) |' in row('tpu_v3')
 
 
 def test_load_runs_reads_a_file_once_and_expands_home(tmp_path, monkeypatch):

@@ -82,6 +82,7 @@ class _LocalFS:
   """
   glob = staticmethod(glob.glob)
   isdir = staticmethod(os.path.isdir)
+  exists = staticmethod(os.path.exists)
   walk = staticmethod(os.walk)
   GFile = staticmethod(open)
 
@@ -190,7 +191,12 @@ def _summary_files(path: str) -> list[str]:
     elif os.path.basename(match) == SUMMARY:
       found.append(match)
   if not found:
-    raise TablesError(f'no {SUMMARY} found at or below {path!r}')
+    unfinished = any(fs.exists(os.path.join(m, name))
+                     for m in fs.glob(path) if fs.isdir(m)
+                     for name in ('config.json', 'checkpoints'))
+    raise TablesError(f'no {SUMMARY} found at or below {path!r}' + (
+        ': its run has not finished (a config.json or checkpoints, no '
+        'summary yet); leave it out, or finish it' if unfinished else ''))
   return sorted(set(found))
 
 
@@ -242,8 +248,9 @@ def load_runs(paths: Iterable[str] | str, *,
               skipped: list[str] | None = None) -> list[Run]:
   """Every summary.json at or below `paths` (files, directories or globs).
 
-  A malformed one is a TablesError, or with a `skipped` list, its message
-  is appended there and the others are read (an error if none is left).
+  A malformed one (or a path with none) is a TablesError, or with a
+  `skipped` list, its message is appended there and the others are read
+  (an error if none is left).
   """
   if isinstance(paths, str):
     paths = [p for p in paths.split(',') if p]
@@ -254,7 +261,14 @@ def load_runs(paths: Iterable[str] | str, *,
     # into, refusing files; a path here may be a file or a glob.
     if '://' not in path:
       path = os.path.expanduser(path)
-    for f in _summary_files(path):
+    try:
+      found = _summary_files(path)
+    except TablesError as e:  # Nothing there: with the others, skipped.
+      if skipped is None:
+        raise
+      skipped.append(str(e))
+      continue
+    for f in found:
       # One file given twice (`runs,./runs/c10`, a symlink) is one run.
       key = _file_key(f)
       if key not in seen:
@@ -348,14 +362,21 @@ class Pick:
                      + (f'{100 * std:.2f}' if percent else _num(std)))
       else:
         notes.append(f'1 of {self.n} runs reported')
-    lrs = {r.report.get('lr') for r in self.runs}
-    if len(lrs) > 1:
-      numbers = sorted(lr for lr in lrs if isinstance(lr, (int, float)))
-      notes.append('lr ' + ', '.join([f'{lr:g}' for lr in numbers] + [
-          '?' for lr in lrs if not isinstance(lr, (int, float))]))
+    notes.append(_lr_note(self.runs))
     if self.smoke:
       notes.append('smoke')
-    return '; '.join(notes)
+    return '; '.join(n for n in notes if n)
+
+
+def _lr_note(runs: Sequence[Run]) -> str:
+  """'lr a, b' where `runs` (averaged together) trained at different
+  learning rates, else ''."""
+  lrs = {r.report.get('lr') for r in runs}
+  if len(lrs) < 2:
+    return ''
+  numbers = sorted(lr for lr in lrs if isinstance(lr, (int, float)))
+  return 'lr ' + ', '.join([f'{lr:g}' for lr in numbers] + [
+      '?' for lr in lrs if not isinstance(lr, (int, float))])
 
 
 def _cell_runs(runs: Sequence[Run]) -> Pick:
@@ -485,10 +506,11 @@ def _delta(ours: float, ref: float, decimals: int | None) -> str:
 
 def cell(ref: float | None, ours: float | None = None, *,
          decimals: int | None = 2, compare: bool = True, est: bool = False,
-         note: str = '', missing: str = '—') -> str:
+         note: str = '', missing: str = '—', delta: bool = True) -> str:
   """`ref / ours (delta; note)`, with "est." after an estimate.
 
-  `ref` alone when not comparing; `ours (note)` where the paper has no number.
+  `ref` alone when not comparing; `ours (note)` where the paper has no
+  number; no delta where the two are not of one unit (`delta=False`).
   """
   ref_s = '–' if ref is None else _num(ref, decimals)
   if not compare:
@@ -496,7 +518,7 @@ def cell(ref: float | None, ours: float | None = None, *,
   if ours is None:
     return missing if ref is None else f'{ref_s} / {missing}'
   ours_s = _num(ours, decimals) + (' est.' if est else '')
-  extras = ([] if ref is None else [_delta(ours, ref, decimals)]) + (
+  extras = ([] if ref is None or not delta else [_delta(ours, ref, decimals)]) + (
       [note] if note else [])
   tail = f' ({"; ".join(extras)})' if extras else ''
   return (ours_s if ref is None else f'{ref_s} / {ours_s}') + tail
@@ -553,11 +575,15 @@ class _Ctx:
       notes = []
       hardware = sorted({r.summary.get('hardware') or 'tpu_v3'
                          for r in pick.runs if cost(r) is not None})
-      if key == 'core_days' and hardware != ['tpu_v3']:
+      # Another accelerator's device-days beside TPUv3 core-days: shown,
+      # without a difference that would read as a saving or a cost.
+      other = key == 'core_days' and hardware != ['tpu_v3']
+      if other:
         notes.append('on ' + ', '.join(map(str, hardware)))
       note = pick.note(cost, percent=False)
       notes += [note] if note else []
-      return cell(ref, value, decimals=None, note='; '.join(notes))
+      return cell(ref, value, decimals=None, note='; '.join(notes),
+                  delta=not other)
     if not self.estimates:
       return ''
     est = estimate(setting.model, setting.pretrain, setting.epochs,
@@ -571,10 +597,10 @@ class _Ctx:
     """The mean of the 19 tasks (see `_aggregate`) beside `ref`."""
     if not self.compare:
       return cell(ref, compare=False)
-    values = _vtab_values(self.match, setting, _vtab_tasks())
+    values, lrs = _vtab_values(self.match, setting, _vtab_tasks())
     mean, note = _aggregate(values, 'tasks')
     if mean is not None:
-      return cell(ref, 100 * mean, note=note)
+      return cell(ref, 100 * mean, note='; '.join(n for n in (note, lrs) if n))
     return cell(ref, None, missing=note if any(
         v is not None for v, _ in values) else '—')
 
@@ -615,11 +641,14 @@ def _vtab_smoke(match: Matcher, setting: Setting) -> bool:
 
 
 def _vtab_values(match: Matcher, setting: Setting, tasks: Sequence[str]
-                 ) -> list[tuple[float | None, bool]]:
+                 ) -> tuple[list[tuple[float | None, bool]], str]:
   """(mean top-1 fraction or None, whether smoke stand-ins') of each of
-  `tasks` for `setting`: what `_aggregate` takes."""
+  `tasks` for `setting` (what `_aggregate` takes), and 'lr a, b' where the
+  runs averaged trained at different learning rates (the protocol trains
+  every task at one)."""
   picks = [match.pick(setting, task) for task in tasks]
-  return [(p.mean(lambda r: r.accuracy), p.smoke) for p in picks]
+  return ([(p.mean(lambda r: r.accuracy), p.smoke) for p in picks],
+          _lr_note([r for p in picks for r in p.runs]))
 
 
 # --------------------------------------------------------------------------
@@ -777,9 +806,11 @@ def _vtab_task_cell(pick: Pick) -> str:
 
 def _mean_of(match: Matcher, setting: Setting, tasks: Sequence[str]) -> str:
   """The mean of `tasks` (see `_aggregate`), else what there is."""
-  mean, note = _aggregate(_vtab_values(match, setting, tasks), 'tasks')
+  values, lrs = _vtab_values(match, setting, tasks)
+  mean, note = _aggregate(values, 'tasks')
   if mean is None:
     return note
+  note = '; '.join(n for n in (note, lrs) if n)
   return _pct(mean) + (f' ({note})' if note else '')
 
 

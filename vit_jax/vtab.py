@@ -2,15 +2,15 @@
 
     python -m vit_jax.vtab --config_args=model=ViT-B/16,init=gs://.../pretrain \
         --workdir=gs://.../vtab [--tasks=caltech101,dtd] \
-        [--set=input.data_dir=gs://.../tfds --set=input.batch_size=256]
+        [--set=input.data_dir=gs://.../tfds --set=accum_steps=2]
 
 Runs `configs/vtab.py:<config_args>,task=<task>` for every task, each in
 `<workdir>/<task>` (a finished task is skipped, an interrupted one resumes
 from its checkpoint; one that holds a run with other settings, finished or
 not, is refused), then prints the per-task table with the Natural /
 Specialized / Structured and overall means, and the runs no cell takes with
-the reason (its own `steps=` / `res=`, a `--set` off the paper's protocol:
-`overridden`; LR sweeps by rate) (`python -m vit_jax.tables
+the reason (its own `steps=` / `res=`, a `--set` off the paper's protocol,
+its splits, batch or optimizer: `overridden`; LR sweeps by rate) (`python -m vit_jax.tables
 --tables=vtab,sweep,other` renders the same later from the workdirs). A task that fails (its
 data not prepared, say) does not stop the others (in a one-process run):
 the failures are listed before the table and the exit status is 1;
@@ -35,7 +35,8 @@ _TASKS = flags.DEFINE_list('tasks', ['all'], 'Task names (without vtab/), or '
 _SET = flags.DEFINE_multi_string(
     'set', [], 'FIELD=VALUE: sets a field of every task\'s config, as '
     '--config.FIELD=VALUE does for vit_jax.main (repeatable), e.g. '
-    '--set=input.data_dir=gs://b/tfds --set=input.batch_size=256.')
+    '--set=input.data_dir=gs://b/tfds --set=accum_steps=2 (the batch of 512 '
+    'in two halves, where it does not fit).')
 flags.mark_flag_as_required('workdir')
 
 
@@ -50,7 +51,7 @@ def tasks(names) -> list:
   if unknown:
     raise app.UsageError(f'unknown VTAB task(s) {unknown}; known: '
                          f'{", ".join(every)}')
-  return list(names)
+  return list(dict.fromkeys(names))  # Each once (`dtd,vtab/dtd`: one).
 
 
 def override(config, item: str) -> None:

@@ -18,7 +18,7 @@ import dataclasses
 import hashlib
 import math
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import jax
 from jax.experimental import multihost_utils
@@ -654,15 +654,45 @@ def _record_transfer(report: Dict[str, Any], config, steps: int,
   elif ema and report.get('eval_ema') == 'raw':
     why.append('evaluated the raw parameters (eval_ema=raw), not the Polyak '
                'averages the paper reports')
-  split = config.input.get('eval_split')
-  default = registry.get(config.input.data).eval_split
-  if not report.get('sweep') and split not in (None, default):
-    why.append(f'evaluated on {split}, not {default}')
+  why += _off_table4(config, report)
   if why:
     logging.warning('this %s fine-tune left the paper\'s protocol (%s): its '
                     'report is marked overridden', report.get('task'),
                     '; '.join(why))
     report['overridden'] = '; '.join(why)
+
+
+def _off_table4(config, report: Dict[str, Any]) -> List[str]:
+  """How the run left the rest of the paper's fine-tuning protocol: its
+  splits (a final run: the task's train and test splits; a learning-rate
+  sweep: the held-out ones, `train800`/`val200` or `train_dev`/`dev`, never
+  test nor data it trained on), and Table 4's batch and optimizer."""
+  spec = registry.get(config.input.data)
+  if report.get('sweep'):
+    want = (('train800', 'val200') if str(report.get('task')).startswith(
+        'vtab/') else ('train_dev', 'dev'))
+  else:
+    want = (spec.train_split, spec.eval_split)
+  why = []
+  for what, key, wanted in (('trained', 'train_split', want[0]),
+                            ('evaluated', 'eval_split', want[1])):
+    split = config.input.get(key) or getattr(spec, key)
+    if split != wanted:
+      why.append(f'{what} on {split}, not {wanted}'
+                 + (' (a learning-rate sweep)' if report.get('sweep') else ''))
+  t4, optim = paper.TABLE4_COMMON, config.optim
+  got = dict(batch_size=config.input.batch_size, optimizer=optim.get('name'),
+             momentum=optim.get('momentum'), decay=optim.get('decay'),
+             weight_decay=optim.get('weight_decay') or 0.0,
+             grad_clip_norm=optim.get('grad_clip_norm'))
+  why += [f'{key}={value}, the paper\'s {t4[key]}'
+          for key, value in got.items() if value != t4[key]]
+  if optim.get('nesterov'):
+    why.append('Nesterov momentum, the paper\'s plain SGD momentum')
+  why += [f'optim.{key}={optim.get(key)!r}, which the paper did not use'
+          for key in ('frozen', 'lr_mults', 'layer_decay', 'schedules')
+          if optim.get(key) is not None]
+  return why
 
 
 def _check_finite(step: int, metrics: Dict[str, Any],
