@@ -127,19 +127,29 @@ class Runner:
       raise CommandError(argv, _not_found(argv)) from e
 
 
+def _prctl():
+  """libc's `prctl` (Linux), or None: looked up in the parent, as loading
+  a library in a forked child may wait forever on a lock another of the
+  parent's threads held when it forked."""
+  if not sys.platform.startswith('linux'):
+    return None
+  import ctypes
+  try:
+    return ctypes.CDLL(None, use_errno=True).prctl
+  except (OSError, AttributeError):
+    return None
+
+
+_PRCTL = _prctl()
+
+
 def _term_with_parent() -> None:
   """In a started child, before it runs (Linux): a SIGTERM when the
   process that started it dies, even by SIGKILL, which it cannot pass on
   (a local run's processes then save and stop, a log stream ends, instead
   of going on orphaned). Elsewhere nothing."""
-  if not sys.platform.startswith('linux'):
-    return
-  import ctypes
-  import signal
-  try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1:
-  except (OSError, AttributeError):  # PR_SET_PDEATHSIG.
-    pass
+  if _PRCTL is not None:
+    _PRCTL(1, 15)  # PR_SET_PDEATHSIG, SIGTERM.
 
 
 def _not_found(argv) -> Result:

@@ -8,11 +8,12 @@ import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-# The bf16 CPU matmul form measured once per test session (and worker), not
-# read from or written to this machine's cache (vit_jax/models/matmul.py).
-os.environ.setdefault('VIT_JAX_CPU_MATMUL_CACHE', os.path.join(
-    tempfile.gettempdir(),
-    f'vit_jax_tests_cpu_matmul_{os.getppid()}.json'))
+# The bf16 CPU matmul form measured once per test session (its workers
+# share the file; writes are atomic), not read from or written to this
+# machine's cache (vit_jax/models/matmul.py); removed when the session ends.
+_MATMUL_CACHE = os.path.join(tempfile.gettempdir(),
+                             f'vit_jax_tests_cpu_matmul_{os.getpid()}.json')
+os.environ.setdefault('VIT_JAX_CPU_MATMUL_CACHE', _MATMUL_CACHE)
 
 # One persistent XLA compilation cache per test session: set by the process
 # that loads this first (pytest, or xdist's controller), inherited by the
@@ -46,6 +47,9 @@ def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   if os.environ.get('JAX_COMPILATION_CACHE_DIR') == _CACHE:
     shutil.rmtree(_CACHE, ignore_errors=True)
+  if os.environ.get('VIT_JAX_CPU_MATMUL_CACHE') == _MATMUL_CACHE:
+    with contextlib.suppress(FileNotFoundError):
+      os.remove(_MATMUL_CACHE)
 
 
 def xla_flags(devices=None):

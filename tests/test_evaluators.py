@@ -539,7 +539,11 @@ def test_two_processes_evaluate_like_one(tmp_path):
        f'--coordinator=127.0.0.1:{port}', '--num_processes=2',
        f'--process_id={i}'], cwd=ROOT, stdout=subprocess.PIPE,
       stderr=subprocess.PIPE, text=True, env=env) for i in range(2)]
-  outs = [p.communicate(timeout=600) for p in procs]
+  try:
+    outs = [p.communicate(timeout=600) for p in procs]
+  finally:  # Timed out or failed: no process left to load the rest.
+    for p in procs:
+      p.kill()
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
   multi = json.load(open(os.path.join(workdir, 'summary.json')))

@@ -988,8 +988,10 @@ def _worker_home(tmp_path, python_script: str):
 
 def test_worker_scripts(tmp_path):
   home, env = _worker_home(
+      # Runs for 4 s: the checks below made while it runs take up to ~1 s
+      # on a loaded machine.
       tmp_path, '#!/bin/sh\necho "ran $@ in $(pwd) with $RUN_ENV"\n'
-      'sleep 2\nexit 3\n')
+      'sleep 4\nexit 3\n')
 
   def sh(script):
     return subprocess.run(['bash', '-c', script], env=env, text=True,
@@ -1044,8 +1046,8 @@ def test_a_run_sigterm_saves_and_its_exit_status_is_kept(tmp_path):
   outlives the run's save, so the guard refuses a second run meanwhile,
   and the exit status (75: resume) is kept for `up`. Killed by a signal,
   the run's status is 128 + N."""
-  home, env = _worker_home(  # Saves for a second on SIGTERM, exits 75.
-      tmp_path, '#!/bin/sh\ntrap \'trap "" TERM; echo saving; sleep 1; '
+  home, env = _worker_home(  # Saves for 3 s on SIGTERM, exits 75.
+      tmp_path, '#!/bin/sh\ntrap \'trap "" TERM; echo saving; sleep 3; '
       'echo saved; exit 75\' TERM\necho started\nwhile :; do sleep 0.05; '
       'done\n')
 
@@ -1126,13 +1128,9 @@ def test_a_run_sigterm_before_python_can_save_is_kept_as_143(tmp_path):
   wrapper = int((home / 'vit_jax_run.pid').read_text())
   log = home / 'vit_jax_run.log'
   try:
-    while not log.exists() or 'started' not in log.read_text():
-      time.sleep(0.05)
+    _wait_for(lambda: log.exists() and 'started' in log.read_text())
     os.kill(wrapper, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while not (home / 'vit_jax_run.exit').exists():
-      assert time.monotonic() < deadline
-      time.sleep(0.05)
+    _wait_for((home / 'vit_jax_run.exit').exists, what='the exit status')
     time.sleep(0.1)
     assert (home / 'vit_jax_run.exit').read_text().strip() == '143'
     assert 'exit 1 after a SIGTERM: recorded as 143' in log.read_text()
@@ -1171,6 +1169,35 @@ def test_vit_jax_main_stopped_by_sigterm_while_starting_exits_75(tmp_path):
   assert p.returncode == EXIT_PREEMPTED, err
   assert ('stopped by SIGTERM outside training steps; nothing to save; '
           'exit 75 (restart)') in err
+
+
+def test_a_sigterm_as_a_finished_run_exits_keeps_its_status(tmp_path):
+  """A SIGTERM while a finished run's process unloads its modules (seconds
+  with JAX and TensorFlow; Python has put the default action back by then)
+  killed it with -15: launchers recorded 143 and resumed a finished run.
+  Past `_ignore_sigterm_once_done` it exits with its own status."""
+  script = tmp_path / 'done.py'
+  script.write_text(
+      'import os, signal, sys, time\n'
+      'from vit_jax import main\n'
+      'signal.signal(signal.SIGTERM, main._stop_outside_training)\n'
+      'if sys.argv[1] == "done":\n'
+      '  main._ignore_sigterm_once_done()\n'
+      'class Unloading:  # Slow to unload, as JAX and TensorFlow are.\n'
+      '  def __del__(self):\n'
+      '    print("unloading", flush=True)\n'
+      '    time.sleep(3)\n'
+      'modules = Unloading()\n')
+  for done, status in (('done', 0), ('not', -signal.SIGTERM)):
+    p = subprocess.Popen([sys.executable, str(script), done], cwd=ROOT,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+      assert p.stdout.readline() == 'unloading\n'
+      p.send_signal(signal.SIGTERM)
+      p.communicate(timeout=60)
+    finally:
+      p.kill()
+    assert p.returncode == status, done
 
 
 def test_setup_packs_what_git_would_commit_and_unpacks_it(tmp_path):

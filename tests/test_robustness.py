@@ -919,6 +919,37 @@ def test_sigterm_outside_the_steps_stops_at_once_with_75(monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.filterwarnings(
+    'ignore::pytest.PytestUnraisableExceptionWarning')  # What Python prints.
+def test_a_sigterm_swallowed_by_a_del_still_stops_the_run():
+  """A SIGTERM whose StoppedBeforeTraining is raised inside a `__del__`
+  (TensorFlow's garbage collectors run them during set-up) is only printed
+  by Python and the run went on, training and exiting 0 through a
+  preemption: it stops the run when the steps would start, or at the end
+  of the block."""
+  from vit_jax.train import preemption
+
+  class Collected:
+    def __del__(self):  # The handler runs here; its exception is lost.
+      os.kill(os.getpid(), signal.SIGTERM)
+      for _ in range(1000):
+        pass
+
+  with pytest.raises(preemption.StoppedBeforeTraining):
+    with preemption.stop_at_once_outside_steps():
+      Collected()
+      with preemption.StopRequests(lambda step: False):
+        pytest.fail('the steps started after a SIGTERM')
+  went_on = []
+  with pytest.raises(preemption.StoppedBeforeTraining):
+    with preemption.stop_at_once_outside_steps():  # Evaluating, say.
+      Collected()
+      went_on.append(True)
+  assert went_on
+  with preemption.stop_at_once_outside_steps():  # The next task's: clear.
+    pass
+
+
 def test_a_stop_signal_with_stderr_gone_still_saves(monkeypatch):
   """The acknowledgement goes to stderr from the signal handler: a stderr
   that is gone (`... | tee log`, the tee killed by the same Ctrl-C) must

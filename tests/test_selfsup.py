@@ -490,6 +490,7 @@ def _final_params(workdir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # Its own deadline (900 s) and two runs' time.
 def test_sigkill_and_resume_matches_the_uninterrupted_mpp_run(mpp_run,
                                                              tmp_path):
   workdir = str(tmp_path / 'killed')

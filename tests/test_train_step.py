@@ -233,7 +233,11 @@ def test_two_processes_match_one_process_with_four_devices():
                    'coordinator': f'127.0.0.1:{port}'})],
       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
       for i in range(2)]
-  outs = [p.communicate(timeout=300) for p in procs]
+  try:
+    outs = [p.communicate(timeout=300) for p in procs]
+  finally:  # Timed out or failed: no gloo process left to load the rest.
+    for p in procs:
+      p.kill()
   for p, (_, err) in zip(procs, outs):
     assert p.returncode == 0, err[-3000:]
   results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -251,6 +252,9 @@ def main(argv):
       # cost the others: they run, and the failures are listed at the end.
       logging.exception('%s failed; going on with the other tasks', task)
       failed[task] = f'{type(e).__name__}: {e}'
+  # Every task ended: a SIGTERM as the process exits is ignored (it killed
+  # the finished driver with -15 while Python unloaded its modules).
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
   for task, why in failed.items():
     print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
   if jax.process_index() == 0 and len(failed) < len(names):

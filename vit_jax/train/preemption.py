@@ -69,14 +69,29 @@ def stop_at_once_outside_steps():
     yield
     return
 
-  def stop(signum, frame):  # pylint: disable=unused-argument
-    raise StoppedBeforeTraining(signal.Signals(signum).name)
+  global _received_outside_steps
 
+  def stop(signum, frame):  # pylint: disable=unused-argument
+    # Kept as well as raised: raised inside a `__del__` (a garbage
+    # collector's), the exception is only printed and the run goes on.
+    global _received_outside_steps
+    _received_outside_steps = signal.Signals(signum).name
+    raise StoppedBeforeTraining(_received_outside_steps)
+
+  _received_outside_steps = None
   previous = signal.signal(signal.SIGTERM, stop)
   try:
     yield
+    if _received_outside_steps:  # Swallowed on its way: stop now.
+      raise StoppedBeforeTraining(_received_outside_steps)
   finally:
     signal.signal(signal.SIGTERM, previous)
+
+
+# A SIGTERM `stop_at_once_outside_steps` caught (its name), or None: a stop
+# whose exception was swallowed still stops the run, at the steps' start
+# (`StopRequests`) or at the block's end.
+_received_outside_steps: Optional[str] = None
 
 
 class StopRequests:
@@ -127,6 +142,8 @@ class StopRequests:
         self._previous[signal.SIGINT] = signal.signal(signal.SIGINT,
                                                       self._pass_on)
       else:
+        if _received_outside_steps:  # During set-up; its stop swallowed.
+          raise StoppedBeforeTraining(_received_outside_steps)
         for sig in (signal.SIGTERM, signal.SIGINT):
           self._previous[sig] = signal.signal(sig, self._handle)
     return self
