@@ -773,6 +773,14 @@ def test_a_failed_save_is_one_line_naming_the_step_and_the_steps_kept(
                      match='could not save checkpoint step 2 .* kept: steps '
                      '1. Free space'):
     ckpt.close()
+  # A SIGTERM while the last save is waited for stops the run (75), not a
+  # write error (1): the launcher resumes it.
+  from vit_jax.train import preemption
+  def stopped(*args, **kwargs):
+    raise preemption.StoppedBeforeTraining('SIGTERM')
+  monkeypatch.setattr(ckpt.manager, 'wait_until_finished', stopped)
+  with pytest.raises(preemption.StoppedBeforeTraining):
+    ckpt.close()
 
 
 # `python -m vit_jax.main` on storage without renames of checkpoint steps.

@@ -25,6 +25,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from vit_jax.checkpoint.npz import CheckpointNotFoundError
+from vit_jax.train import preemption
 
 
 class DamagedCheckpointError(RuntimeError):
@@ -247,6 +248,8 @@ class Checkpointer:
     """Waits for the save in progress; CheckpointWriteError if it failed."""
     try:
       self.manager.wait_until_finished()
+    except preemption.RunInterrupted:
+      raise  # A SIGTERM while waiting: the run stops (75), no write error.
     except Exception as e:  # pylint: disable=broad-except
       raise self._write_failed(self._saving, e) from e
 
@@ -254,6 +257,8 @@ class Checkpointer:
     self.wait()
     try:
       self.manager.close()
+    except preemption.RunInterrupted:
+      raise
     except Exception as e:  # pylint: disable=broad-except
       raise self._write_failed(self._saving, e) from e
 
