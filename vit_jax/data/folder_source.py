@@ -121,12 +121,35 @@ class _Skipped:
                    '; '.join(parts))
 
 
+def _names_in(path: str) -> List[str]:
+  """`tf.io.gfile.listdir(path)`, or a clear error for a name that is not
+  UTF-8 (TensorFlow's listing raises a bare UnicodeDecodeError)."""
+  try:
+    return tf.io.gfile.listdir(path)
+  except UnicodeDecodeError:
+    pass  # Explained below, outside the except: no chained traceback.
+  bad = []
+  if '://' not in path:  # Local: the raw names say which.
+    for raw in os.listdir(os.fsencode(path)):
+      try:
+        raw.decode('utf-8')
+      except UnicodeDecodeError:
+        bad.append(raw.decode('utf-8', 'backslashreplace'))
+  which = (f'{len(bad)} name(s) that are not UTF-8: {_shown(sorted(bad))}'
+           if bad else 'a name that is not UTF-8')
+  raise DatasetNotPreparedError(
+      f'folder dataset: {path} holds {which}, which TensorFlow cannot list. '
+      'Rename each such file or folder to a UTF-8 name (by hand, or e.g. '
+      'convmv -f latin1 -t utf-8 -r --notest DATA_DIR), or move it out of '
+      'the dataset.')
+
+
 def _listing(path: str, skipped: Optional[_Skipped] = None
              ) -> Tuple[List[str], List[str]]:
   """(image files, folder names) directly in `path`; what else is there
   goes to `skipped`."""
   images, folders = [], []
-  for name in tf.io.gfile.listdir(path):
+  for name in _names_in(path):
     # By name, without a request per file (gfile.walk stats every entry:
     # hours for a million images on gs://): an image file, a folder
     # (gs:// lists them with a trailing /), else asked.

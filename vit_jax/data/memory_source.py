@@ -101,6 +101,9 @@ class MemorySource(Source):
     return sum(b - a for _, a, b in self._ranges(
         split, process_index, process_count))
 
+  def reads_in_one_order(self, split, process_index, process_count) -> bool:
+    return True
+
   def host_dataset(self, split, process_index, process_count, *,
                    order_key=None) -> tf.data.Dataset:
     del order_key  # In memory: the pipeline's block shuffle is the order.

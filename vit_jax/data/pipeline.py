@@ -154,6 +154,18 @@ class TrainIterator:
           'permuted only within blocks of shuffle_buffer=%d of its %d '
           'examples; set shuffle_buffer >= %d for a full permutation per '
           'epoch', self._block, self._host_size, self._host_size)
+    elif self._block < self._host_size and st.source.reads_in_one_order(
+        st.train_split, process_index, process_count):
+      logging.warning(
+          'input.shuffle_buffer=%d: process %d reads its %d examples of %s '
+          'split %r in one order every epoch (one file, or arrays in '
+          'memory), so every epoch cuts them into the same blocks of %d '
+          'consecutive examples and permutes only within each block: '
+          'examples more than a block apart never share a batch. Set '
+          'shuffle_buffer >= %d for a full permutation per epoch (that many '
+          'encoded examples in memory), or write the data in more files',
+          st.shuffle_buffer, process_index, self._host_size, st.spec.name,
+          st.train_split, self._block, self._host_size)
     self._pp = preprocess.build(st.pp_train, st.image_size)
     self._keys = _keys(self._seed, process_index)
     self._num_classes = st.source.num_classes
@@ -271,7 +283,7 @@ class TrainIterator:
     epoch, index = self._position()
     return {'format': _STATE_FORMAT, 'batches': self._batches,
             'epoch': epoch, 'index': index, 'process_index': self._pi,
-            **self._identity()}
+            'host_size': self._host_size, **self._identity()}
 
   def set_state(self, state: Dict[str, Any]) -> None:
     """Continues from `state` (from `get_state` of any process)."""
@@ -304,15 +316,24 @@ class TrainIterator:
           'restart).')
     previous, self._batches = self._batches, int(state['batches'])
     saved = (state.get('epoch'), state.get('index'))
-    if state.get('process_index') == self._pi and saved != self._position():
+    # The saved shard size where the state has it: the position alone
+    # matches any size until the first epoch ends (divmod(B*b, S) is
+    # (0, B*b) for every S > B*b). Older states have only the position.
+    size = state.get('host_size')
+    if state.get('process_index') == self._pi and (
+        saved != self._position()
+        or size is not None and size != self._host_size):
       self._batches = previous
+      counted = (f'{size} examples then, {self._host_size} now'
+                 if size is not None else
+                 f'saved position {saved}, now {self._position()}')
       raise DataError(
           f'cannot resume the input pipeline exactly: the shard of process '
-          f'{self._pi} changed size since the state was saved (saved '
-          f'position {saved}, now {self._position()}). Resume with the '
-          'same data; or start afresh from its weights: a new --workdir '
-          'with --config.init=<this workdir> (the encoder carries over; '
-          'head, optimiser and schedule restart).')
+          f'{self._pi} changed size since the state was saved ({counted}): '
+          'the examples the run has not read yet are others now. Resume '
+          'with the same data; or start afresh from its weights: a new '
+          '--workdir with --config.init=<this workdir> (the encoder carries '
+          'over; head, optimiser and schedule restart).')
     self._iterator = None
 
 
@@ -529,6 +550,28 @@ def _check_same_range(st: settings_lib.Settings) -> None:
       f'Fix: {fix}')
 
 
+def _check_same_shape(st: settings_lib.Settings, train, evaluate) -> None:
+  """Train and eval images must have one shape: the model takes one input
+  size, so a mismatch (`pp_train='decode|resize(16)|...'` beside the
+  preset at the registry's 8) would fail at the first evaluation, after
+  steps ran. With `input.image_size` set, `_check_size_used` names the
+  pipeline that ignores it first."""
+  if tuple(train) == tuple(evaluate):
+    return
+  ops_of = lambda spec: '|'.join(preprocess.expand(spec, st.image_size))
+  shape = lambda s: 'x'.join(map(str, s))
+  fix = ('resize them to one size: end both with resize(S) (or a crop to '
+         'S), or set input.image_size=S and use presets (resize, eval, '
+         'inception, ...) that take it'
+         if tuple(train[:2]) != tuple(evaluate[:2]) else
+         'decode to one channel count in both (decode(C) first, or to_rgb)')
+  raise DataError(
+      f'input.pp_train={ops_of(st.pp_train)!r} makes {shape(train)} images '
+      f'but input.pp_eval={ops_of(st.pp_eval)!r} makes {shape(evaluate)}: '
+      'the model takes one input shape, so it would fail at its first '
+      f'evaluation, after training steps ran. Fix: {fix}')
+
+
 def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   """Classes, split sizes and the model's input shape for `input_config`.
 
@@ -551,6 +594,7 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   if st.train_split:
     _check_size_used(input_config, 'pp_train', train_shape)
     _check_same_range(st)
+    _check_same_shape(st, train_shape, eval_shape)
   return DatasetInfo(
       name=st.spec.name, num_classes=source.num_classes,
       num_train_examples=num_train, num_eval_examples=num_eval,
@@ -565,7 +609,10 @@ def class_names(input_config) -> Optional[List[str]]:
 
   From metadata only: tfds feature info (read from the code of the builder
   when the dataset is not prepared here), class folder names, '0'..'9' for
-  digits and mnist5k.
+  digits and mnist5k. The code of a builder that reads its names from the
+  downloaded files (cifar10) has placeholders '0', '1', ... instead: None
+  then, so that callers say no names are known (predict's `class_<i>`,
+  export's warning) rather than show the placeholders as names.
   """
   hide_accelerators_from_tf()
   try:
@@ -576,4 +623,7 @@ def class_names(input_config) -> Optional[List[str]]:
       raise
     import tensorflow_datasets as tfds
     feature = tfds.builder(spec.tfds_name).info.features[spec.label_key]
-    return list(feature.names) if hasattr(feature, 'names') else None
+    names = list(getattr(feature, 'names', None) or [])
+    if names == [str(i) for i in range(len(names))]:
+      return None  # None, or placeholders (real ones once prepared).
+    return names

@@ -3,7 +3,7 @@
 | field | default | meaning |
 |---|---|---|
 | `data` | required | registry name (`vit_jax/data/registry.py`) |
-| `data_dir` | tfds default (`TFDS_DATA_DIR`) | tfds data dir, image folder or TFRecord folder; may be gs:// |
+| `data_dir` | tfds default (`TFDS_DATA_DIR`) | tfds data dir, image folder or TFRecord folder; may be gs://; a leading `~` is expanded |
 | `train_split`, `eval_split` | the registry's | named split or tfds split expression |
 | `batch_size` | required for training | global train batch (all processes) |
 | `eval_batch_size` | `batch_size` | global eval batch |
@@ -25,13 +25,15 @@ A source sees every field but the pipeline's own (`PIPELINE_FIELDS`), with
 of a source kind of one's own (`input.npz_path`) reach it too, and each
 configuration of those fields opens its own source (`kinds.open_source`).
 
-Held-out evaluation: where `input.eval_split` is set and shares examples
-with the train split without being that split (`train[90%:]` beside the
-default `train`), `read` logs a warning and `Settings.check_held_out`
-(called before training) raises a DataError naming the train split that
-leaves them out. Evaluating the train split itself (a deliberate fit check)
-is only noted in the logs; a split passed to `read` (an evaluator's own,
-`eval_iterator(split=...)`) is not checked.
+Held-out evaluation: where the eval split (`input.eval_split`, or the
+dataset's default where it is unset) shares examples with the train split
+without being that split (`train[90%:]` beside the default `train`;
+`train_split='train+test'` beside the default `test`), `read` logs a
+warning and `Settings.check_held_out` (called before training) raises a
+DataError naming the train split that leaves them out. Evaluating the train
+split itself is only noted in the logs where `input.eval_split` names it (a
+deliberate fit check), refused where the default is it; a split passed to
+`read` (an evaluator's own, `eval_iterator(split=...)`) is not checked.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import numbers
+import os
 from typing import List, Optional, Tuple
 
 import ml_collections
@@ -118,9 +121,8 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       error = e.with_traceback(None)  # Kept: no frames (no cycle) with it.
   resolved = spec.resolve_split(evals) if evals else None
   held_out = None
-  if train and resolved and not eval_split and input_config.get(
-      'eval_split'):
-    held_out = _held_out(source, input_config, train, resolved)
+  if train and resolved and not eval_split:
+    held_out = _held_out(source, input_config, train, resolved, evals)
   image_size = input_config.get('image_size')
   image_size = ops.pixels(spec.image_size if image_size is None
                           else image_size, 'input.image_size')
@@ -141,7 +143,7 @@ def read(input_config, *, eval_split: Optional[str] = None) -> Settings:
       mixup=float(input_config.get('mixup') or 0.0),
       cutmix=float(input_config.get('cutmix') or 0.0),
       num_train_examples=registry.num_train_examples(input_config),
-      data_dir=input_config.get('data_dir'),
+      data_dir=expand_data_dir(input_config.get('data_dir')),
       skip_bad_images=skip_bad_images,
       eval_split_error=error,
       held_out_error=held_out)
@@ -154,7 +156,22 @@ def source_config(input_config,
   fields = kinds.config_fields(input_config)
   out = {k: v for k, v in fields.items() if k not in PIPELINE_FIELDS}
   out['train_split'] = train_split
+  if out.get('data_dir'):
+    out['data_dir'] = expand_data_dir(out['data_dir'])
   return ml_collections.ConfigDict(out)
+
+
+def expand_data_dir(data_dir: Optional[str]) -> Optional[str]:
+  """`input.data_dir` with a leading `~` expanded; URLs (`gs://`) as given.
+
+  A shell leaves `--config.input.data_dir=~/tfds` as typed (`~` is expanded
+  only at the start of a word), and `prepare` expands it: unexpanded, every
+  source would look for a folder literally named `~` and say the data is
+  not prepared in the folder `prepare` had just filled.
+  """
+  if not data_dir or '://' in data_dir:
+    return data_dir
+  return os.path.expanduser(data_dir)
 
 
 def _cannot_skip(spec: registry.DatasetSpec) -> str:
@@ -214,14 +231,24 @@ def _spell(ranges, sizes, evals: str) -> str:
       for name, a, b in ranges)
 
 
-def _held_out(source, input_config, train: str,
-              evals: str) -> Optional[DataError]:
-  """The error for an `input.eval_split` sharing examples with the train
-  split without being it (logged too); None where it does not (evaluating
-  the train split itself is only logged)."""
+def _held_out(source, input_config, train: str, evals: str,
+              named: str) -> Optional[DataError]:
+  """The error for an eval split sharing examples with the train split
+  without being it (logged too); None where it does not.
+
+  The eval split is `input.eval_split`, or the dataset's default (`named`,
+  resolved to `evals`): `train_split='train+test'` trains on the default
+  `test` as surely as a typed one. Evaluating the train split itself is
+  only logged where `input.eval_split` says so (a deliberate fit check),
+  refused where the default happens to be it.
+  """
   if not _bases(train) & _bases(evals):
     return None
-  names = (f'input.eval_split={input_config.get("eval_split")!r}',
+  typed = bool(input_config.get('eval_split'))
+  names = (f'input.eval_split={input_config.get("eval_split")!r}' if typed
+           else f'the default eval split {named!r} ('
+           + (f'{evals!r}; ' if evals != named else '')
+           + 'input.eval_split is unset)',
            f'input.train_split={input_config.get("train_split")!r}'
            if input_config.get('train_split') else
            f'the train split {train!r} (the default: input.train_split is '
@@ -238,10 +265,19 @@ def _held_out(source, input_config, train: str,
     if train_ranges is None or eval_ranges is None:
       return None
     same = sorted(train_ranges) == sorted(eval_ranges)
-  if same:
+  if same and typed:
     _log_once(f'{names[0]} is {names[1]}: the eval metrics measure how well '
               'the model fits its training examples, not held-out accuracy')
     return None
+  if same:
+    message = (
+        f'{names[0]} is {names[1]}: a run trained on this config is '
+        'evaluated on the examples it trains on. Fix: train on other '
+        'examples (input.train_split), or set input.eval_split to examples '
+        f'outside it; to measure the fit on purpose, set input.eval_split='
+        f'{named!r} explicitly')
+    _log_once(message)
+    return DataError(message)
   shared = sum(max(0, min(b, d) - max(a, c))
                for s, a, b in train_ranges for t, c, d in eval_ranges
                if s == t)

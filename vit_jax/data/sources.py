@@ -87,6 +87,14 @@ class Source(abc.ABC):
     """
     return self.host_size(split, 0, 1)
 
+  def reads_in_one_order(self, split: str, process_index: int,
+                         process_count: int) -> bool:
+    """Whether `host_dataset` ignores `order_key` for this shard: one file,
+    or arrays in memory. Every epoch then cuts the shard into the same
+    blocks of `shuffle_buffer` examples (the pipeline warns)."""
+    del split, process_index, process_count
+    return False
+
   def check_train_split(self, split: str, process_count: int) -> None:
     """Raises a DataError if `process_count` processes cannot train on it.
 

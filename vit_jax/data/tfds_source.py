@@ -106,6 +106,11 @@ class TfdsSource(Source):
   def host_size(self, split, process_index, process_count) -> int:
     return self._shard(split, process_index, process_count).num_examples
 
+  def reads_in_one_order(self, split, process_index, process_count) -> bool:
+    shard = self._shard(split, process_index, process_count)
+    return (self.builder.info.file_format != tfds.core.FileFormat.TFRECORD
+            or sum(f.take > 0 for f in shard.file_instructions) <= 1)
+
   def host_dataset(self, split, process_index, process_count, *,
                    order_key=None) -> tf.data.Dataset:
     shard = self._shard(split, process_index, process_count)

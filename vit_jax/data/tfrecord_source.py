@@ -31,7 +31,9 @@ Sharding: with at least as many files as processes, process i of n reads
 files i, i+n, i+2n, ...; training then needs a file count divisible by n
 (`check_train_split` says how to re-shard otherwise), evaluation does not
 (it pads). With fewer files than processes every process reads every file
-and keeps every n-th record of each.
+and keeps every n-th record of each. Each process cycles through its own
+files: shares of very different sizes (by bytes, the largest over 1.1x the
+smallest) oversample the smaller ones, and training logs a warning.
 
 Record counts: a process counts the records of the files it needs once,
 reading but not parsing them: for training its own files; for evaluation
@@ -71,6 +73,8 @@ from vit_jax.data.registry import DatasetSpec
 from vit_jax.data.sources import Source, register
 
 _CYCLE_LENGTH = 16
+# Processes' train shares (bytes) differing by more: logged as uneven.
+_UNEVEN = 1.1
 _STAT_THREADS = 32
 IMAGE_KEY, LABEL_KEY = 'image/encoded', 'image/class/label'
 COUNTS_DIR = '.record_counts'
@@ -473,6 +477,9 @@ class TFRecordSource(Source):
       return files[process_index::process_count], False
     return files, True
 
+  def reads_in_one_order(self, split, process_index, process_count) -> bool:
+    return len(self._host_files(split, process_index, process_count)[0]) <= 1
+
   def check_train_split(self, split, process_count) -> None:
     n = len(self.files(split))
     if n >= process_count and n % process_count:
@@ -483,6 +490,38 @@ class TFRecordSource(Source):
           'would differ by whole files. Re-shard the split into a multiple '
           f'of {process_count} files of similar size (e.g. {fewer} or '
           f'{more}), or train with a process count that divides {n}.')
+    if process_count > 1 and n >= process_count:
+      self._warn_uneven(split, process_count)
+
+  def _warn_uneven(self, split: str, process_count: int) -> None:
+    """Logs (once) where the processes' files differ much in size.
+
+    Each process cycles through its own files: a process whose files hold
+    fewer examples starts its next epoch sooner and sees each of them more
+    often. Compared by bytes (one stat per file, no reading): the record
+    counts of the other processes' files are not counted here.
+    """
+    key = ('uneven', split, process_count)
+    if key in self._logged:
+      return
+    self._logged.add(key)
+    files = self.files(split)
+    with concurrent.futures.ThreadPoolExecutor(_STAT_THREADS) as pool:
+      sizes = list(pool.map(lambda p: tf.io.gfile.stat(p).length, files))
+    shares = [sum(sizes[p::process_count]) for p in range(process_count)]
+    large, small = max(shares), min(shares)
+    if not small or large <= _UNEVEN * small:
+      return  # An empty share: its process refuses to train (no examples).
+    logging.warning(
+        '%s: the %d TFRecord files of split %r give the %d processes '
+        'shares of very different sizes (process %d: %d bytes, %.1fx those '
+        'of process %d): each process cycles through its own files, so the '
+        'examples of a smaller share are seen more often (up to %.1fx as '
+        'often as those of the largest: its epochs end sooner). Re-shard '
+        'the split into a multiple of %d files of similar size.',
+        self.spec.name, len(files), split, process_count,
+        shares.index(large), large, large / small, shares.index(small),
+        large / small, process_count)
 
   def _skipped(self, split, files, process_index,
                process_count) -> Optional[List[List[int]]]:
