@@ -140,6 +140,7 @@ def test_fixed_batch(trained, tmp_path):
   manifest = export.export_model(trained, 'stablehlo', out,
                                  export.Options(batch=2))
   assert manifest['batch'] == 2
+  assert manifest['input'] == 'float32 [2, 16, 16, 3] NHWC in [-1, 1]'
   assert _stablehlo(out, _images(trained, 2)).shape == (2, 10)
   with pytest.raises(Exception, match='shape'):
     _stablehlo(out, _images(trained, 3))
@@ -492,13 +493,16 @@ def test_hf_input_is_nchw_and_others_nhwc(trained, exports):
   _needs('hf')
   out, manifest = exports('hf')
   assert manifest['layout'] == 'NCHW'
+  # Shapes as [B, 3, 16, 16], not a Python list's ['B', 3, 16, 16].
   assert manifest['input'] == (
-      "float32 ['B', 3, 16, 16] NCHW in [-1, 1], B >= 1")
+      'float32 [B, 3, 16, 16] NCHW in [-1, 1], B >= 1')
   card_text = open(os.path.join(out, 'MODEL_CARD.md')).read()
   assert '| input | 3x16x16 float32, NCHW, values in [-1, 1] |' in card_text
+  assert ('| takes | float32 [B, 3, 16, 16] NCHW in [-1, 1], B >= 1 |'
+          in card_text)
   out, manifest = exports('stablehlo')
   assert manifest['input'] == (
-      "float32 ['B', 16, 16, 3] NHWC in [-1, 1], B >= 1")
+      'float32 [B, 16, 16, 3] NHWC in [-1, 1], B >= 1')
   assert '| input | 16x16x3 float32, NHWC' in open(
       os.path.join(out, 'MODEL_CARD.md')).read()
 
@@ -1053,3 +1057,198 @@ def test_card_of_an_npz_says_where_it_came_from_and_warns_of_placeholders(
   assert cli.main([f'--init={path}', '--model=ViT-test', '--labels=digits',
                    '--format=stablehlo', f'--out={tmp_path}/named']) == 0
   assert 'warning' not in capsys.readouterr().err
+
+
+# --- Review fixes: portable CPU form, empty --out, Options.batch, CLI. ---
+
+
+def test_a_bfloat16_export_is_the_same_program_on_every_host(
+    trained, tmp_path, monkeypatch):
+  """A bf16 export's CPU program takes the CPU matmul form 'bf16' whatever
+  the exporting host's: forced by VIT_JAX_CPU_MATMUL, or what 'auto' picks
+  on a CPU without bf16 dot instructions ('f32': its products used to be
+  upcast, other logits and top-1 classes than another host's export of
+  the same checkpoint). The programs are byte-identical, and export.json
+  says which form they carry; the host's form is never even decided."""
+  from vit_jax.models import matmul
+  hosts = {'forced bf16': ('bf16', {'avx512_bf16'}),
+           'forced f32': ('f32', {'avx512_bf16'}),
+           'auto, no bf16 instructions': ('auto', set())}
+  programs, decided, manifests = {}, {}, {}
+  try:
+    for host, (setting, flags) in hosts.items():
+      monkeypatch.setenv(matmul.ENV, setting)
+      monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda f=flags: f)
+      matmul.reset_cpu_form()
+      out = tmp_path / setting
+      manifests[host] = export.export_model(
+          trained, 'stablehlo', str(out), registry.Options(dtype='bfloat16'))
+      programs[host] = ((out / 'model.jax_exported').read_bytes(),
+                        (out / 'model.mlir').read_text())
+      decided[host] = matmul._chosen.get('form')
+  finally:
+    matmul.reset_cpu_form()
+  first = programs['forced bf16']
+  for host, program in programs.items():
+    assert program[1] == first[1], f'{host}: another CPU program'
+    assert program[0] == first[0], host
+  assert not any(decided.values()), decided  # Not this host's choice.
+  assert {m['cpu_matmul_form'] for m in manifests.values()} == {'bf16'}
+  float32 = export.export_model(trained, 'stablehlo',
+                                str(tmp_path / 'float32'))
+  assert float32['cpu_matmul_form'] is None  # No bf16 products.
+
+
+def test_an_empty_out_is_replaced_only_once_verified(trained, tmp_path,
+                                                     monkeypatch):
+  """An existing empty --out (TF Serving's next version folder, made in
+  advance) is staged beside as a new one is: while the export is verified
+  it is still empty, so a server watching it never loads an unverified
+  export (it used to hold a complete saved_model.pb then, deleted only
+  after a failed verification). The verified export replaces the folder,
+  keeping its permissions."""
+  from vit_jax.export import run
+  models = tmp_path / 'models'
+  out = models / '2'
+  out.mkdir(parents=True)
+  out.chmod(0o750)
+  seen = []
+  verify = run.verify
+
+  def spy(fmt, trained, folder, *args, **kwargs):
+    seen.append(sorted(os.listdir(out)))
+    if len(seen) == 1:
+      raise export.ExportError('simulated verification failure')
+    return verify(fmt, trained, folder, *args, **kwargs)
+
+  monkeypatch.setattr(run, 'verify', spy)
+  with pytest.raises(export.ExportError, match='simulated'):
+    export.export_model(trained, 'stablehlo', str(out))
+  assert seen == [[]], 'the unverified export was in --out'
+  assert os.listdir(models) == ['2'] and not os.listdir(out)
+  export.export_model(trained, 'stablehlo', str(out))
+  assert seen == [[], []]
+  assert sorted(os.listdir(out)) == sorted(
+      ['model.jax_exported', 'model.mlir', 'export.json', 'labels.txt',
+       'MODEL_CARD.md'])
+  assert os.listdir(models) == ['2']  # No staging folder left.
+  assert oct(os.stat(out).st_mode & 0o777) == oct(0o750)
+
+
+def test_an_empty_out_written_to_meanwhile_is_left_alone(trained, tmp_path):
+  """A file put in the empty --out while the export ran stops it from
+  replacing the folder: --out is left as it is, the export kept beside."""
+  out = tmp_path / 'models' / '1'
+  out.mkdir(parents=True)
+  fmt = _writing_format(trained, 'npz-written-to', lambda _: (
+      out / 'precious.txt').write_text('theirs'))
+  try:
+    with pytest.raises(export.ExportError, match=(
+        f'--out={out} was written to while this export ran.*left as it is')):
+      export.export_model(trained, fmt.name, str(out))
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert os.listdir(out) == ['precious.txt']
+
+
+def test_an_empty_mount_point_is_written_into_directly(trained, tmp_path,
+                                                       monkeypatch, caplog):
+  """A folder cannot replace a mount point: an empty --out that is one is
+  exported into directly (as before), and a log line says what that
+  means; a failed export leaves it empty."""
+  from vit_jax.export import run
+  mounts = {str(tmp_path / 'mnt'), str(tmp_path / 'mnt2')}
+  for mount in mounts:
+    os.mkdir(mount)
+  ismount = os.path.ismount
+  monkeypatch.setattr(os.path, 'ismount',
+                      lambda p: os.fspath(p) in mounts or ismount(p))
+  out = tmp_path / 'mnt'
+  seen = []
+  fmt = _npz_format(trained, 'npz-mount',
+                    lambda: seen.append(os.listdir(out)) or 0.0)
+
+  def fails(*args, **kwargs):
+    raise export.ExportError('simulated verification failure')
+
+  try:
+    export.export_model(trained, fmt.name, str(out))
+    assert seen and 'params.npz' in seen[0]  # Written in place.
+    assert f'--out={out} is a mount point' in caplog.text
+    monkeypatch.setattr(run, 'verify', fails)
+    with pytest.raises(export.ExportError, match='simulated'):
+      export.export_model(trained, fmt.name, str(tmp_path / 'mnt2'))
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert not os.listdir(tmp_path / 'mnt2')
+  assert sorted(os.listdir(tmp_path)) == ['mnt', 'mnt2']
+
+
+def test_an_empty_out_that_cannot_be_replaced_gets_the_files(
+    trained, tmp_path, monkeypatch, caplog):
+  """An empty --out the verified export cannot be moved onto (a bind
+  mount that `os.path.ismount` does not see: EBUSY) gets the verified
+  files copied in, with a log line saying so; nothing is left beside it."""
+  import errno
+  out = tmp_path / 'bind'
+  out.mkdir()
+  rename = os.rename
+
+  def busy(src, dst, *args, **kwargs):
+    if os.fspath(dst) == str(out):
+      raise OSError(errno.EBUSY, os.strerror(errno.EBUSY), str(dst))
+    return rename(src, dst, *args, **kwargs)
+
+  monkeypatch.setattr(os, 'rename', busy)
+  fmt = _npz_format(trained, 'npz-bind')
+  try:
+    export.export_model(trained, fmt.name, str(out))
+  finally:
+    registry.FORMATS.pop(fmt.name)
+  assert sorted(os.listdir(out)) == sorted(
+      ['params.npz', 'export.json', 'labels.txt', 'MODEL_CARD.md'])
+  assert os.listdir(tmp_path) == ['bind']
+  assert f'--out={out} could not be replaced' in caplog.text
+  assert oct(os.stat(out / 'params.npz').st_mode & 0o777) == oct(
+      0o666 & ~_umask())
+
+
+@pytest.mark.parametrize('batch', [0, -2, 2.0, '3', True])
+def test_options_refuse_a_batch_no_export_can_take(batch):
+  """`Options.batch` from Python: a size no export takes is a ValueError
+  naming it and what is allowed (it was a ZeroDivisionError, a reshape's
+  TypeError or a runtime's error inside a format)."""
+  with pytest.raises(ValueError, match=(
+      rf'Options\(batch={batch!r}\): expected None \(a dynamic batch size\) '
+      r'or an integer >= 1')):
+    registry.Options(batch=batch)
+
+
+def test_options_take_a_dynamic_or_positive_batch():
+  assert registry.Options().batch is None
+  assert registry.Options(batch=1).batch == 1
+  fixed = registry.Options(batch=np.int64(4))
+  assert fixed.batch == 4 and type(fixed.batch) is int  # noqa: E721
+
+
+def test_command_line_refuses_an_out_before_loading_the_checkpoint(
+    trained, tmp_path, monkeypatch, capsys):
+  """A refused --out is said before the checkpoint is loaded (minutes for
+  a large one), by the check `export_model` runs too."""
+  def load(*args, **kwargs):
+    raise AssertionError('the checkpoint was loaded first')
+
+  monkeypatch.setattr(trained_lib, 'load', load)
+  full = tmp_path / 'full'
+  full.mkdir()
+  (full / 'notes.txt').write_text('mine')
+  (tmp_path / 'afile').write_text('in the way')
+  for out, more, message in (
+      (full, [], f'{full} exists and is not empty'),
+      (full, ['--overwrite'], f'{full} is not an earlier export'),
+      (tmp_path / 'afile', [], 'is a file'),
+      (tmp_path / 'afile' / 'sub', [], 'cannot create the folder')):
+    assert cli.main([f'--init={trained.workdir}', '--format=stablehlo',
+                     f'--out={out}'] + more) == 1, out
+    assert message in capsys.readouterr().err, out
+  assert os.listdir(full) == ['notes.txt']

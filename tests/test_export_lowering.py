@@ -232,3 +232,32 @@ def test_vit_l16_scan_remat_fsdp8_holds_an_eighth_per_device():
   # XLA's own plan: the whole state is never gathered on one device (scan
   # gathers one layer's weights at a time).
   assert res['temp_bytes'] < 0.5 * res['param_bytes']
+
+
+def test_portable_traces_take_the_bf16_form_undecided(monkeypatch):
+  """Inside `matmul.portable()` (exports) the CPU form is 'bf16' whatever
+  this host's would be, and it is not decided there (no timing of the
+  CPU): an exported program must not depend on the host that traced it.
+  A bf16 dense product traced there has no float32 dot, where this host
+  takes 'f32'."""
+  monkeypatch.setenv(matmul.ENV, 'f32')
+  matmul.reset_cpu_form()
+
+  def refuse():
+    raise AssertionError('portable() decided the host CPU form')
+
+  try:
+    with monkeypatch.context() as m:
+      m.setattr(matmul, '_decide', refuse)
+      with matmul.portable():
+        assert matmul.cpu_form() == matmul.PORTABLE_CPU_FORM == 'bf16'
+        x = jnp.ones((4, 8), jnp.bfloat16)
+        text = jax.jit(lambda a, b: matmul.dot_general(
+            a, b, (((1,), (0,)), ((), ())))).lower(x, x.T).as_text()
+    bf16_to_f32 = re.compile(r'stablehlo\.dot_general[^\n]*\(tensor<[^>]*'
+                             r'xbf16>, tensor<[^>]*xbf16>\) -> '
+                             r'tensor<[^>]*xf32>')
+    assert not F32_DOT.findall(text) and bf16_to_f32.findall(text), text
+    assert matmul.cpu_form() == 'f32'  # Outside: this host's form.
+  finally:
+    matmul.reset_cpu_form()

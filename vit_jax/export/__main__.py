@@ -91,6 +91,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              dtype=args.dtype)
     export.registry.check_installed(fmt)
     export.registry.check_options(fmt, options)
+    # Before loading the checkpoint (minutes for a large one): a refused
+    # --out is said at once. `export_model` checks it again as it starts.
+    export.run.check_out(args.out, args.overwrite)
     trained = trained_lib.load(args.init, model=args.model,
                                labels=args.labels,
                                image_size=args.image_size,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
+import numbers
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -33,6 +34,19 @@ class Options:
   # Compute dtype of the exported model; None: the run's, as predict and
   # its evaluation compute (`resolve`).
   dtype: Optional[str] = None
+
+  def __post_init__(self):
+    """Refuses a batch size no export can take, here rather than as a
+    ZeroDivisionError or a runtime's error deep inside a format."""
+    batch = self.batch
+    if batch is None:
+      return
+    if (isinstance(batch, bool)
+        or not isinstance(batch, numbers.Integral) or batch < 1):
+      raise ValueError(
+          f'Options(batch={batch!r}): expected None (a dynamic batch size) '
+          'or an integer >= 1 (a fixed one)')
+    object.__setattr__(self, 'batch', int(batch))  # Not a numpy integer.
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,10 +7,16 @@ JPEGs against our TF pre-processing + JAX model. Next to the format's files
 go `labels.txt`, `export.json` (format, input, output activation,
 pre-processing, verification, versions) and `MODEL_CARD.md`.
 
-A new `--out` (or an earlier export there, with --overwrite) is written to
-a staging folder beside it, `.<name>.new-<host>-<pid>-<random>`, and moved
-there once verified; one left behind by a killed export is removed by the
-next export to the same `--out`.
+A new or empty `--out` (or an earlier export there, with --overwrite) is
+written to a staging folder beside it, `.<name>.new-<host>-<pid>-<random>`,
+and moved there once verified (an empty `--out` that is a mount point,
+which cannot be replaced, is written into directly); one left behind by a
+killed export is removed by the next export to the same `--out`.
+
+Programs are traced inside `matmul.portable()`: a bf16 export's CPU program
+takes the CPU matmul form 'bf16' whatever this host's (export.json's
+`cpu_matmul_form`), so the same checkpoint exports to the same program and
+logits on every host.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -49,41 +56,31 @@ class _Target:
   folder: str             # Written into; `--out` itself when not staged.
   staged: bool            # Beside `--out`, moved there by `_publish`.
   # The earlier export's export.json (--overwrite; None: `--out` was
-  # absent), which must still be there when the new one replaces it.
+  # absent or empty), which must still be there when the new one replaces
+  # it.
   earlier: Optional[bytes] = None
+  # `--out` was an empty folder, which the staged export replaces.
+  empty: bool = False
 
 
-def _target(out: str, overwrite: bool) -> _Target:
-  """Where to export to `out`.
-
-  A new `out` is staged: a server watching its parent (TF Serving's
-  version folders) never sees a half-written or unverified export. An
-  empty existing `out` (perhaps a mount point, which cannot be renamed
-  onto) is exported into directly. An earlier export there (with
-  --overwrite) is replaced only once the new one is verified, so a failed
-  export never loses a good one.
-  """
+def check_out(out: str, overwrite: bool) -> Optional[bytes]:
+  """Whether an export may go to `out`, without touching anything: an
+  ExportError naming the problem and what to do where it may not. Returns
+  the earlier export's export.json (--overwrite), None where `out` is new
+  or empty. The command runs it before loading the checkpoint (seconds to
+  minutes for a large one), `_target` again when the export starts."""
   if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
-  if os.path.isdir(out):
-    _remove_stale(out)
-  if os.path.isdir(out) and not os.listdir(out):
-    return _Target(out, False)
   if not os.path.exists(out):
-    parent = os.path.dirname(os.path.abspath(out))
-    above = parent
+    above = os.path.dirname(os.path.abspath(out))
     while not os.path.exists(above):
       above = os.path.dirname(above)
     if not os.path.isdir(above):
       raise ExportError(f'--out={out}: cannot create the folder: {above} is '
                         'a file')
-    try:
-      os.makedirs(parent, exist_ok=True)
-    except OSError as e:
-      raise ExportError(f'--out={out}: cannot create the folder {parent}: '
-                        f'{_why(e)}') from None
-    _remove_stale(out)
-    return _Target(_staging(out), True)
+    return None
+  if not os.listdir(out):
+    return None
   if not overwrite:
     raise ExportError(f'{out} exists and is not empty: pass a new --out, '
                       'or --overwrite to replace an earlier export there')
@@ -97,7 +94,59 @@ def _target(out: str, overwrite: bool) -> _Target:
         f'{out} holds {_listed(extra)}. --overwrite replaces an earlier '
         'export and nothing else: move them out of the folder, or pass a '
         'new --out')
+  return earlier
+
+
+def _target(out: str, overwrite: bool) -> _Target:
+  """Where to export to `out` (`check_out` says whether it may).
+
+  The export is staged beside `out`, so that a server watching it or its
+  parent (TF Serving's version folders) never sees a half-written or
+  unverified export: a new `out` is made by moving the verified export
+  there, an empty one (a version folder made in advance) is replaced by
+  it, and an earlier export there (with --overwrite) only once the new one
+  is verified, so a failed export never loses a good one. Only an empty
+  `out` that is a mount point, which no folder can replace, is exported
+  into directly (said in a log line).
+  """
+  if os.path.isdir(out):
+    _remove_stale(out)
+  earlier = check_out(out, overwrite)
+  if os.path.isdir(out) and earlier is None:  # Empty.
+    if os.path.ismount(os.path.realpath(out)):
+      logging.warning(
+          '--out=%s is a mount point, which the verified export cannot be '
+          'moved onto: writing the export into it directly, so a server '
+          'watching it may see it before it is verified (removed if it '
+          'fails). Export to a folder inside the mount to avoid that', out)
+      return _Target(out, False)
+    target = _Target(_staging(out), True, empty=True)
+    _keep_mode(out, target.folder)
+    return target
+  if not os.path.exists(out):
+    parent = os.path.dirname(os.path.abspath(out))
+    try:
+      os.makedirs(parent, exist_ok=True)
+    except OSError as e:
+      raise ExportError(f'--out={out}: cannot create the folder {parent}: '
+                        f'{_why(e)}') from None
+    _remove_stale(out)
   return _Target(_staging(out), True, earlier)
+
+
+def _keep_mode(out: str, staging: str) -> None:
+  """Gives `staging` the permissions (and, where allowed, the group) of
+  the empty folder `out` it will replace: a version folder made in advance
+  for a server may have been made readable to it so."""
+  try:
+    st = os.stat(out)
+    os.chmod(staging, stat.S_IMODE(st.st_mode))
+  except OSError:
+    return
+  try:
+    os.chown(staging, -1, st.st_gid)
+  except OSError:
+    pass  # Not a group of this user: the folder keeps its default group.
 
 
 def _earlier_export(out: str) -> Optional[bytes]:
@@ -253,11 +302,12 @@ def _keep(staging: str, out: str) -> str:
 
 
 def _publish(target: _Target, out: str) -> None:
-  """Moves the verified export in `target.folder` to `out`: into a new
-  `out` only if none appeared meanwhile (an atomic rename, which fails on
-  a folder with files in it), or swapped in for the earlier export if that
-  is still there as it was (which is put back if the swap fails).
-  ExportError otherwise, naming where the verified export was kept."""
+  """Moves the verified export in `target.folder` to `out`: into a new or
+  empty `out` only if it holds nothing meanwhile (an atomic rename, which
+  replaces an empty folder and fails on one with files in it), or swapped
+  in for the earlier export if that is still there as it was (which is put
+  back if the swap fails). ExportError otherwise, naming where the
+  verified export was kept."""
   staging, real = target.folder, os.path.realpath(out)
   changed = _changed(real, target.earlier)
   if changed:
@@ -268,10 +318,16 @@ def _publish(target: _Target, out: str) -> None:
         'again (with --overwrite to replace an earlier export there)')
   if target.earlier is None or not os.path.isdir(real):
     try:
-      os.rename(staging, real)  # Fails on a non-empty folder, and a file.
+      # Replaces an empty folder; fails on a non-empty one, and a file.
+      os.rename(staging, real)
     except OSError as e:
+      if target.empty and _empty_folder(real):
+        _copy_into(staging, real, out, e)
+        return
       what = ('appeared' if os.path.lexists(real) else
               f'could not be made ({_why(e)})')
+      if target.empty and os.path.isdir(real):
+        what = 'was written to'
       raise ExportError(
           f'--out={out} {what} while this export ran: it is left as it is. '
           f'The verified export is in {_keep(staging, out)}: move it to '
@@ -299,6 +355,39 @@ def _publish(target: _Target, out: str) -> None:
         f'earlier export {where}, and the verified new one is in '
         f'{_keep(staging, out)}') from e
   shutil.rmtree(old)
+
+
+def _empty_folder(path: str) -> bool:
+  try:
+    return os.path.isdir(path) and not os.listdir(path)
+  except OSError:
+    return False
+
+
+def _copy_into(staging: str, real: str, out: str, why: OSError) -> None:
+  """Copies the verified export's files from `staging` into the empty
+  folder `real`, which it could not replace (a mount point `ismount` does
+  not see, such as a bind mount: EBUSY), then removes `staging`. A server
+  watching `out` may see the files arrive one by one, all verified.
+  ExportError if that fails: `out` emptied again, the export kept."""
+  logging.warning(
+      '--out=%s could not be replaced by the verified export (%s; a mount '
+      'point?): copying its files into it instead, so a server watching it '
+      'may see them arrive one by one', out, _why(why))
+  try:
+    for name in sorted(os.listdir(staging)):
+      src, dst = os.path.join(staging, name), os.path.join(real, name)
+      if os.path.isdir(src) and not os.path.islink(src):
+        shutil.copytree(src, dst, symlinks=True)
+      else:
+        shutil.copy2(src, dst, follow_symlinks=False)
+  except OSError as e:
+    _clear(real)
+    raise ExportError(
+        f'could not copy the verified export into --out={out} ({_why(e)}): '
+        f'it is left empty, and the export is in {_keep(staging, out)}: '
+        'copy it to --out yourself') from e
+  shutil.rmtree(staging, ignore_errors=True)
 
 
 def _changed(real: str, earlier: Optional[bytes]) -> str:
@@ -533,7 +622,8 @@ def _export(fmt, trained, out: str, options, tolerance: float,
   precision = (jax.default_matmul_precision('highest')
                if options.dtype == 'float32' else contextlib.nullcontext())
   # The exported program runs elsewhere: no custom call of this process's
-  # CPU matmul form (matmul.portable) in it.
+  # CPU matmul form, nor numerics this host chose (matmul.portable: its
+  # CPU products take one form, whichever host exports).
   with precision, matmul.portable():
     start = time.time()
     info = fmt.export(trained, out, options)
@@ -565,9 +655,14 @@ def _export(fmt, trained, out: str, options, tolerance: float,
       'source': trained.source, 'files': info['files'] + [
           'labels.txt', MANIFEST, 'MODEL_CARD.md'],
       'batch': options.batch or 'dynamic', 'dtype': options.dtype,
+      # How its CPU program computes bf16 products (`matmul.portable`: the
+      # same on every exporting host); None: the graph has none of them.
+      'cpu_matmul_form': (matmul.PORTABLE_CPU_FORM
+                          if options.dtype == 'bfloat16' else None),
       'input': ('encoded images (string [B]), pre-processing inside; '
                 if options.with_preprocessing else '') +
-               f'float32 {list(shape)} {fmt.layout} in [-1, 1]'
+               f'float32 [{", ".join(map(str, shape))}] {fmt.layout} '
+               'in [-1, 1]'
                + ('' if options.batch else ', B >= 1'),
       'layout': fmt.layout,
       'image_size': trained.image_size,

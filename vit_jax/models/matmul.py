@@ -41,9 +41,12 @@ a train step built for a CPU mesh is traced as the CPU program):
       its install extra; twice XLA's rate on an AMX Intel Xeon VM,
       docs/performance.md). Other products
       (batched `dot_general`s) as 'bf16'. Programs that carry it run only
-      in a process that registered the custom call, so exports trace under
-      `portable()`, where this form is 'bf16'; so do programs over several
-      CPU devices (XLA cannot partition a custom call).
+      in a process that registered the custom call; programs over several
+      CPU devices take 'bf16' (XLA cannot partition a custom call).
+    Exports trace under `portable()`, where the form is always 'bf16'
+    (whatever this host or the setting below would pick): the program
+    runs on other CPUs than this one, and must not depend on which host
+    exported it.
     `VIT_JAX_CPU_MATMUL=bf16|f32|onednn|auto` chooses; 'auto' (the default)
     takes 'f32' on a CPU without bf16 dot instructions (/proc/cpuinfo flags
     `avx512_bf16`, `amx_bf16`) and otherwise times the forms this process
@@ -349,6 +352,8 @@ def transposed_copy(x):
 _lock = threading.Lock()
 _chosen: Dict[str, str] = {}
 _portable = threading.local()
+# The CPU form of every trace inside `portable()`.
+PORTABLE_CPU_FORM = 'bf16'
 # What `cpu_form` measured (seconds per form), for the benchmark's report.
 MEASURED: Dict[str, float] = {}
 
@@ -368,14 +373,18 @@ def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> Optional[set]:
 
 def cpu_form() -> str:
   """'bf16', 'f32' or 'onednn': how bf16 matmuls run on this process's CPU
-  (see the module doc); decided once per process. Inside `portable()`, and
-  where the CPU backend has several devices, 'onednn' reads as 'bf16'."""
+  (see the module doc); decided once per process. Where the CPU backend has
+  several devices, 'onednn' reads as 'bf16'. Inside `portable()` it is
+  always `PORTABLE_CPU_FORM`, undecided: an exported program runs on other
+  CPUs, so this host's choice (its bf16 instructions, a timing,
+  VIT_JAX_CPU_MATMUL) must not change it."""
+  if _in_portable():
+    return PORTABLE_CPU_FORM
   with _lock:
     if 'form' not in _chosen:
       _chosen['form'] = _decide()
     form = _chosen['form']
-  if form == 'onednn' and (_in_portable()
-                           or _several_cpu_devices()):
+  if form == 'onednn' and _several_cpu_devices():
     return 'bf16'
   return form
 
@@ -397,11 +406,15 @@ def _in_portable() -> bool:
 
 @contextlib.contextmanager
 def portable():
-  """Traces inside carry no custom call of this process (this thread): the
-  CPU form 'onednn' reads as 'bf16', XLA's own kernels, the same f32
-  accumulation; float32 dense products are plain `lax.dot_general`s (no
-  platform switch, which converters such as ONNX's cannot read). For
-  programs serialised to run elsewhere (exports)."""
+  """Traces inside (this thread) are the same on every host: bf16 products
+  take the CPU form `PORTABLE_CPU_FORM` ('bf16': XLA's own dot, which runs
+  on every CPU, with the float32 accumulation and single rounding of the
+  TPU and GPU branches) whatever this host's `cpu_form()`, so they carry
+  no custom call of this process ('onednn') and no host-chosen numerics
+  ('f32' rounds differently: the same checkpoint exported on two hosts gave
+  other logits and top-1 classes); float32 dense products are plain
+  `lax.dot_general`s (no platform switch, which converters such as ONNX's
+  cannot read). For programs serialised to run elsewhere (exports)."""
   _portable.depth = getattr(_portable, 'depth', 0) + 1
   try:
     yield
