@@ -15,13 +15,17 @@ threefry, which gives the same numbers on every backend, so two backends
 start from the same state and see the same batches: their losses differ only
 by the backends' arithmetic. With `--compare`, prints the per-step absolute
 and relative differences against a curve saved on another backend and
-fails (exit 1) when one exceeds `--rtol`.
+fails (exit 1) when one exceeds `--rtol`, when either curve has a
+non-finite loss (a run that diverged is no match, whatever the other one
+did), or when the curves differ in settings or length (`steps` included:
+a run that stopped early is not compared on its first steps only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any, Dict, List
 
@@ -60,27 +64,61 @@ def curve(model: str, image_size: int, batch: int, steps: int,
       state, metrics = train(state, data)
       losses.append(float(metrics['loss']))
   return {'model': model, 'image_size': image_size, 'batch': batch,
-          'dtype': dtype, 'lr': lr, 'backend': jax.default_backend(),
+          'steps': steps, 'dtype': dtype, 'lr': lr,
+          'backend': jax.default_backend(),
           'device_kind': jax.devices()[0].device_kind, 'losses': losses}
 
 
+def _steps(c: Dict[str, Any]) -> int:
+  """The steps a curve was run for (curves saved before `steps` was
+  recorded: the length of their losses)."""
+  return c.get('steps', len(c['losses']))
+
+
+def _problems(a: Dict[str, Any], b: Dict[str, Any]) -> List[str]:
+  """Why two curves of the same settings cannot pass, one line per reason:
+  a curve shorter or longer than its steps, or a non-finite loss (NaN
+  never exceeds a tolerance in a comparison, so it must be looked for)."""
+  out = []
+  for c in (a, b):
+    name = f'the {c.get("device_kind", "?")} ({c.get("backend", "?")}) curve'
+    if len(c['losses']) != _steps(c):
+      out.append(f'{name} has {len(c["losses"])} losses for its '
+                 f'{_steps(c)} steps')
+    bad = [i for i, x in enumerate(c['losses']) if not math.isfinite(x)]
+    if bad:
+      out.append(f'{name} has non-finite losses at steps {bad[:10]}'
+                 + (f' and {len(bad) - 10} more' if len(bad) > 10 else ''))
+  return out
+
+
 def compare(a: Dict[str, Any], b: Dict[str, Any], rtol: float) -> bool:
-  """Prints a step-by-step table of two curves; True when within rtol."""
-  keys = ('model', 'image_size', 'batch', 'dtype', 'lr')
-  if any(a[k] != b[k] for k in keys):
+  """Prints a step-by-step table of two curves; True when every step is
+  within rtol. Curves of other settings (model, size, batch, steps, dtype,
+  lr) are an error (SystemExit); a non-finite loss or a curve of another
+  length than its steps fails, with a line saying why."""
+  keys = ('model', 'image_size', 'batch', 'steps', 'dtype', 'lr')
+  values = {k: (_steps(a), _steps(b)) if k == 'steps' else (a[k], b[k])
+            for k in keys}
+  if any(x != y for x, y in values.values()):
     raise SystemExit('--compare: the curves differ in settings: '
-                     + ', '.join(f'{k} {a[k]} vs {b[k]}' for k in keys
-                                 if a[k] != b[k]))
+                     + ', '.join(f'{k} {x} vs {y}'
+                                 for k, (x, y) in values.items() if x != y))
   print(f'| step | {a["device_kind"]} | {b["device_kind"]} | abs diff | '
         'rel diff |\n|---|---|---|---|---|')
   worst = 0.0
   for i, (x, y) in enumerate(zip(a['losses'], b['losses'])):
     rel = abs(x - y) / max(abs(y), 1e-12)
-    worst = max(worst, rel)
+    if math.isfinite(rel):
+      worst = max(worst, rel)
     print(f'| {i} | {x:.4f} | {y:.4f} | {abs(x - y):.2e} | {rel:.2e} |')
-  ok = worst <= rtol
-  print(f'largest relative difference {worst:.2e} '
-        f'({"within" if ok else "OVER"} rtol {rtol:g})')
+  problems = _problems(a, b)
+  for line in problems:
+    print(f'FAIL: {line}')
+  ok = worst <= rtol and not problems
+  print(f'largest relative difference {worst:.2e} of finite losses '
+        f'({"within" if worst <= rtol else "OVER"} rtol {rtol:g})'
+        + ('; failed: ' + '; '.join(problems) if problems else ''))
   return ok
 
 

@@ -17,10 +17,11 @@ the trace (TensorBoard's profile plugin, or Perfetto through xprof).
 
 `--peer=hf` or `--peer=timm` profiles the same step of that PyTorch peer
 (`benchmarks.peers`; CPU only) with `torch.profiler` instead, in the same
-categories. A PyTorch op runs on all of its intra-op threads while the
-others wait, so its time is wall time: compare it with this program's op
-time divided by the number of XLA:CPU worker threads (XLA runs independent
-ops side by side, one thread each).
+categories, in the environment `benchmarks.peers` times it in (only ours
+restarts with huge pages, `vit_jax.hugepages`). A PyTorch op runs on all
+of its intra-op threads while the others wait, so its time is wall time:
+compare it with this program's op time divided by the number of XLA:CPU
+worker threads (XLA runs independent ops side by side, one thread each).
 """
 
 from __future__ import annotations
@@ -434,7 +435,20 @@ def _profile_torch(args) -> None:
   _print_breakdown(per_op, {n: torch_category(n) for n in per_op}, args.top)
 
 
+def wants_huge_pages(argv=None) -> bool:
+  """Whether this run restarts itself with huge pages (`hugepages.reexec`):
+  for ours only, as `vit_jax.bench` runs; a PyTorch peer is profiled in
+  the environment `benchmarks.peers` times it in (`--huge_pages=own`: the
+  calling shell's). Reads `--peer` alone (no help, no errors: `main`
+  reports those, after the restart as before)."""
+  p = argparse.ArgumentParser(add_help=False)
+  p.add_argument('--peer', default='ours')
+  args, _ = p.parse_known_args(argv)
+  return args.peer == 'ours'
+
+
 if __name__ == '__main__':
-  from vit_jax import hugepages
-  hugepages.reexec()  # As `vit_jax.bench` runs.
+  if wants_huge_pages():
+    from vit_jax import hugepages
+    hugepages.reexec()  # As `vit_jax.bench` runs.
   main()

@@ -11,20 +11,29 @@ rounds interleaved (A B C, A B C): on a shared or throttling machine each
 round sees the same conditions for all. `--huge_pages` (default `own`): each
 implementation runs in the environment its own command runs in (ours, like
 `python -m vit_jax.main`, with huge pages for host memory where they help,
-`vit_jax.hugepages`); `all` gives them to PyTorch too. Prints one markdown
-table with the machine, the date and every figure; ratios against `ours` of
-the same round.
+`vit_jax.hugepages`); `all` gives them to PyTorch too; `none` to no one
+(a huge-page tunable in this process's GLIBC_TUNABLES is not passed on).
+Prints one markdown table with the machine, the date and every figure;
+ratios against `ours` of the same round.
 
 Implementations (same model size, batch, resolution and dtype; train =
 softmax cross-entropy, AdamW (lr 1e-3, weight decay 0.1), global-norm
 clipping at 1; infer = logits, no gradient):
   ours          `python -m vit_jax.bench` (the real train step / eval forward)
   flax_default  the same modules with flax's default matmul (`lax.dot_general`
-                in the compute dtype: bf16 x bf16 -> bf16), the form the
-                reference vision_transformer code and big_vision's `dtype_mm`
-                use; bf16 only (in fp32 it is `ours`)
+                in the compute dtype: bf16 x bf16 -> bf16) in every product,
+                the dense layers' and the CPU attention core's batched ones
+                (`flax_default_matmul`), the form the reference
+                vision_transformer code and big_vision's `dtype_mm` use; no
+                CPU form of ours (oneDNN, f32 upcasts) is left in it. bf16
+                only (in fp32 it is `ours`)
   hf            Hugging Face `transformers` ViTForImageClassification, PyTorch
-                (`torch.autocast` bf16 for bf16, the PyTorch AMP convention)
+                (bf16 training: float32 weights under `torch.autocast`
+                bf16, the PyTorch AMP convention; bf16 inference: the
+                model's weights and inputs converted to bf16, also under
+                autocast, since ours serves bf16 matmul weights: both sides
+                hold and read bf16 weights. PyTorch's LayerNorm parameters
+                become bf16 too, ours stay float32: 0.05% of ViT-B/16's.)
   timm          `timm` vit_*_patch*_* , PyTorch, same conventions as hf
   timm_compile  the same timm model under `torch.compile` (compiled during
                 the warm-up steps; give it --warmup >= 2)
@@ -39,6 +48,7 @@ allows them; PyTorch's peers set `allow_tf32`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -73,12 +83,43 @@ def _peak_rss_gb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def _flax_batched(a, b, out_dtype, *, trans_a: bool = False,
+                  trans_b: bool = False):
+  """`matmul.cpu_batched` as flax's default computes it: one
+  `lax.dot_general` in the operands' dtype (bf16 x bf16 -> bf16, no
+  float32 result), the stored transposes folded into its dimension
+  numbers, then cast to `out_dtype` (as flax's attention casts its bf16
+  logits for the softmax)."""
+  from jax import lax
+  dn = (((1 if trans_a else 2,), (2 if trans_b else 1,)), ((0,), (0,)))
+  return lax.dot_general(a, b, dn).astype(out_dtype)
+
+
+@contextlib.contextmanager
+def flax_default_matmul():
+  """Inside, the modules' products are flax's default all through: the
+  dense layers' `matmul.dot_general` and the CPU attention core's batched
+  products (`matmul.cpu_batched`) are plain `lax.dot_general`s in the
+  compute dtype, so no CPU form of ours (oneDNN's custom call, f32
+  upcasts, float32 accumulation) is left in the step. Both are looked up
+  in `matmul` at trace time (`matmul.dot_general_for`, `attention`)."""
+  from jax import lax
+  from vit_jax.models import matmul
+  saved = matmul.dot_general, matmul.cpu_batched
+  matmul.dot_general, matmul.cpu_batched = lax.dot_general, _flax_batched
+  try:
+    yield
+  finally:
+    matmul.dot_general, matmul.cpu_batched = saved
+
+
 def _jax(args, flax_default: bool) -> Dict[str, Any]:
   from vit_jax import bench
-  if flax_default:
-    from jax import lax
-    from vit_jax.models import matmul
-    matmul.dot_general = lax.dot_general  # What the modules look up per call.
+  with (flax_default_matmul() if flax_default else contextlib.nullcontext()):
+    return _jax_run(args, bench)
+
+
+def _jax_run(args, bench) -> Dict[str, Any]:
   kw = dict(image_size=args.image_size, dtype=args.dtype, steps=args.steps,
             warmup=args.warmup, num_classes=args.num_classes,
             measure_peak=False)
@@ -126,9 +167,16 @@ def torch_step(args, kind: str):
     # PyTorch's default does not.
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-  model.to(device)
+  # bf16 inference serves bf16 weights, as ours does (`vit_jax.bench`'s
+  # infer mode stores its matmul weights in bf16 once, `serving_params`):
+  # under autocast alone PyTorch would keep float32 weights and cast them
+  # to bf16 at every forward (more memory, other work). Training keeps
+  # float32 master weights under autocast on both sides.
+  serve_bf16 = args.mode == 'infer' and args.dtype == 'bfloat16'
+  weights = torch.bfloat16 if serve_bf16 else torch.float32
+  model.to(device, dtype=weights)
   x = (torch.rand(args.batch, 3, args.image_size, args.image_size) * 2 - 1
-       ).to(device)
+       ).to(device, dtype=weights)
   y = torch.randint(0, args.num_classes, (args.batch,)).to(device)
   amp = torch.autocast(device, dtype=torch.bfloat16,
                        enabled=args.dtype == 'bfloat16')
@@ -233,6 +281,19 @@ def _unavailable(peer: str) -> str | None:
   return None
 
 
+def _without_hugetlb(env: Dict[str, str]) -> None:
+  """Removes glibc's huge-page tunable (`glibc.malloc.hugetlb=...`) from
+  `env`'s GLIBC_TUNABLES, keeping the others (and dropping the variable
+  when none is left): `--huge_pages=none` must not pass on a tunable this
+  process inherited (from a shell, or a parent that restarted with it)."""
+  kept = [t for t in env.get('GLIBC_TUNABLES', '').split(':')
+          if t and t.split('=', 1)[0].strip() != 'glibc.malloc.hugetlb']
+  if kept:
+    env['GLIBC_TUNABLES'] = ':'.join(kept)
+  else:
+    env.pop('GLIBC_TUNABLES', None)
+
+
 def _run_one(args, peer, mode, dtype) -> Dict[str, Any]:
   cmd = [sys.executable, '-m', 'benchmarks.peers', '--child', f'--peer={peer}',
          f'--mode={mode}', f'--dtype={dtype}', f'--model={args.model}',
@@ -245,6 +306,7 @@ def _run_one(args, peer, mode, dtype) -> Dict[str, Any]:
   base = hugepages.environ() if huge else dict(os.environ)
   if args.huge_pages == 'none':
     base[hugepages.ENV] = '0'
+    _without_hugetlb(base)
   env = dict(base, PYTHONPATH=ROOT + os.pathsep +
              os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
   out = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -336,7 +398,8 @@ def _parser() -> argparse.ArgumentParser:
       help='own: each implementation in the environment its own command '
       'runs in (ours with huge pages for host memory where they help, '
       'vit_jax.hugepages; PyTorch as this process has it); all: every '
-      'implementation with them; none: none')
+      'implementation with them; none: none (an inherited '
+      'glibc.malloc.hugetlb tunable is removed, other tunables kept)')
   # One measurement (used by the comparison itself).
   p.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
   p.add_argument('--peer', choices=PEERS, help=argparse.SUPPRESS)

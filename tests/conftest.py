@@ -48,8 +48,9 @@ def pytest_sessionfinish(session, exitstatus):
   if os.environ.get('JAX_COMPILATION_CACHE_DIR') == _CACHE:
     shutil.rmtree(_CACHE, ignore_errors=True)
   if os.environ.get('VIT_JAX_CPU_MATMUL_CACHE') == _MATMUL_CACHE:
-    with contextlib.suppress(FileNotFoundError):
-      os.remove(_MATMUL_CACHE)
+    for path in (_MATMUL_CACHE, _MATMUL_CACHE + '.lock'):
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 def xla_flags(devices=None):

@@ -1,5 +1,7 @@
 """The models' mixed-precision matmul: float32 accumulation, exact fallback."""
 
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,6 +115,94 @@ def test_cpu_bf16_flags_from_cpuinfo(tmp_path):
   info.write_text('processor\t: 0\nflags\t\t: fpu avx2 avx512f\n')
   assert matmul.cpu_bf16_flags(str(info)) == set()
   assert matmul.cpu_bf16_flags(str(tmp_path / 'absent')) is None
+  # ARM (Graviton 3) lists `Features`, bf16 among them: unknown, not "none".
+  info.write_text(_ARM_CPUINFO)
+  assert matmul.cpu_bf16_flags(str(info)) is None
+
+
+_ARM_CPUINFO = (
+    'processor\t: 0\nBogoMIPS\t: 2100.00\nFeatures\t: fp asimd evtstrm aes '
+    'pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma '
+    'lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc '
+    'flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng\n'
+    'CPU implementer\t: 0x41\nCPU part\t: 0xd40\n')
+
+
+def test_cpu_form_auto_measures_on_arm(monkeypatch, tmp_path):
+  """An ARM /proc/cpuinfo has no x86 `flags` line: 'auto' measures the
+  forms there (bf16-capable cores exist, Graviton 3's `bf16`) instead of
+  taking 'f32' as on an x86 CPU without bf16 instructions."""
+  info = tmp_path / 'cpuinfo'
+  info.write_text(_ARM_CPUINFO)
+  flags = matmul.cpu_bf16_flags
+  monkeypatch.delenv(matmul.ENV, raising=False)
+  monkeypatch.setenv(matmul.CACHE_ENV, str(tmp_path / 'cpu_matmul.json'))
+  monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: flags(str(info)))
+  measured = []
+  monkeypatch.setattr(matmul, '_measure_forms', lambda: (
+      measured.append(1), {'bf16': 1.0, 'f32': 2.0})[1])
+  matmul.reset_cpu_form()
+  try:
+    assert matmul.cpu_form() == 'bf16' and measured
+  finally:
+    matmul.reset_cpu_form()
+
+
+def test_cpu_form_cache_first_writer_wins(monkeypatch, tmp_path):
+  """Two processes measuring at once: the one that records its choice
+  first sets the machine's form, and the other takes it rather than its
+  own measurement, so that a process resuming either's run later runs the
+  same numerics. Simulated by an entry that appears while this process
+  measures; the write leaves no temporary file behind."""
+  cache = tmp_path / 'cpu_matmul.json'
+  monkeypatch.delenv(matmul.ENV, raising=False)
+  monkeypatch.setenv(matmul.CACHE_ENV, str(cache))
+  monkeypatch.setattr(matmul, 'cpu_bf16_flags', lambda: {'avx512_bf16'})
+  key = matmul._cache_key({'avx512_bf16'})
+  other = {'another machine': 'onednn'}
+  cache.write_text(json.dumps(other))
+
+  def measure():  # Another process finishes first and records 'f32'.
+    cache.write_text(json.dumps({**other, key: 'f32'}))
+    return {'bf16': 1.0, 'f32': 2.0}
+
+  monkeypatch.setattr(matmul, '_measure_forms', measure)
+  matmul.reset_cpu_form()
+  try:
+    assert matmul.cpu_form() == 'f32'
+    assert json.loads(cache.read_text()) == {**other, key: 'f32'}
+    # No entry yet: this process's choice is recorded, the others kept.
+    cache.write_text(json.dumps(other))
+    monkeypatch.setattr(matmul, '_measure_forms',
+                        lambda: {'bf16': 1.0, 'f32': 2.0})
+    matmul.reset_cpu_form()
+    assert matmul.cpu_form() == 'bf16'
+    assert json.loads(cache.read_text()) == {**other, key: 'bf16'}
+  finally:
+    matmul.reset_cpu_form()
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      'cpu_matmul.json', 'cpu_matmul.json.lock']
+
+
+def test_cpu_form_cache_write_waits_for_the_lock(tmp_path, monkeypatch):
+  """A writer waits while another holds the cache's lock (a separate open
+  of the lock file, as another process's), then finds that one's entry
+  and adopts it."""
+  import threading
+  pytest.importorskip('fcntl')
+  cache = tmp_path / 'cpu_matmul.json'
+  monkeypatch.setenv(matmul.CACHE_ENV, str(cache))
+  got = []
+  with matmul._cache_locked(str(cache)):
+    writer = threading.Thread(target=lambda: got.append(
+        matmul._write_cache('key', 'bf16')))
+    writer.start()
+    writer.join(0.5)
+    assert writer.is_alive() and not got  # Blocked on the lock.
+    cache.write_text(json.dumps({'key': 'onednn'}))
+  writer.join(30)
+  assert got == ['onednn']
+  assert json.loads(cache.read_text()) == {'key': 'onednn'}
 
 
 def test_cpu_form_from_environment(monkeypatch):

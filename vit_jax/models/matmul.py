@@ -48,16 +48,20 @@ a train step built for a CPU mesh is traced as the CPU program):
     runs on other CPUs than this one, and must not depend on which host
     exported it.
     `VIT_JAX_CPU_MATMUL=bf16|f32|onednn|auto` chooses; 'auto' (the default)
-    takes 'f32' on a CPU without bf16 dot instructions (/proc/cpuinfo flags
-    `avx512_bf16`, `amx_bf16`) and otherwise times the forms this process
-    can run ('onednn' where `onednn.available()`) once on a ViT-B/16
-    MLP-shaped matmul, forward and backward, and keeps the fastest. The
-    choice applies to programs this process compiles for the CPU it runs
-    on. The measured choice is remembered per machine (CPU model, its bf16
-    flags, jax and oneDNN versions) in `VIT_JAX_CPU_MATMUL_CACHE` (default
-    ~/.cache/vit_jax/cpu_matmul.json), so that every later process there
-    runs the same numerics: a run resumed on a busy machine stays bitwise
-    the uninterrupted one (the forms round differently). Delete the file to
+    takes 'f32' on an x86 CPU without bf16 dot instructions (/proc/cpuinfo
+    flags `avx512_bf16`, `amx_bf16`) and otherwise (those flags, or no x86
+    `flags` line to read them from: ARM, not Linux) times the forms this
+    process can run ('onednn' where `onednn.available()`) once on a
+    ViT-B/16 MLP-shaped matmul, forward and backward, and keeps the
+    fastest. The choice applies to programs this process compiles for the
+    CPU it runs on. The measured choice is remembered per machine (CPU
+    model, its bf16 flags, jax and oneDNN versions) in
+    `VIT_JAX_CPU_MATMUL_CACHE` (default ~/.cache/vit_jax/cpu_matmul.json),
+    so that every later process there runs the same numerics: a run
+    resumed on a busy machine stays bitwise the uninterrupted one (the
+    forms round differently). Where processes measure at once, the first
+    to record its choice wins and the others take it (`_write_cache`,
+    under a lock on the file's `.lock` neighbour). Delete the file to
     measure again.
 
     A process without a CPU backend (JAX_PLATFORMS=tpu or cuda) cannot
@@ -80,6 +84,7 @@ import json
 import logging
 import math
 import os
+import tempfile
 import threading
 import time
 from typing import Dict, Optional
@@ -360,15 +365,18 @@ MEASURED: Dict[str, float] = {}
 
 def cpu_bf16_flags(cpuinfo: str = '/proc/cpuinfo') -> Optional[set]:
   """The bf16 dot-product flags this CPU advertises (a subset of
-  BF16_CPU_FLAGS); None where /proc/cpuinfo is unreadable (not Linux)."""
+  BF16_CPU_FLAGS: empty on an x86 CPU without them); None where that is
+  unknown, so that 'auto' measures: /proc/cpuinfo unreadable (not Linux),
+  or without an x86 `flags` line (ARM lists its extensions, `bf16`
+  among them on bf16-capable cores such as Graviton 3, as `Features`)."""
   try:
     with open(cpuinfo, encoding='utf-8', errors='replace') as f:
       for line in f:
-        if line.startswith('flags'):
+        if line.split(':', 1)[0].strip() == 'flags':
           return set(line.split(':', 1)[1].split()) & set(BF16_CPU_FLAGS)
   except OSError:
     return None
-  return set()
+  return None
 
 
 def cpu_form() -> str:
@@ -450,8 +458,7 @@ def _decide() -> str:
     logging.info("%s: bf16 matmuls of CPU programs take the CPU form 'bf16' "
                  'without measuring (set %s to choose)', elsewhere, ENV)
     return 'bf16'
-  ok, what = onednn.available()
-  key = f'{_machine_key(flags)}|{what if ok else "no oneDNN"}'
+  key = _cache_key(flags)
   cached = _read_cache().get(key)
   if cached in CPU_FORMS:
     return cached
@@ -462,8 +469,7 @@ def _decide() -> str:
                     e)
     return 'bf16'
   form = min(times, key=lambda f: (times[f], f != 'f32'))
-  _write_cache(key, form)
-  return form
+  return _write_cache(key, form)
 
 
 def _runs_elsewhere() -> Optional[str]:
@@ -484,14 +490,27 @@ def _cache_path() -> str:
 
 
 def _machine_key(flags) -> str:
+  """The CPU model (x86 `model name`; ARM, which has none, its `CPU
+  implementer` and `CPU part`), its bf16 flags and jax's version."""
   model = ''
   try:
     with open('/proc/cpuinfo', encoding='utf-8', errors='replace') as f:
-      model = next((line.split(':', 1)[1].strip() for line in f
-                    if line.startswith('model name')), '')
+      info = {}
+      for line in f:
+        name, _, value = line.partition(':')
+        info.setdefault(name.strip(), value.strip())
+    model = info.get('model name') or ' '.join(
+        info[k] for k in ('CPU implementer', 'CPU part') if info.get(k))
   except OSError:
     pass
   return f'{model}|{",".join(sorted(flags or ()))}|jax {jax.__version__}'
+
+
+def _cache_key(flags) -> str:
+  """This machine's entry in the cache: `_machine_key` and the oneDNN
+  version this process can run (or "no oneDNN")."""
+  ok, what = onednn.available()
+  return f'{_machine_key(flags)}|{what if ok else "no oneDNN"}'
 
 
 def _read_cache() -> Dict[str, str]:
@@ -503,18 +522,62 @@ def _read_cache() -> Dict[str, str]:
     return {}
 
 
-def _write_cache(key: str, form: str) -> None:
-  """Best effort (a read-only home only costs a re-measurement)."""
-  path = _cache_path()
+@contextlib.contextmanager
+def _cache_locked(path: str):
+  """Holds an exclusive lock on `path`.lock (`fcntl.flock`, released when
+  the process ends, however it ends) while re-reading and writing the
+  cache; where there is no fcntl (Windows), no lock: the re-read alone
+  then narrows the race to the write itself."""
   try:
-    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    data = {**_read_cache(), key: form}
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'w', encoding='utf-8') as f:
-      json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    import fcntl  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    yield
+    return
+  with open(f'{path}.lock', 'a', encoding='utf-8') as lock:
+    fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _write_cache(key: str, form: str) -> str:
+  """Records `form`, this process's measured choice, under `key`, unless
+  another process recorded one for `key` while this one measured: the
+  first writer wins, and the form returned (the recorded one) is what this
+  process runs. Two processes measuring at once otherwise each kept their
+  own choice and the last to write set the cache, so a later process
+  resuming the first one's run could run other numerics (the forms round
+  differently). Under `_cache_locked`; written to a temporary file in the
+  cache's folder and renamed over it, so that readers see the old file or
+  the new one, never a part. Best effort: a read-only home only costs a
+  re-measurement, and this process keeps `form`."""
+  path = _cache_path()
+  folder = os.path.dirname(path) or '.'
+  try:
+    os.makedirs(folder, exist_ok=True)
+    with _cache_locked(path):
+      data = _read_cache()
+      if data.get(key) in CPU_FORMS:
+        if data[key] != form:
+          logging.info("CPU matmul form: measured '%s', but another process "
+                       "recorded '%s' for this machine first (%s); taking "
+                       'that', form, data[key], path)
+        return data[key]
+      data[key] = form
+      fd, tmp = tempfile.mkstemp(prefix='.cpu_matmul.', suffix='.tmp',
+                                 dir=folder)
+      try:
+        with os.fdopen(fd, 'w', encoding='utf-8') as f:
+          json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+      except BaseException:
+        with contextlib.suppress(OSError):
+          os.remove(tmp)
+        raise
   except OSError:
     pass
+  return form
 
 
 def _measure_forms() -> Dict[str, float]:
