@@ -533,9 +533,18 @@ def _check_layout(step_dir: str, abstract_state: Any) -> None:
 
 
 def _all_finite(tree: Any) -> bool:
-  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+  """Whether every float in `tree` is finite: one program over all of it
+  (one eager reduction per sharded parameter, each a program with its own
+  all-reduce, deadlocked XLA:CPU's simulated devices now and then, which
+  aborts the process)."""
+  leaves = [x for x in jax.tree.leaves(tree)
             if jnp.issubdtype(x.dtype, jnp.inexact)]
-  return bool(np.all(jax.device_get(leaves))) if leaves else True
+  return bool(_finite(leaves)) if leaves else True
+
+
+@jax.jit
+def _finite(leaves):
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
 def _restore_on_host(state_dir: str,
