@@ -187,6 +187,50 @@ def test_unknown_mesh_axis_in_rules_is_a_clear_error():
                    rules=(('mlp', 'modle'),))
 
 
+@pytest.mark.parametrize('rules,overrides,what', [
+    (('mlp', None), (), "sharding_rules=('mlp', None) cannot work; expected "
+     'a tuple of pairs'),
+    ((('mlp', 'model', 'x'),), (), 'expected a tuple of pairs'),
+    ((('mlp', 'modle'),), (), "entry ('mlp', 'modle') cannot work"),
+    ((), (('^head/kernel$', (None, 'mlp')),), None),
+    ((), ('^head/kernel$', (None, 'mlp')), 'sharding_overrides='),
+    ((), (('^head/kernel$', 'mlp'),), "entry ('^head/kernel$', 'mlp')"),
+    ((), (('(', (None,)),), "entry ('(', (None,))"),
+])
+def test_malformed_rules_are_refused_before_set_up(rules, overrides, what):
+  """A rule or override not in the nested form (one pair without its
+  trailing comma) failed in set-up, after the data was read, with
+  "'NoneType' object is not iterable" or an error blaming a parameter."""
+  from vit_jax.train import config_check
+  from configs import smoke
+  config = smoke.get_config('data=digits')
+  config.sharding_rules, config.sharding_overrides = rules, overrides
+  found = [p for p in config_check.problems(config) if 'sharding' in p]
+  if what is None:
+    assert not found
+  else:
+    assert len(found) == 1 and what in found[0], found
+
+
+def test_a_rule_or_override_that_changes_nothing_is_said(caplog):
+  """A misspelt path or logical axis name matches nothing: the run went on
+  sharded as if it were not there, silently."""
+  model = models.create('ViT-test', num_classes=8)
+  abstract = jax.eval_shape(model.init, jax.random.key(0),
+                            jnp.zeros((1, 28, 28, 3)))['params']
+  mesh = shd.make_mesh(data=1, devices=jax.devices()[:1])
+  axes = shd.logical_axes(model, (28, 28, 3))
+  with caplog.at_level('WARNING'):
+    shd.param_shardings(abstract, mesh, axes=axes,
+                        rules=(('mpl', None), ('mlp', None)),
+                        overrides=(('^head/kernal$', (None, None)),
+                                   ('^head/kernel$', (None, None))))
+  said = caplog.text
+  assert "'^head/kernal$' matches no parameter path" in said
+  assert "'^head/kernel$' matches" not in said
+  assert "logical axis 'mpl'" in said and "logical axis 'mlp'" not in said
+
+
 class FsdpMesh:
   shape = {'data': 1, 'fsdp': 4, 'model': 2}
 

@@ -281,6 +281,45 @@ def _param_spec(shape, mesh, axes, fsdp_min_size, rules):
   return P(*spec), undivided
 
 
+def rule_problems(rules: Any, overrides: Any) -> list:
+  """One line per malformed `sharding_rules` / `sharding_overrides` entry
+  (config_check runs it before any set-up): rules are (logical axis, mesh
+  axis or None) pairs, overrides (parameter path regex, logical axes)
+  pairs, each in a sequence of them even when alone."""
+  out = []
+  def pairs(value, key, example):
+    if value is None:
+      return []
+    ok = isinstance(value, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 for p in value)
+    if not ok:
+      out.append(f'--config.{key}={value!r} cannot work; expected a tuple '
+                 f'of pairs, e.g. {example} (note the trailing comma of one '
+                 'pair)')
+      return []
+    return value
+  for name, axis in pairs(rules, 'sharding_rules', "(('mlp', None),)"):
+    axes = axis if isinstance(axis, (list, tuple)) else (axis,)
+    if not isinstance(name, str) or any(
+        a is not None and a not in AXES for a in axes):
+      out.append(f'--config.sharding_rules entry {(name, axis)!r} cannot '
+                 'work; expected (logical axis name, one of '
+                 f'{", ".join(AXES)} or None)')
+  for pattern, names in pairs(overrides, 'sharding_overrides',
+                              "(('^head/kernel$', ('embed', None)),)"):
+    try:
+      re.compile(pattern)
+      bad = not isinstance(names, (list, tuple)) or not all(
+          n is None or isinstance(n, str) for n in names)
+    except (re.error, TypeError):
+      bad = True
+    if bad:
+      out.append(f'--config.sharding_overrides entry {(pattern, names)!r} '
+                 'cannot work; expected (parameter path regex, a tuple of '
+                 'logical axis names or None, one per dimension)')
+  return out
+
+
 def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
                     axes: Any = None, rules: Sequence[Tuple[str, Any]] = (),
                     overrides: Sequence[Tuple[str, Names]] = ()):
@@ -297,6 +336,9 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
   on a mesh axis that does not divide them stay replicated: one warning
   lists them.
   """
+  problems = rule_problems(rules, overrides)
+  if problems:
+    raise ValueError('; '.join(problems))
   is_box = lambda x: isinstance(x, nn.LogicallyPartitioned)
   flat = traverse_util.flatten_dict(params)
   names = traverse_util.flatten_dict(axes) if axes is not None else {}
@@ -311,6 +353,7 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
           f'{sorted(known)} (or None: replicated). Fix the name, or add a '
           'rule for it in sharding_rules')
   out, undivided = {}, []
+  matched, named = set(), set()
   for k, v in flat.items():
     path = '/'.join(k)
     if is_box(v):
@@ -320,7 +363,9 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
     for pattern, override in overrides:
       if re.search(pattern, path):
         leaf_axes = tuple(override)
+        matched.add(pattern)
         break
+    named.update(a for a in leaf_axes if a)
     try:
       spec, left = _param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
                                all_rules)
@@ -329,6 +374,18 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
       # ValueErrors of ours, and jax's DuplicateSpecError (an Exception).
       raise ValueError(f'parameter {path}: {e}') from None
     undivided += [(path, tuple(np.shape(v))) + u for u in left]
+  # A misspelt path or logical name matches nothing and changes nothing:
+  # said, rather than sharding as if it were not there.
+  for pattern, _ in overrides:
+    if pattern not in matched:
+      logging.warning('sharding_overrides: %r matches no parameter path '
+                      '(e.g. %s): it changes nothing', pattern,
+                      '/'.join(next(iter(flat), ('?',))))
+  for name, _ in rules:
+    if name not in named:
+      logging.warning('sharding_rules: no parameter of this model has the '
+                      'logical axis %r (those it has: %s): the rule changes '
+                      'nothing', name, ', '.join(sorted(named)))
   if undivided:
     logging.warning(
         '%d parameter dimension(s) a sharding rule puts on a mesh axis that '

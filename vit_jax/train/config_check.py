@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax.train import optim, profiling
-from vit_jax import losses, models, selfsup
+from vit_jax import losses, models, selfsup, sharding
 from vit_jax.ema_modes import EMA_MODES
 
 # MPP colour bits per channel the head can take (2**15 RGB classes at 5).
@@ -88,6 +88,8 @@ def problems(config: ml_collections.ConfigDict) -> Iterator[str]:
     profiling.parse(config.get('profile'))
   except ValueError as e:
     yield str(e)
+  yield from sharding.rule_problems(config.get('sharding_rules'),
+                                    config.get('sharding_overrides'))
   eval_ema = config.get('eval_ema', 'ema')
   if eval_ema not in EMA_MODES:
     yield (f'--config.eval_ema={eval_ema!r} cannot work; expected one of '
