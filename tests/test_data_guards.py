@@ -168,6 +168,11 @@ def test_train_and_eval_images_of_different_sizes_are_refused():
       pp_train='decode|resize(16)|value_range(-1,1)',
       pp_eval='decode|resize(16)|value_range(-1,1)'))
   assert info.image_shape == info.eval_image_shape == (16, 16, 3)
+  # `mode=eval` resizes the model to its eval images: no training, no check.
+  info = pipeline.dataset_info(_digits(
+      pp_train='decode|resize(16)|value_range(-1,1)'), training=False)
+  assert (info.image_shape, info.eval_image_shape) == ((16, 16, 3),
+                                                       (8, 8, 3))
 
 
 # 6. Placeholder class names.
@@ -180,6 +185,7 @@ def test_placeholder_class_names_of_an_unprepared_dataset_are_none(
     return pipeline.class_names(ml_collections.ConfigDict(dict(
         data=data, data_dir=str(tmp_path / 'tfds'))))
   assert names('cifar10') is None
+  assert names('mnist') == [str(i) for i in range(10)]  # Its real names.
   assert names('fashion_mnist')[:2] == ['T-shirt/top', 'Trouser']
   assert pipeline.class_names(_digits()) == [str(i) for i in range(10)]
 

@@ -1175,14 +1175,15 @@ def test_a_sigterm_as_a_finished_run_exits_keeps_its_status(tmp_path):
   """A SIGTERM while a finished run's process unloads its modules (seconds
   with JAX and TensorFlow; Python has put the default action back by then)
   killed it with -15: launchers recorded 143 and resumed a finished run.
-  Past `_ignore_sigterm_once_done` it exits with its own status."""
+  Past `preemption.ignore_sigterm_once_done` it exits with its own status."""
   script = tmp_path / 'done.py'
   script.write_text(
       'import os, signal, sys, time\n'
       'from vit_jax import main\n'
+      'from vit_jax.train import preemption\n'
       'signal.signal(signal.SIGTERM, main._stop_outside_training)\n'
       'if sys.argv[1] == "done":\n'
-      '  main._ignore_sigterm_once_done()\n'
+      '  preemption.ignore_sigterm_once_done()\n'
       'class Unloading:  # Slow to unload, as JAX and TensorFlow are.\n'
       '  def __del__(self):\n'
       '    print("unloading", flush=True)\n'

@@ -23,6 +23,7 @@ import signal
 import sys
 
 # Standard library only (no JAX): cheap before the handler below.
+from vit_jax.train import preemption
 from vit_jax.train.preemption import EXIT_PREEMPTED
 
 
@@ -45,16 +46,6 @@ def _stop_outside_training(signum, frame):  # pylint: disable=unused-argument
   except OSError:  # A stderr that is gone.
     pass
   os._exit(EXIT_PREEMPTED)  # pylint: disable=protected-access
-
-
-def _ignore_sigterm_once_done():
-  """The run is done (its summary written): a SIGTERM from here on (a VM
-  shutting down as the run ends) is ignored, and the process exits with
-  the run's status. Python restores the default action of the handlers it
-  installed before it unloads its modules, which takes JAX and TensorFlow
-  seconds: such a SIGTERM killed a finished run with -15, which launchers
-  record as 143 and resume. An ignored signal stays ignored."""
-  signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 if __name__ == '__main__':
@@ -102,7 +93,7 @@ def main(argv):
   except (config_check.ConfigError, lock.WorkdirBusyError,
           lock.WorkdirNotWritableError) as e:
     _exit(f'{type(e).__name__}: {e}', EXIT_ERROR)
-  _ignore_sigterm_once_done()
+  preemption.ignore_sigterm_once_done()
   if jax.process_index() == 0:
     keys = [k for k in summary if ('accuracy' in k or 'loss' in k or
                                    k.endswith('shot'))]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 
 from absl import app, flags, logging
@@ -235,10 +234,11 @@ def main(argv):
       logging.info('%s: finished earlier, skipped', task)
     else:
       todo.append((task, config, workdir))
+  from vit_jax.train import preemption  # No JAX nor TF: cheap.
   failed = {}
   for task, config, workdir in todo:
     logging.info('%s: training in %s', task, workdir)
-    from vit_jax.train import loop, preemption  # Only here: no TF to skip.
+    from vit_jax.train import loop  # Only here: no TF to skip.
     try:
       with preemption.stop_at_once_outside_steps():
         loop.train_and_evaluate(config, workdir)
@@ -252,9 +252,7 @@ def main(argv):
       # cost the others: they run, and the failures are listed at the end.
       logging.exception('%s failed; going on with the other tasks', task)
       failed[task] = f'{type(e).__name__}: {e}'
-  # Every task ended: a SIGTERM as the process exits is ignored (it killed
-  # the finished driver with -15 while Python unloaded its modules).
-  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  preemption.ignore_sigterm_once_done()  # Every task ended.
   for task, why in failed.items():
     print(f'vit_jax.vtab: {task} failed: {why}', file=sys.stderr)
   if jax.process_index() == 0 and len(failed) < len(names):

@@ -572,10 +572,14 @@ def _check_same_shape(st: settings_lib.Settings, train, evaluate) -> None:
       f'evaluation, after training steps ran. Fix: {fix}')
 
 
-def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
+def dataset_info(input_config, *, split: Optional[str] = None,
+                 training: bool = True) -> DatasetInfo:
   """Classes, split sizes and the model's input shape for `input_config`.
 
-  `split` replaces `input.eval_split` (as in `eval_iterator`).
+  `split` replaces `input.eval_split` (as in `eval_iterator`). `training`:
+  for a run that trains on `input_config` (not `mode=eval`, which resizes
+  the model to its eval images, nor an evaluator's own `split`), whose
+  train and eval images must have one shape.
   """
   hide_accelerators_from_tf()
   st = settings_lib.read(input_config, eval_split=split)
@@ -594,7 +598,8 @@ def dataset_info(input_config, *, split: Optional[str] = None) -> DatasetInfo:
   if st.train_split:
     _check_size_used(input_config, 'pp_train', train_shape)
     _check_same_range(st)
-    _check_same_shape(st, train_shape, eval_shape)
+    if training and split is None:
+      _check_same_shape(st, train_shape, eval_shape)
   return DatasetInfo(
       name=st.spec.name, num_classes=source.num_classes,
       num_train_examples=num_train, num_eval_examples=num_eval,
@@ -610,9 +615,10 @@ def class_names(input_config) -> Optional[List[str]]:
   From metadata only: tfds feature info (read from the code of the builder
   when the dataset is not prepared here), class folder names, '0'..'9' for
   digits and mnist5k. The code of a builder that reads its names from the
-  downloaded files (cifar10) has placeholders '0', '1', ... instead: None
-  then, so that callers say no names are known (predict's `class_<i>`,
-  export's warning) rather than show the placeholders as names.
+  downloaded files (`_NAMES_FROM_DOWNLOAD`) has placeholders '0', '1', ...
+  instead: None then, so that callers say no names are known (predict's
+  `class_<i>`, export's warning) rather than show the placeholders as
+  names (mnist's or svhn's '0'..'9' are their real names).
   """
   hide_accelerators_from_tf()
   try:
@@ -623,7 +629,12 @@ def class_names(input_config) -> Optional[List[str]]:
       raise
     import tensorflow_datasets as tfds
     feature = tfds.builder(spec.tfds_name).info.features[spec.label_key]
-    names = list(getattr(feature, 'names', None) or [])
-    if names == [str(i) for i in range(len(names))]:
+    names = getattr(feature, 'names', None)
+    if not names or spec.tfds_name in _NAMES_FROM_DOWNLOAD:
       return None  # None, or placeholders (real ones once prepared).
-    return names
+    return list(names)
+
+
+# tfds builders whose class names come from the downloaded files: before
+# it, their code names the classes '0', '1', ...
+_NAMES_FROM_DOWNLOAD = frozenset({'cifar10', 'cifar100'})

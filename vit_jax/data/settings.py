@@ -94,8 +94,9 @@ class Settings:
     return self.eval_split
 
   def check_held_out(self) -> None:
-    """Before training: raises a DataError if `input.eval_split` shares
-    examples with the train split without being it (module docstring)."""
+    """Before training: raises a DataError if the eval split
+    (`input.eval_split`, or the dataset's default) shares examples with
+    the train split without being it (module docstring)."""
     if self.held_out_error is not None:
       raise copy.copy(self.held_out_error)  # As in `require_eval_split`.
 

@@ -556,7 +556,8 @@ def export_model(trained, fmt_name: str, out: str,
       raise ExportError(f'exporting to --out={out} failed at {where}: '
                         f'{_why(e)}') from e
   except BaseException:
-    if target.staged:  # `out` is as it was: absent, or the earlier export.
+    if target.staged:  # `out` is as it was: absent, empty, or the earlier
+      # export.
       shutil.rmtree(target.folder, ignore_errors=True)
     else:  # `out` was empty: leave it so, ready for another try.
       _clear(target.folder)

@@ -570,6 +570,7 @@ def _write_cache(key: str, form: str) -> str:
       try:
         with os.fdopen(fd, 'w', encoding='utf-8') as f:
           json.dump(data, f, indent=1)
+        os.chmod(tmp, 0o644)  # Readable to all, as before (mkstemp: 0600).
         os.replace(tmp, path)
       except BaseException:
         with contextlib.suppress(OSError):

@@ -121,7 +121,7 @@ def _evaluate(config: ml_collections.ConfigDict,
   mesh = shd.make_mesh(**config.get('mesh', {}))
   shd.check_batch_size(config.input.eval_batch_size, mesh,
                        'input.eval_batch_size')
-  info = pipeline.dataset_info(config.input)
+  info = pipeline.dataset_info(config.input, training=False)
   if config.get('objective', 'supervised') == 'mpp':
     num_classes = 0  # An MPP model: no head, labels unread.
   else:

@@ -623,8 +623,9 @@ def _record_transfer(report: Dict[str, Any], config, steps: int,
   and Polyak factor, whatever the command line changed. A run that left
   the paper's protocol for its task (`paper.transfer_protocol`: Table 4's
   steps at 384 px, or Table 2's ImageNet at 512/518 px with Polyak
-  averaging; evaluated on the task's test split) is marked overridden: no
-  paper cell is its. Smoke runs (stand-ins) are not compared."""
+  averaging; Table 4's splits, batch and optimizer: `_off_table4`) is
+  marked overridden: no paper cell is its. Smoke runs (stand-ins) are not
+  compared."""
   lr = float(config.optim.lr)
   if report.get('lr') is not None and float(report['lr']) != lr:
     logging.warning('config.report says lr=%s but the run trained with '

@@ -55,6 +55,16 @@ class StoppedBeforeTraining(RunInterrupted):
     self.exit_code = EXIT_PREEMPTED
 
 
+def ignore_sigterm_once_done():
+  """The run is done (its summary written): a SIGTERM from here on (a VM
+  shutting down as the run ends) is ignored, and the process exits with
+  the run's status. Python restores the default action of the handlers it
+  installed before it unloads its modules, which takes JAX and TensorFlow
+  seconds: such a SIGTERM killed a finished run with -15, which launchers
+  record as 143 and resume. An ignored signal stays ignored."""
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def stop_at_once_outside_steps():
   """Single-process runs: SIGTERM outside the training loop (setup can
@@ -86,6 +96,7 @@ def stop_at_once_outside_steps():
       raise StoppedBeforeTraining(_received_outside_steps)
   finally:
     signal.signal(signal.SIGTERM, previous)
+    _received_outside_steps = None  # Acted on: not the next block's.
 
 
 # A SIGTERM `stop_at_once_outside_steps` caught (its name), or None: a stop
