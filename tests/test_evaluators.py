@@ -607,6 +607,29 @@ def test_an_evaluator_registered_outside_runs_from_a_config(digits_model):
   assert metrics['eval_examples'] == 360  # The built-in top-1 ran too.
 
 
+def test_evaluators_trace_for_the_meshs_platform_only(monkeypatch):
+  """As the train step: a bf16 evaluation traces the mesh's platform's
+  branches only (on a GPU or TPU host it traced the CPU ones too, and could
+  time the CPU matmul forms for them)."""
+  from vit_jax.models import platform_switch
+  model = models.create('ViT-test', num_classes=10, dtype='bfloat16')
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
+  seen = []
+  switch = platform_switch.switch
+  def recording(*args, **kwargs):
+    seen.append(platform_switch.targets())
+    return switch(*args, **kwargs)
+  monkeypatch.setattr(platform_switch, 'switch', recording)
+  config, model, params, mesh, sh = _digits_run(
+      (model, params), fewshot=dict(type='fewshot', datasets=('digits',),
+                                    shots=(1,), seeds=1, pool_per_class=2,
+                                    every=0))
+  built = evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  with jax.set_mesh(mesh):
+    evaluators.run_all(built, jax.device_put(params, sh))
+  assert seen and set(seen) == {('cpu',)}, set(seen)
+
+
 def test_a_classification_eval_with_more_classes_than_the_head_is_refused():
   """Top-1 on another dataset whose labels a 3-class head cannot score
   would log eval loss NaN after training: refused when built."""

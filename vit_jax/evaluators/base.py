@@ -29,7 +29,9 @@ import jax
 import ml_collections
 
 from vit_jax import registration
+from vit_jax import sharding as shd
 from vit_jax.data import pipeline
+from vit_jax.models import platform_switch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +135,15 @@ def eval_batches(inp: ml_collections.ConfigDict,
   return pipeline.eval_iterator(inp, split=split,
                                 process_index=jax.process_index(),
                                 process_count=jax.process_count())
+
+
+def jit(fn: Callable, mesh, **kwargs) -> Callable:
+  """`jax.jit(fn, **kwargs)` of an evaluator's program on `mesh`, traced
+  for the mesh's platform only (as the train step is): a bf16 evaluation
+  on a GPU or TPU host does not trace the CPU branches (nor time the CPU
+  matmul forms for them)."""
+  return jax.jit(platform_switch.traced_for(shd.platform(mesh), fn),
+                 **kwargs)
 
 
 def register(type_name: str) -> Callable[[Type[Evaluator]], Type[Evaluator]]:

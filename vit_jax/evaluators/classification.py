@@ -103,10 +103,10 @@ class Classification(base.Evaluator):
       except ValueError as e:
         raise type(e)(f'evals.{name} ({inp.data}): {e}') from None
     self._batches = base.eval_batches(inp, self._split)
-    self._sums = jax.jit(
+    self._sums = base.jit(
         functools.partial(batch_sums, model=context.model,
                           loss=context.config.get('loss', 'softmax')),
-        in_shardings=(context.params_sharding, None),
+        context.mesh, in_shardings=(context.params_sharding, None),
         out_shardings=shd.replicated(context.mesh))
 
   def run(self, params: Any) -> Dict[str, float]:

@@ -221,8 +221,9 @@ class FewShot(base.Evaluator):
       return {'x': representation(params, batch['image'], model=model),
               'label': batch['label'], 'mask': batch['mask']}
     # Replicated outputs: every process holds the whole global batch.
-    self._represent = jax.jit(represent, in_shardings=(params_sharding, None),
-                              out_shardings=rep)
+    self._represent = base.jit(represent, mesh,
+                               in_shardings=(params_sharding, None),
+                               out_shardings=rep)
 
   def _batches(self, data: str, split: str, ordered: bool = False):
     """`split`'s local batches, the pipeline built once.

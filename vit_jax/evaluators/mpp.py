@@ -73,8 +73,8 @@ class MaskedPatchEval(base.Evaluator):
     pipeline.dataset_info(inp, split=self._split)  # Fails early.
     self._batches = base.eval_batches(inp, self._split)
     rep = shd.replicated(context.mesh)
-    self._sums = jax.jit(
-        functools.partial(batch_sums, model=context.model),
+    self._sums = base.jit(
+        functools.partial(batch_sums, model=context.model), context.mesh,
         in_shardings=(context.params_sharding, None, rep),
         out_shardings=rep)
 
