@@ -281,19 +281,6 @@ def _unavailable(peer: str) -> str | None:
   return None
 
 
-def _without_hugetlb(env: Dict[str, str]) -> None:
-  """Removes glibc's huge-page tunable (`glibc.malloc.hugetlb=...`) from
-  `env`'s GLIBC_TUNABLES, keeping the others (and dropping the variable
-  when none is left): `--huge_pages=none` must not pass on a tunable this
-  process inherited (from a shell, or a parent that restarted with it)."""
-  kept = [t for t in env.get('GLIBC_TUNABLES', '').split(':')
-          if t and t.split('=', 1)[0].strip() != 'glibc.malloc.hugetlb']
-  if kept:
-    env['GLIBC_TUNABLES'] = ':'.join(kept)
-  else:
-    env.pop('GLIBC_TUNABLES', None)
-
-
 def _run_one(args, peer, mode, dtype) -> Dict[str, Any]:
   cmd = [sys.executable, '-m', 'benchmarks.peers', '--child', f'--peer={peer}',
          f'--mode={mode}', f'--dtype={dtype}', f'--model={args.model}',
@@ -306,7 +293,7 @@ def _run_one(args, peer, mode, dtype) -> Dict[str, Any]:
   base = hugepages.environ() if huge else dict(os.environ)
   if args.huge_pages == 'none':
     base[hugepages.ENV] = '0'
-    _without_hugetlb(base)
+    hugepages.remove_tunable(base)
   env = dict(base, PYTHONPATH=ROOT + os.pathsep +
              os.environ.get('PYTHONPATH', ''), TF_CPP_MIN_LOG_LEVEL='2')
   out = subprocess.run(cmd, capture_output=True, text=True, env=env,

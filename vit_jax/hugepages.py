@@ -25,6 +25,7 @@ from typing import Dict, Mapping, Optional
 
 ENV = 'VIT_JAX_HUGE_PAGES'
 TUNABLE = 'glibc.malloc.hugetlb=1'
+_TUNABLE_NAME = TUNABLE.split('=', 1)[0]
 THP_MODE = '/sys/kernel/mm/transparent_hugepage/enabled'
 
 
@@ -35,7 +36,7 @@ def tunables_to_add(environ: Mapping[str, str], thp_mode: Optional[str],
   (`thp_mode`, the kernel's setting text, None if unreadable), or a C
   library without the tunable (`libc`: `platform.libc_ver()`)."""
   current = environ.get('GLIBC_TUNABLES', '')
-  if environ.get(ENV, '1') == '0' or 'glibc.malloc.hugetlb' in current:
+  if environ.get(ENV, '1') == '0' or _TUNABLE_NAME in current:
     return None
   if not thp_mode or '[madvise]' not in thp_mode:
     return None
@@ -46,6 +47,19 @@ def tunables_to_add(environ: Mapping[str, str], thp_mode: Optional[str],
   except ValueError:
     return None
   return f'{current}:{TUNABLE}' if current else TUNABLE
+
+
+def remove_tunable(env: Dict[str, str]) -> None:
+  """Removes glibc's huge-page tunable (any value) from `env`'s
+  GLIBC_TUNABLES, keeping the others (and dropping the variable when none
+  is left): for a child that must run without huge pages whatever this
+  process inherited (`benchmarks.peers --huge_pages=none`)."""
+  kept = [t for t in env.get('GLIBC_TUNABLES', '').split(':')
+          if t and t.split('=', 1)[0].strip() != _TUNABLE_NAME]
+  if kept:
+    env['GLIBC_TUNABLES'] = ':'.join(kept)
+  else:
+    env.pop('GLIBC_TUNABLES', None)
 
 
 def environ() -> Dict[str, str]:

@@ -148,24 +148,20 @@ class TrainIterator:
           f'{st.spec.name} split {st.train_split!r} has no examples for '
           f'process {process_index} of {process_count}')
     self._block = max(1, min(st.shuffle_buffer, self._host_size))
-    if st.cache and self._block < self._host_size:
-      logging.warning(
-          'input.cache: every epoch reads the cached shard in one order, '
-          'permuted only within blocks of shuffle_buffer=%d of its %d '
-          'examples; set shuffle_buffer >= %d for a full permutation per '
-          'epoch', self._block, self._host_size, self._host_size)
-    elif self._block < self._host_size and st.source.reads_in_one_order(
-        st.train_split, process_index, process_count):
+    if self._block < self._host_size and (
+        st.cache or st.source.reads_in_one_order(
+            st.train_split, process_index, process_count)):
       logging.warning(
           'input.shuffle_buffer=%d: process %d reads its %d examples of %s '
-          'split %r in one order every epoch (one file, or arrays in '
-          'memory), so every epoch cuts them into the same blocks of %d '
-          'consecutive examples and permutes only within each block: '
-          'examples more than a block apart never share a batch. Set '
-          'shuffle_buffer >= %d for a full permutation per epoch (that many '
-          'encoded examples in memory), or write the data in more files',
+          'split %r in one order every epoch (%s), so every epoch cuts them '
+          'into the same blocks of %d consecutive examples and permutes only '
+          'within each block: examples more than a block apart never share '
+          'a batch. Set shuffle_buffer >= %d for a full permutation per '
+          'epoch (that many encoded examples in memory)%s',
           st.shuffle_buffer, process_index, self._host_size, st.spec.name,
-          st.train_split, self._block, self._host_size)
+          st.train_split, 'input.cache' if st.cache else
+          'one file, or arrays in memory', self._block, self._host_size,
+          '' if st.cache else ', or write the data in more files')
     self._pp = preprocess.build(st.pp_train, st.image_size)
     self._keys = _keys(self._seed, process_index)
     self._num_classes = st.source.num_classes
