@@ -158,6 +158,8 @@ def test_models_without_hf_counterpart_are_refused():
     checkpoint.to_hf({}, 'ViT-B/16', representation_size=768)
   with pytest.raises(ValueError, match='no Hugging Face'):
     checkpoint.hf_config('R50+ViT-B/16')
+  with pytest.raises(ValueError, match='learned position embeddings'):
+    checkpoint.to_hf({}, 'ViT-B/16', posemb='sincos2d')
 
 
 def test_from_hf_wrong_model_is_a_clear_error():

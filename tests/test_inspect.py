@@ -413,6 +413,26 @@ def test_gap_and_hybrid_models_say_what_they_show(name, options, size,
   assert np.shape(info['rollout']['maps']) == (2, *grid)
 
 
+def test_a_sincos2d_model_has_no_learned_position_figure(tmp_path):
+  """Fixed 2-D sine-cosine position embeddings (big_vision's baselines):
+  every attention figure, position_similarity.png skipped with its reason,
+  at any image size without an interpolation."""
+  from vit_jax import trained as trained_lib
+  options = dict(posemb='sincos2d')
+  model = models.create('ViT-test', num_classes=5, **options)
+  params = perturb(jax.jit(model.init)(jax.random.key(0), jnp.asarray(
+      _images(1, 28)))['params'], scale=0.2)
+  t = trained_lib._build('ViT-test', options, 5, 36, trained_lib.NPZ_PP,
+                         params, 'test', 'npz')
+  info = report.inspect_model(t, _images(2, 36), ['a', 'b'],
+                              str(tmp_path / 'o'), rollout_images=1,
+                              layer_images=1)
+  assert 'fixed' in info['skipped']['position_similarity.png']
+  assert info['grid'] == info['checkpoint_grid'] == [9, 9]
+  assert not info['position_embeddings_interpolated']
+  assert {'attention_distance.png', 'rollout.png'} <= set(info['files'])
+
+
 def _reference_summary(w, grid, ppt, token_row):
   """The full-tensor, float64 computation the CLI did before reducing on
   the device: distance (layers, heads), maps (layers, batch, gh, gw)."""

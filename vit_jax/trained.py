@@ -488,6 +488,9 @@ def _from_npz(path: str, model: Optional[str], image_size: Optional[int],
   options = {}
   if 'Transformer' in params and 'cls' not in params:
     options['classifier'] = 'gap'  # No class token.
+  if 'Transformer' in params and 'posembed_input' not in params[
+      'Transformer']:
+    options['posemb'] = 'sincos2d'  # Fixed ones (big_vision's baselines).
   if 'pre_logits' in params:  # Pre-training checkpoints keep their head's.
     options['representation_size'] = int(
         np.shape(params['pre_logits']['kernel'])[-1])

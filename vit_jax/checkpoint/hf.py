@@ -72,11 +72,13 @@ def _vit_spec(name: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
   if kw['cls'] is not models.VisionTransformer or kw.get(
       'resnet_layers') is not None \
       or kw.get('representation_size') or kw.get('classifier',
-                                                    'token') != 'token':
+                                                    'token') != 'token' \
+      or kw.get('posemb', 'learn') != 'learn':
     raise ValueError(
         f'{name} with {dict(overrides)} has no Hugging Face '
         'ViTForImageClassification counterpart: only plain class-token ViTs '
-        'without a pre-logits layer (drop it with load_pretrained) convert')
+        'with learned position embeddings and without a pre-logits layer '
+        '(drop it with load_pretrained) convert')
   return kw
 
 

@@ -20,8 +20,18 @@ name the same parameters in their own way (`resnet/root_block/
 standardized_conv2d/kernel`, `resnet/block1/unit01/a/group_norm/gamma`,
 `.../a/proj/...`, `resnet/group_norm`, a 1x1 `resnet/head/conv2d`); they are
 renamed to our BiT's (`conv_root`, `block1/unit1/gn1`, `conv_proj`,
-`norm_pre_head`, a dense `head`) when read (`_from_big_transfer`). Files are
-read with `allow_pickle=False` only.
+`norm_pre_head`, a dense `head`) when read (`_from_big_transfer`).
+
+big_vision's ViTs (`big_vision/models/vit.py`: its `.npz` files, e.g. the
+plain ViT-S/16 ImageNet baselines) use the linen names too, but keep the
+position embeddings at the top (`pos_embedding`; `Transformer/pos_embedding`
+in its pre-2022 files) and add them to the patch tokens before the class
+token, which gets none. They are moved to `Transformer/posembed_input/`,
+with a zero row for the class token where the model has one: the same
+numbers (`_from_big_vision`). Its `posemb="sincos2d"` models have no
+position-embedding parameter and load into ours with `posemb="sincos2d"`;
+its `pool_type="map"` models (a MAP head, e.g. SigLIP's image towers) do not
+load. Files are read with `allow_pickle=False` only.
 """
 
 from __future__ import annotations
@@ -86,7 +96,7 @@ def load_npz(path: str) -> Params:
     flat = _from_big_transfer(flat, path)
   params = traverse_util.unflatten_dict(
       {tuple(k.split('/')): v for k, v in flat.items()})
-  return _fix_groupnorm(convert_pre_linen(params))
+  return _from_big_vision(_fix_groupnorm(convert_pre_linen(params)), path)
 
 
 def read_flat(path: str) -> Dict[str, np.ndarray]:
@@ -212,6 +222,41 @@ def _big_transfer_name(key: str):
     if part:
       return f'{parts[0]}/unit{int(parts[1][4:])}/{part}/{leaf}'
   return None
+
+
+def _from_big_vision(params: Params, path: str) -> Params:
+  """A big_vision ViT's position embeddings where ours are (see the module
+  text); other checkpoints unchanged."""
+  if 'MAPHead_0' in params or 'probe' in params:
+    raise CheckpointError(
+        f"{path} is a big_vision ViT with a MAP head (pool_type='map', e.g. "
+        "SigLIP's image towers): vit_jax's ViTs pool with a class token or "
+        "the mean of the tokens (classifier='token' or 'gap') and have no "
+        'attention-pooling head to load it into')
+  encoder = dict(params.get('Transformer', {}))
+  if 'pos_embedding' in params:
+    params = dict(params)
+    posemb, before_cls = params.pop('pos_embedding'), True
+  elif 'pos_embedding' in encoder:
+    posemb = encoder.pop('pos_embedding')
+    # Its older files added them after the class token (a square grid and
+    # one row more), as ours do.
+    n = np.shape(posemb)[1]
+    before_cls = not (_is_square(n - 1) and not _is_square(n))
+  else:
+    return params
+  if 'cls' in params and before_cls:  # The class token gets nothing added.
+    posemb = np.concatenate([np.zeros_like(posemb[:, :1]), posemb], axis=1)
+  logging.info('%s has big_vision\'s position-embedding layout: moved to '
+               'Transformer/posembed_input%s', path,
+               ', a zero row added for the class token'
+               if 'cls' in params and before_cls else '')
+  encoder['posembed_input'] = {'pos_embedding': posemb}
+  return {**params, 'Transformer': encoder}
+
+
+def _is_square(n: int) -> bool:
+  return n >= 0 and int(round(n ** 0.5)) ** 2 == n
 
 
 def _fix_groupnorm(params: Params) -> Params:

@@ -18,7 +18,10 @@ the pre-trained weights, adapted to the new model:
     `pre_logits`, `mask_token` and `mpp_head` keeps its fresh value (logged);
   * everything else must match exactly, else the error lists each missing,
     extra or mis-shaped key;
-  * every array takes the target's dtype (its `param_dtype`).
+  * every array takes the target's dtype (its `param_dtype`);
+  * a ViT with fixed position embeddings (`posemb='sincos2d'`, no
+    parameter) loads into one with them, at any grid; learned ones on one
+    side and fixed on the other are an error naming the option.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
             else unstack_blocks(loaded))
   loaded = traverse_util.flatten_dict(dict(loaded))
   target = traverse_util.flatten_dict(dict(init_params))
+  _check_posemb_kind(loaded, target, source)
 
   dropped = sorted({k[0] for k in loaded
                     if k[0] in SELF_SUPERVISED and k not in target})
@@ -120,6 +124,27 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
   # bfloat16 head, nor change dtype at the first resume.
   out = {k: v.astype(target[k].dtype, copy=False) for k, v in out.items()}
   return traverse_util.unflatten_dict(out)
+
+
+def _check_posemb_kind(loaded, target, source: str) -> None:
+  """Learned position embeddings on one side and fixed ones (no parameter,
+  `posemb='sincos2d'`) on the other: an error naming the option, not a
+  missing or extra key."""
+  encoders = all(any(k[0] == 'Transformer' for k in tree)
+                 for tree in (loaded, target))
+  if not encoders or (POSEMB in loaded) == (POSEMB in target):
+    return
+  name = '/'.join(POSEMB)
+  if POSEMB in target:
+    raise CheckpointError(
+        f'{source} has no learned position embeddings ({name}): a ViT with '
+        "fixed ones, such as big_vision's posemb='sincos2d' models. Load it "
+        "into a model with posemb='sincos2d' (--config.model.posemb="
+        'sincos2d)')
+  raise CheckpointError(
+      f'{source} has learned position embeddings ({name}), the target '
+      "model fixed ones (posemb='sincos2d'): load it into a model with "
+      "posemb='learn' (the default)")
 
 
 def resize_posemb(posemb: np.ndarray, new_shape: Sequence[int],

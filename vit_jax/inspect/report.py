@@ -123,9 +123,15 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   size = images.shape[1]
   ppt = trained.stride
   grid = (size // ppt, size // ppt)
-  native = _at_own_size(trained, native)
-  native_grid = (analysis.grid_of(native.params)[0] if native is not None
-                 else _checkpoint_grid(trained))
+  # Fixed position embeddings (posemb='sincos2d') are defined at any grid:
+  # nothing was learned, nothing interpolated.
+  fixed = getattr(model, 'posemb', 'learn') != 'learn'
+  if fixed:
+    native, native_grid = trained, grid
+  else:
+    native = _at_own_size(trained, native)
+    native_grid = (analysis.grid_of(native.params)[0] if native is not None
+                   else _checkpoint_grid(trained))
   result: Dict[str, Any] = dict(
       model=trained.name, architecture=trained.architecture,
       checkpoint=trained.source, checkpoint_kind=trained.kind,
@@ -163,6 +169,11 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   # Fig 7 (centre) / Fig 10: position-embedding similarity, of the
   # embeddings as the checkpoint learned them (not their interpolation).
   try:
+    if fixed:
+      raise ValueError(
+          f'the model\'s position embeddings are fixed (posemb='
+          f'{model.posemb!r}), not learned: the figure would show the '
+          'formula, not what training learned')
     result['position_similarity'] = _position_similarity(
         out, trained, native, native_grid, grid)
     written.append('position_similarity.png')

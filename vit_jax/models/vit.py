@@ -8,7 +8,9 @@ Placement of the paper's pieces:
   * patch embedding: a stride-P convolution named `embedding` (lecun-normal);
   * class token `cls` (zeros), learned 1-D position embeddings
     `Transformer/posembed_input/pos_embedding` (normal, stddev 0.02), dropout
-    right after adding them;
+    right after adding them; or, with `posemb="sincos2d"`, fixed 2-D
+    sine-cosine embeddings added to the patch tokens before the class token
+    (no parameter: big_vision's plain ViT baselines, `sincos2d`);
   * pre-LayerNorm encoder blocks (epsilon 1e-6): x + MSA(LN(x)), x + MLP(LN(x));
     dropout after every dense layer except the q/k/v projections;
   * final LayerNorm `Transformer/encoder_norm`, then the class token (or the mean
@@ -69,6 +71,32 @@ class AddPositionEmbs(nn.Module):
           '(load_pretrained does, given the new model\'s initial '
           'parameters), or vit_jax.trained.resized for a trained model; '
           'or feed images of the size they were made for')
+
+
+# Position embeddings a ViT can have (`VisionTransformer.posemb`).
+POSEMBS = ('learn', 'sincos2d')
+
+
+def sincos2d(grid, width: int, temperature: float = 10_000.) -> np.ndarray:
+  """Fixed 2-D sine-cosine position embeddings, (rows * cols, width) float32.
+
+  The patch at row y, column x (row-major, as the tokens) gets
+  [sin(x w_k), cos(x w_k), sin(y w_k), cos(y w_k)] for the width / 4
+  frequencies w_k = temperature ** (-k / (width / 4 - 1)): the form of MoCo
+  v3 and big_vision's `posemb="sincos2d"`. Defined for any grid, so a model
+  with them fine-tunes at another resolution without a resize.
+  """
+  if width % 4:
+    raise ValueError(f"posemb='sincos2d' needs a width divisible by 4 "
+                     f'(four sine/cosine groups), got hidden_size={width}')
+  rows, cols = (int(g) for g in grid)
+  k = width // 4
+  omega = 1.0 / temperature ** (np.arange(k) / max(k - 1, 1))
+  y, x = np.mgrid[:rows, :cols]
+  x = x.reshape(-1, 1) * omega
+  y = y.reshape(-1, 1) * omega
+  return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)],
+                        axis=1).astype(np.float32)
 
 
 class DropPath(nn.Module):
@@ -225,6 +253,9 @@ class _ScannedBlock(Encoder1DBlock):
 class Encoder(nn.Module):
   """Position embeddings, `num_layers` blocks and the final LayerNorm.
 
+  `learned_posemb`: add the learned `posembed_input` (False: the caller has
+  added fixed ones, `sincos2d`).
+
   `scan_layers` runs the blocks with nn.scan (one compiled block, parameters
   stacked under `encoderblock` with a leading layer axis; convert with
   `vit_jax.checkpoint.stack_blocks` / `unstack_blocks`); `remat` recomputes
@@ -266,6 +297,7 @@ class Encoder(nn.Module):
   param_dtype: Dtype = jnp.float32
   recompute_internals: bool = True
   even_tokens: Optional[bool] = None
+  learned_posemb: bool = True
 
   def _pads(self, length: int, train: bool) -> bool:
     if length % 2 == 0:
@@ -277,7 +309,8 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, x, *, train: bool):
-    x = AddPositionEmbs(self.param_dtype, name='posembed_input')(x)
+    if self.learned_posemb:
+      x = AddPositionEmbs(self.param_dtype, name='posembed_input')(x)
     x = nn.Dropout(rate=self.dropout_rate)(x, deterministic=not train)
     length = x.shape[1]
     pads = self._pads(length, train)
@@ -333,6 +366,10 @@ class VisionTransformer(Module):
     representation_size: width of the `pre_logits` Dense+tanh layer of the
       pre-training head, or None for none.
     classifier: "token" (class token) or "gap" (mean over patch tokens).
+    posemb: "learn" (the paper's learned 1-D position embeddings, class
+      token's row included) or "sincos2d" (fixed 2-D sine-cosine ones added
+      to the patch tokens before the class token: no parameter; big_vision's
+      plain ViT baselines, `sincos2d`).
     resnet_layers / resnet_width: units per stage and width factor of the
       hybrid's ResNet stem (e.g. (3, 4, 9), 1 for R50+ViT-B/16).
     head_bias_init: constant for the head bias (e.g. -10 for i21k pre-training).
@@ -359,6 +396,7 @@ class VisionTransformer(Module):
   num_layers: int
   representation_size: Optional[int] = None
   classifier: str = 'token'
+  posemb: str = 'learn'
   dropout_rate: float = 0.0
   attention_dropout_rate: float = 0.0
   resnet_layers: Optional[Sequence[int]] = None
@@ -390,7 +428,8 @@ class VisionTransformer(Module):
 
   @nn.compact
   def __call__(self, images, *, train: bool = False):
-    x = encode(self, embed_patches(self, images), train=train)
+    tokens, grid = embed_patches(self, images)
+    x = encode(self, tokens, grid, train=train)
     x = x[:, 0] if self.classifier == 'token' else jnp.mean(x, axis=1)
 
     plain = recompute.plain_autodiff(self.dtype, self.recompute_internals)
@@ -414,8 +453,9 @@ class VisionTransformer(Module):
 
 
 def embed_patches(module: VisionTransformer, images):
-  """The patch tokens (batch, grid_h * grid_w, hidden) of `images`: the
-  hybrid stem (if any) and the `embedding` projection, row-major.
+  """(tokens, grid): the patch tokens (batch, grid_h * grid_w, hidden) of
+  `images`, row-major, and their (grid_h, grid_w): the hybrid stem (if any)
+  and the `embedding` projection.
 
   Call it inside `module`'s compact method (its parameters are created
   there); `encode` continues. Self-supervised models put their corruption
@@ -424,6 +464,9 @@ def embed_patches(module: VisionTransformer, images):
   if module.classifier not in ('token', 'gap'):
     raise ValueError(f"classifier must be 'token' or 'gap', got "
                      f'{module.classifier!r}')
+  if module.posemb not in POSEMBS:
+    raise ValueError(f'posemb must be one of {POSEMBS}, got '
+                     f'{module.posemb!r}')
   check_image_shape(images.shape, module.stride,
                     drops_partial=module.drops_partial_patches)
   x = images
@@ -438,14 +481,16 @@ def embed_patches(module: VisionTransformer, images):
               bias_init=with_axes(nn.initializers.zeros, ('embed',)),
               name='embedding')(x)
   n, h, w, c = x.shape
-  return jnp.reshape(x, (n, h * w, c))
+  return jnp.reshape(x, (n, h * w, c)), (h, w)
 
 
-def encode(module: VisionTransformer, x, *, train: bool):
+def encode(module: VisionTransformer, x, grid, *, train: bool):
   """The class token (if any), position embeddings and the `Transformer`
-  encoder over patch tokens `x`; returns every output token (class token
-  first), after the final LayerNorm."""
+  encoder over patch tokens `x` of a (rows, cols) `grid`; returns every
+  output token (class token first), after the final LayerNorm."""
   n, _, c = x.shape
+  if module.posemb == 'sincos2d':  # Before the class token, which has none.
+    x = x + jnp.asarray(sincos2d(grid, c), x.dtype)
   if module.classifier == 'token':
     cls = module.param('cls', with_axes(nn.initializers.zeros,
                                         (None, None, 'embed')),
@@ -461,6 +506,7 @@ def encode(module: VisionTransformer, x, *, train: bool):
                  scan_layers=module.scan_layers, remat=module.remat,
                  dtype=module.dtype, param_dtype=module.param_dtype,
                  recompute_internals=module.recompute_internals,
+                 learned_posemb=module.posemb == 'learn',
                  name='Transformer')(x, train=train)
 
 

@@ -90,7 +90,7 @@ class MaskedPatchPrediction(vit.VisionTransformer):
     if self.representation == 'token' and self.classifier != 'token':
       raise ValueError("mpp representation='token' needs a class token: "
                        "use representation='gap' with classifier='gap'")
-    tokens = vit.embed_patches(self, images)
+    tokens, grid = vit.embed_patches(self, images)
     mask_token = self.param(
         'mask_token', with_axes(nn.initializers.normal(stddev=0.02),
                                 ('embed',)),
@@ -103,7 +103,7 @@ class MaskedPatchPrediction(vit.VisionTransformer):
                                  self.rate)
     else:
       selected = jnp.zeros(tokens.shape[:2], bool)
-    x = vit.encode(self, tokens, train=train)
+    x = vit.encode(self, tokens, grid, train=train)
     patch_out = x[:, 1:] if self.classifier == 'token' else x
     rep = x[:, 0] if self.representation == 'token' else jnp.mean(
         patch_out, axis=1)
