@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from vit_jax.configs import augreg, common, cpu_recipes, cpu_reproduce
+from vit_jax.configs import augreg, common, cpu_recipes, cpu_reproduce, plain
 from vit_jax.configs import finetune, pretrain, smoke, vtab
 from vit_jax import models, paper
 from vit_jax.train import config_check
@@ -224,6 +224,29 @@ def test_augreg_rows_carry_the_recipe_of_their_source(data):
   assert 'randaug(2, 20)' in c.input.pp_train and c.input.mixup == 0.8
 
 
+def test_plain_vit_row_is_big_visions_vit_s16_i1k():
+  """big_vision's configs/vit_s16_i1k.py, field by field; no cell of the
+  paper's tables."""
+  c = plain.get_config()
+  assert c.model.name == 'ViT-S/16'
+  assert (c.model.posemb, c.model.classifier,
+          c.model.representation_size) == ('sincos2d', 'gap', 384)
+  assert c.model.get('head_bias_init') in (None, 0.0)
+  assert c.loss == 'softmax' and c.total_epochs == 90
+  assert c.input.batch_size == 1024 and c.input.data == 'imagenet2012'
+  assert 'randaug(2, 10)' in c.input.pp_train and c.input.mixup == 0.2
+  assert 'inception_crop(224)' in c.input.pp_train
+  assert c.input.pp_eval.startswith('decode|resize_small(256, method="area")')
+  assert (c.optim.name, c.optim.lr, c.optim.warmup_steps, c.optim.decay,
+          c.optim.weight_decay, c.optim.grad_clip_norm, c.optim.mu_dtype) == (
+              'adam', 1e-3, 10_000, 'cosine', 0.1, 1.0, 'bfloat16')
+  assert c.report.recipe == 'plain-vit'
+  assert plain.get_config('epochs=300').total_epochs == 300
+  assert plain.get_config('variant=B/16').model.representation_size == 768
+  with pytest.raises(ValueError, match='expected a ViT of the zoo'):
+    plain.get_config('variant=X/16')
+
+
 def test_table2_finetuning_rows_use_polyak_at_the_papers_resolution():
   for model, res in paper.TABLE2_FINETUNE_RES.items():
     c = finetune.get_config(f'model={model},data=imagenet2012,table2=true')
@@ -276,6 +299,7 @@ def _run(workdir, spec, caplog):
     # stage on a 2x2 map, a form XLA:CPU runs 3-4x slower (models/bit.py).
     'configs/pretrain.py:model=R50+ViT-B/16,data=i1k,smoke=true',
     'configs/augreg.py:variant=B/16,data=i21k,smoke=true',
+    'configs/plain.py:smoke=true',
     pytest.param('configs/finetune.py:model=ViT-L/16,data=imagenet2012,'
                  'table2=true,smoke=true', marks=pytest.mark.slow),
     pytest.param('configs/cpu_recipes.py:ingredients=randaug+mixup+cutmix+'
