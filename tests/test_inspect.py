@@ -428,9 +428,58 @@ def test_a_sincos2d_model_has_no_learned_position_figure(tmp_path):
                               str(tmp_path / 'o'), rollout_images=1,
                               layer_images=1)
   assert 'fixed' in info['skipped']['position_similarity.png']
-  assert info['grid'] == info['checkpoint_grid'] == [9, 9]
+  # An .npz of one does not record its size: unknown, not the inspected one.
+  assert info['grid'] == [9, 9] and info['checkpoint_grid'] is None
+  assert info['checkpoint_image_size'] is None
   assert not info['position_embeddings_interpolated']
   assert {'attention_distance.png', 'rollout.png'} <= set(info['files'])
+
+
+def test_a_sincos2d_npz_needs_its_image_size(tmp_path):
+  from vit_jax import trained as trained_lib
+  model = models.create('ViT-test', num_classes=5, posemb='sincos2d')
+  path = str(tmp_path / 'sincos.npz')
+  checkpoint.save_npz(model.init(jax.random.key(0), jnp.asarray(
+      _images(1, 28)))['params'], path)
+  photos = _photos(tmp_path / 'photos', 2)
+  with pytest.raises(trained_lib.ImageSizeUnknown, match='--image_size'):
+    report.run(path, str(photos), str(tmp_path / 'o'), model='ViT-test')
+  info = report.run(path, str(photos), str(tmp_path / 'o'), model='ViT-test',
+                    image_size=28, rollout_images=1, layer_images=1)
+  assert info['image_size'] == 28 and info['checkpoint_image_size'] is None
+
+
+def test_registered_names_with_a_slash_are_datasets_not_folders(tmp_path):
+  """vtab/cifar100 reaches the registry (here: not prepared, named with
+  its prepare command), not 'no such folder'."""
+  from vit_jax.inspect import images as images_lib
+  with pytest.raises(Exception, match='vit_jax.data.prepare vtab/cifar100'):
+    images_lib.load('vtab/cifar100', 2, _trained(),
+                    data_dir=str(tmp_path / 'empty'))
+  with pytest.raises(FileNotFoundError, match='no such folder'):
+    images_lib.load('no/such/folder', 2, _trained())
+
+
+def test_seed_without_random_init_is_refused(tmp_path):
+  with pytest.raises(ValueError, match='--seed=5 seeds --random_init'):
+    report.run('x.npz', str(tmp_path), str(tmp_path / 'o'), seed=5)
+
+
+def test_large_grids_keep_every_cell_of_the_similarity_mosaic(tmp_path):
+  """A 32x32 grid (ViT-L/16 at 512 px): every cell of a mosaic row is
+  drawn, none dropped by downsampling."""
+  import matplotlib.pyplot as plt
+  from PIL import Image
+  from vit_jax.inspect import figures
+  g = 32
+  path = figures.position_similarity(np.zeros((g, g, g, g)),
+                                     str(tmp_path / 'p.png'), 'x')
+  a = np.asarray(Image.open(path).convert('RGB')).astype(float)
+  cell = np.array(plt.get_cmap('viridis')(0.5)[:3]) * 255
+  row = (np.abs(a - cell).sum(-1) < 12)
+  row = row[row.sum(1).argmax()]
+  runs = int(np.sum(row[1:] & ~row[:-1]) + row[0])
+  assert runs >= g  # The cells, and the colour bar's band of that colour.
 
 
 def _reference_summary(w, grid, ppt, token_row):
@@ -504,11 +553,11 @@ def test_figure_titles_name_the_architecture_inspected(monkeypatch,
   assert t.architecture == 'ViT-test (classifier=gap)'
   titles, save = {}, figures._save
 
-  def saved(fig, path):  # The figure's title, or its single axes'.
+  def saved(fig, path, *dpi):  # The figure's title, or its single axes'.
     texts = [ax.get_title() for ax in fig.axes]
     titles[os.path.basename(path)] = '\n'.join(
         texts + [fig._suptitle.get_text()] if fig._suptitle else texts)
-    return save(fig, path)
+    return save(fig, path, *dpi)
   monkeypatch.setattr(figures, '_save', saved)
   info = report.inspect_model(t, _images(2, 28), ['a', 'b'],
                               str(tmp_path / 'o'), rollout_images=1,
@@ -709,8 +758,18 @@ def test_figures_in_an_out_inside_the_data_folder_are_not_read_back(
       assert info['image_names'] == ['im0.png', 'im1.png', 'im2.png'], sub
   assert report.is_output(str(photos), str(photos / 'rollout.png'))
   assert not report.is_output(str(photos), str(photos / 'im0.png'))
-  assert not report.is_output(str(photos / 'inspect'),
-                              str(photos / 'rollout.png'))
+  # The docs' trained-vs-random pair: --out=photos/trained, then
+  # --out=photos/random reads neither the photos' sibling figures.
+  photos = _photos(tmp_path / 'pair')
+  for sub in ('trained', 'random'):
+    info = report.run('x.npz', str(photos), str(photos / sub),
+                      model='ViT-test', images=20, rollout_images=1,
+                      layer_images=1)
+    assert info['image_names'] == ['im0.png', 'im1.png', 'im2.png'], sub
+  # A figure's name in a folder this command never wrote is an input.
+  other = _photos(tmp_path / 'other')
+  (other / 'rollout.png').write_bytes((other / 'im0.png').read_bytes())
+  assert not report.is_output(str(other / 'o'), str(other / 'rollout.png'))
 
 
 @pytest.mark.parametrize('flag', ['split', 'data_dir'])

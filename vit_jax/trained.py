@@ -61,6 +61,11 @@ class TrainedModelError(ValueError):
   """An `init` that is not a usable trained model; the message says why."""
 
 
+class ImageSizeUnknown(TrainedModelError):
+  """An .npz whose parameters do not show the image size it was trained at
+  (fixed position embeddings): `image_size` must be given."""
+
+
 @dataclasses.dataclass
 class Trained:
   """A classifier with its pre-processing, labels and provenance."""
@@ -411,6 +416,9 @@ def _from_workdir(path: str, model: Optional[str],
   trained = _build(name, options, num_classes, size, pp, params, source,
                    'workdir', dtype=dtype,
                    source_grid=tuple(grid) if grid else None)
+  if trained.native_image_size is None and options.get('posemb') == (
+      'sincos2d') and data:
+    trained.native_image_size = size  # The run's: no embeddings tell it.
   trained.data, trained.run, trained.config = data, run, config
   trained.command = recorded.get('command')
   trained.workdir = workdir
@@ -494,6 +502,12 @@ def _from_npz(path: str, model: Optional[str], image_size: Optional[int],
   if 'pre_logits' in params:  # Pre-training checkpoints keep their head's.
     options['representation_size'] = int(
         np.shape(params['pre_logits']['kernel'])[-1])
+  if options.get('posemb') == 'sincos2d' and not image_size:
+    raise ImageSizeUnknown(
+        f'{path} has fixed position embeddings (posemb=\'sincos2d\', '
+        'big_vision\'s plain ViTs), which do not record the image size it '
+        'was trained at: pass --image_size (224 for big_vision\'s '
+        'ImageNet models)')
   num_classes = _head_classes(params, path, require_head)
   size = image_size or _posemb_size(model, options, params) or 224
   return _build(model, options, num_classes, size, NPZ_PP, params, path,

@@ -54,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--random_init', action='store_true', help='inspect a '
                  "fresh random initialisation of the checkpoint's model (the "
                  'untrained baseline)')
-  p.add_argument('--seed', type=int, default=0, help='seed of --random_init')
+  p.add_argument('--seed', type=int, help='seed of --random_init (default '
+                 '0; refused without it)')
   p.add_argument('--raw', action='store_true', help='a run with Polyak '
                  'averaging (optim.ema_decay): its raw parameters instead of '
                  'the averages')

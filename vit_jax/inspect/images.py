@@ -104,6 +104,8 @@ def load(data: str, n: int, trained, split: Optional[str] = None,
   if os.path.isfile(data):
     raise ValueError(f'--data={data} is a file: pass a folder of images or '
                      'a dataset name')
-  if os.sep in data or data.startswith('.'):
+  from vit_jax.data import registry
+  if (os.sep in data or data.startswith('.')) and (
+      data not in registry.names()):  # vtab/cifar100 is a name.
     raise FileNotFoundError(f'--data={data}: no such folder')
   return _from_dataset(data, n, trained, split, data_dir)

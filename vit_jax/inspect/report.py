@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tempfile
-from typing import Any, Dict, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 from absl import logging
@@ -126,8 +126,8 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   # Fixed position embeddings (posemb='sincos2d') are defined at any grid:
   # nothing was learned, nothing interpolated.
   fixed = getattr(model, 'posemb', 'learn') != 'learn'
-  if fixed:
-    native, native_grid = trained, grid
+  if fixed:  # Its own size is known only where the run recorded it.
+    native, native_grid = trained, _checkpoint_grid(trained)
   else:
     native = _at_own_size(trained, native)
     native_grid = (analysis.grid_of(native.params)[0] if native is not None
@@ -136,10 +136,11 @@ def _inspect_into(out: str, trained, images: np.ndarray,
       model=trained.name, architecture=trained.architecture,
       checkpoint=trained.source, checkpoint_kind=trained.kind,
       image_size=size,
-      checkpoint_image_size=(native.image_size if native is not None
+      checkpoint_image_size=(native.image_size
+                             if native is not None and not fixed
                              else trained.native_image_size),
-      checkpoint_grid=list(native_grid),
-      position_embeddings_interpolated=native_grid != grid,
+      checkpoint_grid=list(native_grid) if native_grid else None,
+      position_embeddings_interpolated=not fixed and native_grid != grid,
       grid=list(grid), pixels_per_token=ppt,
       pixels_not_seen=size - grid[0] * ppt, images=len(images),
       image_names=list(names), skipped={}, files=[])
@@ -266,12 +267,13 @@ def _skip(result: Dict[str, Any], name: str, reason: str) -> None:
 def run(init: str, data: str, out: str, *, model: str = None,
         image_size: int = None, images: int = 128, split: str = None,
         batch: int = 32, rollout_images: int = 8, layer_images: int = 4,
-        random_init: bool = False, seed: int = 0,
+        random_init: bool = False, seed: Optional[int] = None,
         raw: bool = False, data_dir: str = None) -> Dict[str, Any]:
   """`python -m vit_jax.inspect`: open the checkpoint, check that the model
   has attention, read the images, check them against the model, then
   `inspect_model`. With `random_init`, the checkpoint only names the
-  model: a fresh initialisation (`seed`) of it is inspected, the baseline
+  model: a fresh initialisation (`seed`, default 0; refused without
+  `random_init`) of it is inspected, the baseline
   trained figures are compared with; at another `image_size` it is made
   at the checkpoint's size and resized as the checkpoint is, so that both
   are measured alike. `raw`:
@@ -286,16 +288,25 @@ def run(init: str, data: str, out: str, *, model: str = None,
                       ('layer_images', layer_images)):
     _check_count(flag, value)
   _check_image_size(image_size)
+  if seed is not None and not random_init:
+    raise ValueError(f'--seed={seed} seeds --random_init\'s initialisation '
+                     'only: add --random_init, or leave --seed out')
   out = _output_folder(outputs.directory(out, '--out', remote=False))
   data = os.path.expanduser(data)  # --data=~/photos reaches us unexpanded.
   data_dir = os.path.expanduser(data_dir) if data_dir else data_dir
   images_lib.check_source(data, split, data_dir)
   # The checkpoint at its own size first: its position embeddings as
   # trained are what position_similarity.png shows (Fig 7 centre).
-  native = trained_lib.load(init, model=model, require_head=False,
-                            ema=False if raw else None)
+  load = functools.partial(trained_lib.load, init, model=model,
+                           require_head=False, ema=False if raw else None)
+  try:
+    native = load()
+  except trained_lib.ImageSizeUnknown:
+    if not image_size:
+      raise
+    native = load(image_size=image_size)  # Its own size: unknown.
   if random_init:
-    native = trained_lib.reinitialised(native, seed)
+    native = trained_lib.reinitialised(native, seed or 0)
   # Before the images: a dataset may need downloading or preparing first,
   # work (or an error about it) wasted on a model with nothing to inspect.
   check_model(native)
@@ -330,13 +341,18 @@ def _check_image_size(image_size) -> None:
 
 
 def is_output(out: str, path: str) -> bool:
-  """Whether `path` is one of the files this command writes into `out`
-  (`FILES`): with `--out` inside `--data` (or the same folder), an earlier
-  run's figures are not read back as images to inspect. (The staging
-  folder, `.inspect-*`, is hidden: image folders are listed without
-  hidden folders.) Only those names: the photos beside them are inputs."""
+  """Whether `path` is one of the files this command writes (`FILES`) in
+  `out` or in another folder it wrote (one holding its `inspect.json`):
+  with `--out` inside `--data` (or the same folder), this or an earlier
+  run's figures, e.g. `--out=photos/trained` then `--random_init
+  --out=photos/random`, are not read back as images to inspect. (The
+  staging folder, `.inspect-*`, is hidden: image folders are listed
+  without hidden folders.) Only those names: the photos beside them are
+  inputs."""
   folder, name = os.path.split(os.path.realpath(path))
-  return name in FILES and folder == os.path.realpath(out)
+  return name in FILES and (
+      folder == os.path.realpath(out)
+      or os.path.isfile(os.path.join(folder, 'inspect.json')))
 
 
 def _output_folder(out: str) -> str:
