@@ -85,7 +85,7 @@ def run(runner: Runner, num_processes: int, main_args: Sequence[str],
               'a process failed)')
   procs, logs = {}, {}
   try:
-    with _signals_interrupt():
+    with signals_interrupt():
       try:
         for i in list(range(1, num_processes)) + [0]:  # 0 last: a script.
           logs[i] = os.path.join(log_dir, f'process_{i}.log') if i else None
@@ -128,9 +128,12 @@ def _stop_on_signal(runner: Runner, procs: Mapping[int, Process],
 
 
 @contextlib.contextmanager
-def _signals_interrupt() -> Iterator[None]:
+def signals_interrupt() -> Iterator[None]:
   """SIGTERM and SIGHUP raise `Interrupted` (by default they would end the
-  launcher at once, its processes left running)."""
+  launcher at once, its processes left running; `launch.tpu up` silently,
+  naming neither its TPU nor how to delete it). One the launcher was
+  started ignoring stays ignored: `nohup` ignores SIGHUP so that a long
+  `up` outlives its terminal."""
   if threading.current_thread() is not threading.main_thread():
     yield  # Signal handlers can only be set from the main thread.
     return
@@ -138,8 +141,11 @@ def _signals_interrupt() -> Iterator[None]:
   def interrupt(signum, frame):  # pylint: disable=unused-argument
     raise Interrupted(signum)
 
-  previous = {sig: signal.signal(sig, interrupt)
+  previous = {sig: signal.getsignal(sig)
               for sig in (signal.SIGTERM, signal.SIGHUP)}
+  for sig, handler in previous.items():
+    if handler is not signal.SIG_IGN:
+      signal.signal(sig, interrupt)
   try:
     yield
   finally:

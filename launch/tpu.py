@@ -22,11 +22,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 import tempfile
 import time
+import traceback
 from typing import Optional, Sequence
 
+from vit_jax import outputs
 from vit_jax.configs import config_file
 from vit_jax.launch import commands, local, pack
 from vit_jax.launch import topology as topology_lib
@@ -49,13 +52,16 @@ REQUIRED = {
     'delete': _TPU_FLAGS,
 }
 LOCAL_REQUIRED = ('config', 'workdir')
-# What a TPU run has and N local processes do not (none copies results,
-# recreates anything or installs another checkout): refused with
-# --local-processes rather than ignored.
-LOCAL_REFUSED = ('results', 'max_restarts', 'spot', 'preemptible', 'queued',
-                 'repo', 'keep', 'runtime_version')
-# Defaults filled in after `_validate` (None there: the flag was not given).
-DEFAULTS = {'repo': ROOT, 'max_restarts': 5}
+# What a TPU run has and N local processes do not (no TPU to name, watch
+# or recreate, no results to copy, no other checkout to install): refused
+# with --local-processes, named, rather than ignored.
+LOCAL_REFUSED = ('name', 'zone', 'project', 'worker', 'results',
+                 'max_restarts', 'poll_seconds', 'hang_minutes', 'spot',
+                 'preemptible', 'queued', 'repo', 'keep', 'runtime_version')
+# Defaults filled in after `_validate` (None there: the flag was not given,
+# which is how LOCAL_REFUSED tells a flag given, even as its default).
+DEFAULTS = {'repo': ROOT, 'max_restarts': 5, 'poll_seconds': 60.0,
+            'hang_minutes': 60.0}
 GONE = ('PREEMPTED', 'TERMINATED')  # The node must be deleted and recreated.
 SSH_FAILED = 255  # ssh's own exit status: connection lost or refused.
 # A run that died with its TPU keeps the workdir's lock this long: a run
@@ -116,11 +122,12 @@ def _parser() -> argparse.ArgumentParser:
     help='environment of the run (repeatable), e.g. TFDS_DATA_DIR=gs://b/tfds')
   a('--max-restarts', type=int, help='up: restarts after preemption '
     f'before giving up (default {DEFAULTS["max_restarts"]})')
-  a('--poll-seconds', type=float, default=60.0, help='how often up checks '
-    'the TPU state (and a queued resource\'s)')
-  a('--hang-minutes', type=float, default=60.0, help='up: a run whose '
-    'worker-0 log has not grown for this long is taken as hung and fails '
-    '(logs saved, the TPU deleted unless --keep); 0: never')
+  a('--poll-seconds', type=float, help='how often up checks the TPU state '
+    f'(and a queued resource\'s; default {DEFAULTS["poll_seconds"]:g})')
+  a('--hang-minutes', type=float, help='up: a run whose worker-0 log has '
+    'not grown for this long is taken as hung and fails (logs saved, the '
+    f'TPU deleted unless --keep; default {DEFAULTS["hang_minutes"]:g}); 0: '
+    'never')
   a('--worker', help='logs (default 0) and exec (default all): which worker')
   a('--keep', action='store_true', help='up: do not delete the TPU at the end')
   a('--local-processes', type=int, metavar='N', help='run/up: N local CPU '
@@ -160,14 +167,16 @@ def _validate(args: argparse.Namespace) -> None:
       raise ValueError('--local-processes goes with run or up')
     if args.local_processes < 1:
       raise ValueError('--local-processes must be at least 1')
+    # `is not`: a value that equals False (--hang-minutes=0) was given too.
     refused = [_flag(f) for f in LOCAL_REFUSED
-               if getattr(args, f) not in (None, False)]
+               if getattr(args, f) is not None and getattr(args, f)
+               is not False]
     if refused:
       raise ValueError(
           f'{", ".join(refused)} with --local-processes: the processes run '
           'this checkout on this machine, once, writing straight to '
-          '--workdir (no TPU to make spot, restart or delete, no results to '
-          'copy back); drop the flag(s), or launch on a TPU')
+          '--workdir (no TPU to name, make spot, watch, restart or delete, '
+          'no results to copy back); drop the flag(s), or launch on a TPU')
     required = LOCAL_REQUIRED
   else:
     required = REQUIRED[args.verb]
@@ -177,6 +186,11 @@ def _validate(args: argparse.Namespace) -> None:
   missing = [_flag(f) for f in required if getattr(args, f) is None]
   if missing:
     raise ValueError(f'{args.verb} needs {", ".join(missing)}')
+  if args.local_processes:
+    # vit_jax.main's own rule (`outputs`): an empty one (an unset shell
+    # variable) refused, not taken as this folder; `~/x` expanded, not
+    # made <cwd>/~/x by `_main_args`. A TPU's workdir is the workers'.
+    args.workdir = outputs.directory(args.workdir)
   if args.spot and args.preemptible:
     raise ValueError('--spot and --preemptible exclude each other')
   if args.queued and args.preemptible:
@@ -358,9 +372,12 @@ def _check_config_shipped(args) -> None:
 
 
 def _preflight(args, runner: Runner) -> None:
-  """Checks what a TPU run needs before anything is created."""
+  """Checks what a TPU run needs before anything is created, and pins the
+  workers' vit_jax.main flags (`args.main_args`), as the code archive is
+  pinned: every restart of a days-long `up` starts the same command, even
+  after the --config file was moved or removed here (a `git checkout`)."""
   _repo(args.repo)
-  _main_args(args, remote=True)
+  args.main_args = _main_args(args, remote=True)
   _check_config_shipped(args)
   if args.workdir.startswith('gs://'):
     return
@@ -438,7 +455,13 @@ def _repo(repo: str) -> tuple:
   """(local dir, None, None) or (None, git URL, ref)."""
   if os.path.isdir(repo):
     if not os.path.isfile(os.path.join(repo, 'setup.py')):
-      raise ValueError(f'--repo={repo}: no setup.py there')
+      # The default, ROOT, is no checkout where vit_jax is installed (it is
+      # site-packages/vit_jax then).
+      default = (' (the default: where this launcher is installed, not a '
+                 'checkout)' if os.path.abspath(repo) == ROOT else '')
+      raise ValueError(f'--repo={repo}: no setup.py there{default}; pass '
+                       '--repo=<your checkout of vit_jax>, or a git URL '
+                       '(--repo=URL#REF)')
     return os.path.abspath(repo), None, None
   if '://' in repo or repo.startswith('git@') or repo.split('#')[0].endswith(
       '.git'):
@@ -510,13 +533,13 @@ def _run_reconnecting(runner: Runner, args, *argvs) -> None:
     raise CommandError(argv, res)
 
 
-def _start(runner: Runner, args) -> None:
-  """Starts the run on every worker, or on none: every worker is asked
-  first, and a run still going on any of them (a slice's workers stop at
-  different moments) refuses the start, naming them. Each worker's own
-  guard in `run_script` alone would start the run on the idle workers and
-  refuse it on the busy ones: a slice half running, its collectives
-  waiting for peers that never come."""
+def _all_idle(runner: Runner, args, refused: str) -> None:
+  """Asks every worker whether a run is going; one going on any of them
+  (a slice's workers stop at different moments) refuses the step on all,
+  naming them (`refused`: what was done, e.g. 'started nothing'). Each
+  worker's own guard (`commands.idle_guard`) alone would act on the idle
+  workers and refuse on the busy ones: a slice half running, its
+  collectives waiting for peers that never come, or with mixed code."""
   ask = commands.ssh(_tpu(args), commands.status_script())
   res = runner.run(ask, capture=True)
   busy = [r for r in commands.parse_status(res.stdout)
@@ -524,12 +547,18 @@ def _start(runner: Runner, args) -> None:
   if busy:
     raise CommandError(ask, Result(1, stderr=(
         f'a run is still going on {", ".join(r.host for r in busy)}: '
-        'started nothing. Wait for it to end (python -m launch.tpu logs '
+        f'{refused}. Wait for it to end (python -m launch.tpu logs '
         f'{_where(args)} --worker=N), or stop it, saving a checkpoint: '
         f'python -m launch.tpu exec {_where(args)} -- '
         '\'kill $(cat ~/vit_jax_run.pid)\'')))
+
+
+def _start(runner: Runner, args) -> None:
+  """Starts the run on every worker, or on none (`_all_idle`), with the
+  flags `_preflight` pinned."""
+  _all_idle(runner, args, 'started nothing')
   runner.run(commands.ssh(_tpu(args), commands.run_script(
-      _main_args(args, remote=True), dict(args.env))))
+      args.main_args, dict(args.env))))
 
 
 def _logs_argv(args, last: Optional[int] = None) -> list:
@@ -634,44 +663,48 @@ def _watch(runner: Runner, args) -> str:
   hang_check_every = max(HANG_CHECK_S, args.poll_seconds)
   hang_checked = time.monotonic()
   stream = runner.start(_logs_argv(args))
-  while True:
-    code = stream.wait(args.poll_seconds)
-    if code in (0, EXIT_PREEMPTED):  # Done, or saved on SIGTERM / a notice.
-      stream.stop()
-      return _ended(runner, code, 'READY')
-    state = _state(runner, args)
-    if state in _gone(args):
-      stream.stop()
-      runner.note(f'{args.name} is {state}')
-      return 'preempted'
-    if code is None:
-      if (args.hang_minutes and state == 'READY' and
-          time.monotonic() - hang_checked >= hang_check_every):
-        hang_checked = time.monotonic()
-        if _hung(runner, args):
-          stream.stop()
-          return 'failed'
-      continue
-    run = _run_state(runner, args) if state == 'READY' else None
-    if run is not None and run.startswith('exited'):
-      return _ended(runner, int(run.split()[1]), state)
-    if run == 'no run':
-      runner.note(f'no run on worker 0 (log stream exit {code})')
-      return 'failed'
-    if run == 'running':
-      reattached = 0  # Worker 0 answered: only the stream broke.
-    elif reattached == MAX_REATTACH:
-      runner.note(f'worker 0 did not answer {MAX_REATTACH + 1} times in a '
-                  f'row (exit {code}; TPU {state}): the run failed')
-      return 'failed'
-    else:
-      reattached += 1
-    runner.note(f'lost worker 0\'s log (exit {code}; TPU {state}; run '
-                f'{run or "unknown"}): reattaching (from its last '
-                f'{commands.REATTACH_LINES} lines; the whole log stays on '
-                'the worker: launch.tpu logs)')
-    time.sleep(args.poll_seconds)
-    stream = runner.start(_logs_argv(args, last=commands.REATTACH_LINES))
+  try:
+    while True:
+      code = stream.wait(args.poll_seconds)
+      if code in (0, EXIT_PREEMPTED):  # Done, or saved on SIGTERM / a notice.
+        stream.stop()
+        return _ended(runner, code, 'READY')
+      state = _state(runner, args)
+      if state in _gone(args):
+        stream.stop()
+        runner.note(f'{args.name} is {state}')
+        return 'preempted'
+      if code is None:
+        if (args.hang_minutes and state == 'READY' and
+            time.monotonic() - hang_checked >= hang_check_every):
+          hang_checked = time.monotonic()
+          if _hung(runner, args):
+            stream.stop()
+            return 'failed'
+        continue
+      run = _run_state(runner, args) if state == 'READY' else None
+      if run is not None and run.startswith('exited'):
+        return _ended(runner, int(run.split()[1]), state)
+      if run == 'no run':
+        runner.note(f'no run on worker 0 (log stream exit {code})')
+        return 'failed'
+      if run == 'running':
+        reattached = 0  # Worker 0 answered: only the stream broke.
+      elif reattached == MAX_REATTACH:
+        runner.note(f'worker 0 did not answer {MAX_REATTACH + 1} times in a '
+                    f'row (exit {code}; TPU {state}): the run failed')
+        return 'failed'
+      else:
+        reattached += 1
+      runner.note(f'lost worker 0\'s log (exit {code}; TPU {state}; run '
+                  f'{run or "unknown"}): reattaching (from its last '
+                  f'{commands.REATTACH_LINES} lines; the whole log stays on '
+                  'the worker: launch.tpu logs)')
+      time.sleep(args.poll_seconds)
+      stream = runner.start(_logs_argv(args, last=commands.REATTACH_LINES))
+  except BaseException:  # Interrupted: no more log lines after the hint.
+    stream.stop()
+    raise
 
 
 # --------------------------------------------------------------------------
@@ -686,6 +719,11 @@ def cmd_create(args, runner: Runner) -> int:
 
 
 def cmd_setup(args, runner: Runner) -> int:
+  """Installs on every worker or on none (`_all_idle`): a run going on one
+  keeps its code, the others would get new code under the same slice.
+  (`up` installs only on a TPU it has just created, where no run can be,
+  and whose new workers may refuse the first ssh connections.)"""
+  _all_idle(runner, args, 'installed nothing')
   _setup(runner, args)
   return 0
 
@@ -720,8 +758,15 @@ def cmd_run(args, runner: Runner) -> int:
 
 
 def _run_local(args, runner: Runner) -> int:
+  """In this command's folder, as a `python -m vit_jax.main` typed here
+  would run (the processes import vit_jax as this launcher did; relative
+  paths in --config.FIELD values mean the same), never ROOT: installed,
+  that is the package's own folder, where vit_jax/inspect/ hides the
+  standard library's `inspect`. The --config file and --workdir are made
+  absolute (`_main_args`)."""
   return local.run(runner, args.local_processes,
-                   _main_args(args, remote=False), dict(args.env), cwd=ROOT)
+                   _main_args(args, remote=False), dict(args.env),
+                   cwd=os.getcwd())
 
 
 def cmd_logs(args, runner: Runner) -> int:
@@ -892,25 +937,52 @@ def _pin_repo(runner: Runner, args) -> None:
               'creates installs that commit')
 
 
+def _delete_hint(args) -> str:
+  return (f'python -m launch.tpu delete {_where(args)}' +
+          ' --queued' * args.queued)
+
+
 def cmd_up(args, runner: Runner) -> int:
+  """Ctrl-C, SIGTERM or SIGHUP (`timeout`, a CI job's limit, a closed
+  terminal) detach: the TPU and its run go on, the commands to follow and
+  delete it are printed, and the exit status is 128 + the signal's number
+  (130, 143, 129), as a local launch's."""
   code = _begin(args, runner)
   if code is not None:
     return code
   _pin_repo(runner, args)
   created = []
+  with local.signals_interrupt():
+    try:
+      outcome = _up_outcome(runner, args, created)
+      if outcome is None:
+        return 1
+      return _finish(runner, args, outcome, ran='run' in created)
+    except (KeyboardInterrupt, local.Interrupted) as e:
+      signum = getattr(e, 'signum', signal.SIGINT)
+      runner.note(f'{signal.Signals(signum).name}: the TPU and its run go '
+                  f'on. Follow: python -m launch.tpu logs {_where(args)}; '
+                  f'delete: {_delete_hint(args)}')
+      return 128 + signum
+
+
+def _up_outcome(runner: Runner, args, created: list) -> Optional[str]:
+  """`_up_loop`'s outcome; an error once a TPU was created is a failed
+  run (`_finish` then saves the logs, copies the results and deletes the
+  TPU), whatever raised it: a failed command, or the unexpected (a bug, a
+  checkout that changed under a days-long `up`) that would otherwise
+  leave the TPU billing. None: it failed before any TPU was created."""
   try:
-    outcome = _up_loop(runner, args, created)
-  except KeyboardInterrupt:
-    runner.note(f'interrupted; the TPU and its run go on. Follow: python -m '
-                f'launch.tpu logs {_where(args)}; delete: python -m '
-                f'launch.tpu delete {_where(args)}' + ' --queued' * args.queued)
-    return 130
+    return _up_loop(runner, args, created)
+  except local.Interrupted:
+    raise
   except (CommandError, SetupArchiveGone) as e:
     print(f'error: {e}', file=sys.stderr)
-    outcome = 'failed'
+  except Exception:  # pylint: disable=broad-except
     if not created:
-      return 1
-  return _finish(runner, args, outcome, ran='run' in created)
+      raise  # Nothing to clean up: `main` says what went wrong.
+    traceback.print_exc()
+  return 'failed' if created else None
 
 
 def _first_failure(runner: Runner, args) -> None:
@@ -956,7 +1028,10 @@ def _finish(runner: Runner, args, outcome: str, ran: bool = False) -> int:
       _copy_results(runner, args)
     except CommandError as e:
       print(f'error: {e}', file=sys.stderr)
-  if not args.keep:
+  if args.keep:
+    runner.note(f'{args.name} is kept (--keep); delete it with: '
+                f'{_delete_hint(args)}')
+  else:
     _delete(runner, args)
   if not runner.dry_run:
     runner.note(f'run {outcome}')

@@ -253,7 +253,8 @@ def test_config_overrides_reach_the_estimate_and_the_workers():
 def test_git_repo_is_cloned_on_every_worker():
   _, lines = dry(['setup', '--name=t', '--zone=z',
                   '--repo=https://github.com/me/vit.git#v1'])
-  (cmd,) = gcloud_lines(lines)
+  ask, cmd = gcloud_lines(lines)  # Every worker is asked for a run first.
+  assert kind(ask) == 'run state' and '--worker=all' in ask
   assert cmd[:8] == ['gcloud', 'compute', 'tpus', 'tpu-vm', 'ssh', 't',
                      '--zone=z', '--worker=all']
   assert cmd[8].startswith('--command=' + commands.idle_guard() + (
@@ -597,6 +598,147 @@ def test_run_starts_on_every_worker_or_on_none(capsys):
                       '| x\nt1v-n-1-w-1: no run | \n')
   assert tpu.main(argv, runner=runner) == 0
   assert [kind(c) for c in runner.calls] == ['run state', 'run']
+
+
+def test_a_restart_starts_the_command_the_run_started_with(tmp_path,
+                                                           capsys):
+  """`up` runs for days; meanwhile the --config file may be moved or
+  removed here (a `git checkout` of another branch): a restart starts the
+  command the run started with, pinned as the code archive is, not one
+  rebuilt from the checkout (which failed, leaving the TPU billing)."""
+  repo = tmp_path / 'repo'
+  (repo / 'configs').mkdir(parents=True)
+  (repo / 'setup.py').write_text('')
+  config = repo / 'configs' / 'exp.py'
+  config.write_text(open(os.path.join(ROOT, 'configs', 'smoke.py')).read())
+  subprocess.run(['git', '-C', str(repo), 'init', '-q'], check=True)
+
+  class Checkout(FakeRunner):
+    def _spawn(self, argv, log, cwd):  # The run streams: the file goes.
+      config.unlink(missing_ok=True)
+      return super()._spawn(argv, log, cwd)
+
+  runner = Checkout(states=['READY'], streams=[[EXIT_PREEMPTED], [0]])
+  assert tpu.main(['up', '--name=vit', '--zone=z', '--topology=v4-8',
+                   f'--config={config}:data=digits', f'--repo={repo}',
+                   '--workdir=gs://b/w', '--yes', '--poll-seconds=1e-9'],
+                  runner=runner) == 0, capsys.readouterr().err
+  runs = [c for c in runner.calls if kind(c) == 'run']
+  assert len(runs) == 2 and runs[0] == runs[1]
+  assert '--config=configs/exp.py:data=digits ' in runs[1][-1]
+  assert kind(runner.calls[-1]) == 'delete'
+
+
+def test_an_unexpected_error_after_create_still_ends_the_run(monkeypatch,
+                                                             capsys):
+  """Whatever goes wrong once a TPU exists (a bug here, a checkout that
+  changed), `up` ends as a failed run: logs saved, results copied, the
+  TPU deleted, or with --keep the command to delete it printed. Before
+  any TPU, the error goes out as it is: nothing to clean up."""
+  def broken(*args):
+    raise RuntimeError('a bug in the launcher')
+
+  monkeypatch.setattr(tpu, '_watch', broken)
+  runner = FakeRunner(workers='w-0: running | step 10\n', idle='')
+  assert _up(runner, '--results=../out') == 1
+  assert [kind(c) for c in runner.calls][-6:] == [
+      'run', 'run state', 'save logs', 'mkdir', 'storage cp', 'delete']
+  assert 'RuntimeError: a bug in the launcher' in capsys.readouterr().err
+  runner = FakeRunner(workers='w-0: running | step 10\n', idle='')
+  assert _up(runner, '--keep') == 1
+  assert 'delete' not in [kind(c) for c in runner.calls]
+  assert ('vit is kept (--keep); delete it with: python -m launch.tpu '
+          'delete --name=vit --zone=us-central2-b') in runner.out.getvalue()
+  monkeypatch.setattr(tpu, '_create', broken)
+  runner = FakeRunner()
+  with pytest.raises(RuntimeError, match='a bug in the launcher'):
+    _up(runner)
+  assert runner.calls == []
+
+
+# A `launch.tpu up` whose gcloud is faked: the TPU is READY, worker 0's
+# log streams until stopped; what it runs is printed as `# call VERB`.
+UP_SCRIPT = """import signal, sys, time
+# Ctrl-C reaches it as in a terminal, even where this test runs with SIGINT
+# ignored (a background job of a non-interactive shell passes SIG_IGN on).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from vit_jax.launch import tpu
+from vit_jax.launch.runner import Process, Result, Runner
+
+class Stream(Process):
+  def wait(self, timeout=None):
+    time.sleep(0.05)
+  def stop(self, grace=10.0):
+    print('# stream stopped', flush=True)
+
+class Gcloud(Runner):
+  def _call(self, argv, capture):
+    print('# call', argv[4] if argv[0] == 'gcloud' else argv[0], flush=True)
+    return Result(0, 'READY\\n' if 'describe' in argv else '')
+  def _spawn(self, argv, log, cwd):
+    print('# streaming', flush=True)
+    return Stream()
+
+sys.exit(tpu.main(sys.argv[1:], Gcloud()))
+"""
+
+
+@pytest.mark.parametrize('sig,nohup', [
+    ('SIGTERM', False), ('SIGHUP', False), ('SIGINT', False),
+    ('SIGTERM', True)])
+def test_a_signal_detaches_up_naming_its_tpu(tmp_path, sig, nohup):
+  """SIGTERM or SIGHUP (`timeout`, a CI job's limit, a closed terminal)
+  ends `up` as Ctrl-C does: the TPU and its run go on, the commands to
+  follow and delete it are printed (by default the signal ended `up`
+  silently), the log stream stops, and the status is 128 + the signal.
+  Under `nohup` a SIGHUP stays ignored: `up` goes on."""
+  out = tmp_path / 'out'
+  ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)
+  with open(out, 'w') as f:
+    p = subprocess.Popen(
+        [sys.executable, '-c', UP_SCRIPT, 'up', '--name=vit', '--zone=z',
+         '--topology=v4-8', f'--config={SMOKE}', '--workdir=gs://b/w',
+         '--yes', '--poll-seconds=0.05', '--hang-minutes=0'],
+        stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+        env=dict(os.environ, JAX_PLATFORMS='cpu'),
+        preexec_fn=ignore_hup if nohup else None)
+  try:
+    _wait_for(lambda: '# streaming' in out.read_text(), 'up to stream',
+              seconds=120)
+    if nohup:
+      p.send_signal(signal.SIGHUP)
+      with pytest.raises(subprocess.TimeoutExpired):
+        p.wait(1)
+    p.send_signal(getattr(signal, sig))
+    p.wait(60)
+  finally:
+    with contextlib.suppress(ProcessLookupError):
+      os.killpg(p.pid, signal.SIGKILL)
+  text = out.read_text()
+  assert p.returncode == 128 + getattr(signal, sig), text
+  assert (f'# {sig}: the TPU and its run go on. Follow: python -m '
+          'launch.tpu logs --name=vit --zone=z; delete: python -m '
+          'launch.tpu delete --name=vit --zone=z') in text
+  assert '# stream stopped' in text and '# call delete' not in text
+
+
+def test_setup_installs_on_every_worker_or_on_none(capsys):
+  """`setup` asks every worker first, as `run` does: a run going on one of
+  them refuses the install on all (each worker's own guard alone would
+  give the idle workers new code and leave the busy one's: a slice of
+  mixed code)."""
+  argv = ['setup', '--name=vit', '--zone=z']
+  runner = FakeRunner(workers='t1v-n-1-w-0: exited 75 at 2026-11-28T10:04:'
+                      '41Z | x\nt1v-n-1-w-1: running, log idle 2s | saving\n')
+  assert tpu.main(argv, runner=runner) == 1
+  assert [kind(c) for c in runner.calls] == ['run state']
+  assert '--worker=all' in runner.calls[0]
+  assert ('a run is still going on t1v-n-1-w-1: installed nothing'
+          in capsys.readouterr().err)
+  runner = FakeRunner(workers='t1v-n-1-w-0: no run | \n')
+  assert tpu.main(argv, runner=runner) == 0
+  assert [kind(c) for c in runner.calls] == [
+      'run state', 'pack', 'scp', 'install']
 
 
 def test_a_failed_setup_of_a_recreated_tpu_tries_again():
@@ -1313,7 +1455,8 @@ def test_a_git_failure_while_packing_says_what_git_said(tmp_path):
 
 def test_local_processes_dry_run(monkeypatch, tmp_path):
   """The printed script runs as it is, pasted anywhere: it makes the log
-  folder and goes to the checkout first (here with a fake python)."""
+  folder and goes to the folder the command was typed in first (here the
+  checkout; with a fake python)."""
   python = tmp_path / 'python'
   python.write_text('#!/bin/sh\necho "$PWD $A $*" >> "$RECORD"\n')
   python.chmod(0o755)
@@ -1342,6 +1485,65 @@ def test_local_processes_dry_run(monkeypatch, tmp_path):
   assert [r.split()[0] for r in ran] == [ROOT, ROOT]
   assert [r.split()[-1] for r in ran] == ['--process_id=0', '--process_id=1']
   assert os.path.exists(log)
+
+
+def test_local_processes_refuse_the_flags_of_a_tpu(capsys):
+  """No TPU to name, watch or recreate: its flags are refused, named, even
+  given as their defaults (--poll-seconds=60) or as 0, not ignored."""
+  runner = FakeRunner()
+  with pytest.raises(SystemExit) as e:
+    tpu.main(['up', '--local-processes=2', f'--config={SMOKE}',
+              '--workdir=/tmp/w', '--name=vit', '--zone=z', '--project=p',
+              '--worker=0', '--poll-seconds=60', '--hang-minutes=0'],
+             runner=runner)
+  assert e.value.code == 2 and runner.calls == []
+  assert ('--name, --zone, --project, --worker, --poll-seconds, '
+          '--hang-minutes with --local-processes') in capsys.readouterr().err
+
+
+def test_a_local_workdir_follows_vit_jax_mains_rule(monkeypatch, tmp_path,
+                                                    capsys):
+  """`--workdir=$UNSET` is refused (as vit_jax.main refuses it), not taken
+  as this folder; `--workdir=~/run` is the home's run, not <cwd>/~/run."""
+  with pytest.raises(SystemExit) as e:
+    dry(['run', '--local-processes=2', f'--config={SMOKE}', '--workdir='])
+  assert e.value.code == 2
+  assert '--workdir is empty (an unset shell variable?)' in (
+      capsys.readouterr().err)
+  monkeypatch.setenv('HOME', str(tmp_path))
+  code, lines = dry(['run', '--local-processes=2', f'--config={SMOKE}',
+                     '--workdir=~/run'])
+  assert code == 0
+  assert f' --workdir={tmp_path}/run ' in lines[-1]
+
+
+def test_an_installed_launcher_works_outside_its_package(monkeypatch,
+                                                         tmp_path, capsys):
+  """Installed (not editable), ROOT is site-packages/vit_jax: no checkout
+  for `setup` to copy (the error names --repo), and no folder for local
+  processes to run in (its inspect/ hides the standard library's: every
+  process failed on import). They run where the command was typed, a
+  --config relative to there included."""
+  package = tmp_path / 'site' / 'vit_jax'
+  package.mkdir(parents=True)
+  monkeypatch.setattr(tpu, 'ROOT', str(package))
+  monkeypatch.setitem(tpu.DEFAULTS, 'repo', str(package))
+  runner = FakeRunner()
+  assert tpu.main(UP + ['--topology=v4-8', '--yes'], runner=runner) == 2
+  assert runner.calls == []
+  assert (f'--repo={package}: no setup.py there (the default: where this '
+          'launcher is installed, not a checkout); pass --repo=<your '
+          'checkout of vit_jax>, or a git URL') in capsys.readouterr().err
+  work = tmp_path / 'work'
+  work.mkdir()
+  shutil.copy(os.path.join(ROOT, 'configs', 'smoke.py'), work / 'exp.py')
+  monkeypatch.chdir(work)
+  code, lines = dry(['run', '--local-processes=2', '--config=exp.py:data='
+                     'digits,steps=8,batch=32', '--workdir=run'])
+  assert code == 0
+  assert ['cd', str(work)] in gcloud_lines(lines)
+  assert (f' --config={work}/exp.py:data=digits,steps=8,batch=32 '
+          f'--workdir={work}/run ') in lines[-1]
 
 
 def test_wait_all_stops_the_others_when_one_fails():
