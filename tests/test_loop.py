@@ -331,6 +331,43 @@ def test_a_finished_run_is_not_re_evaluated_with_other_settings(
   assert open(os.path.join(ref_dir, 'summary.json')).read() == summary
 
 
+def test_a_finished_run_is_not_recorded_with_settings_it_never_trained(
+    reference_run, tmp_path):
+  """A sweep's command pointed at another LR's finished workdir trains
+  nothing: refused, its config.json and summary.json (the report's LR,
+  which the sweep table reads) kept; no 'Training continues' log."""
+  ref_dir = trained_workdir.copy(reference_run[0], tmp_path)
+  record = open(os.path.join(ref_dir, 'config.json')).read()
+  summary = open(os.path.join(ref_dir, 'summary.json')).read()
+  out = _main(ref_dir, '--config.optim.lr=0.5')
+  assert out.returncode == 1, out.stderr[-3000:]
+  assert 'finished at step 40; optim differs from what it trained with' in (
+      out.stderr)
+  assert "'lr': (" in out.stderr and 'DELIBERATE CHANGE' not in out.stderr
+  assert open(os.path.join(ref_dir, 'config.json')).read() == record
+  assert open(os.path.join(ref_dir, 'summary.json')).read() == summary
+
+
+def test_a_finished_runs_length_and_report_are_compared(tmp_path):
+  """Fewer steps than it trained, or another report (its config file's
+  other row), is no re-evaluation of this run; the same settings are."""
+  import ml_collections
+  from vit_jax.train import loop, run_files
+  config = ml_collections.ConfigDict({
+      'optim': {'lr': 0.1}, 'loss': 'softmax', 'label_smoothing': 0.0,
+      'accum_steps': 1, 'report': {'lr': 0.1, 'task': 'transfer'}})
+  run_files.write_config(str(tmp_path), config)
+  saved = json.loads(json.dumps({'optim': config.optim.to_dict(),
+                                 'total_steps': 40, **loop._training(config)}))
+  run = lambda steps: type('Run', (), {'saved': saved, 'steps': steps})()
+  assert loop._trained_otherwise(config, str(tmp_path), run(40)) is None
+  assert 'it trained 40 steps and this config asks for 20' in (
+      loop._trained_otherwise(config, str(tmp_path), run(20)))
+  config.report.lr = 0.03
+  assert "its report was {'lr': 0.1, 'task': 'transfer'}" in (
+      loop._trained_otherwise(config, str(tmp_path), run(40)))
+
+
 def test_resume_compares_tuples_as_the_checkpoint_recorded_them(monkeypatch):
   """The run state is JSON: a tuple comes back a list. Neither the model
   check nor the optimiser's change log may take that for a change."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import os
 from typing import Any, Dict, List, Optional, Tuple
@@ -132,7 +133,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict,
     _check_results_kept(workdir)
     run = setup(config, workdir)
     if run.start >= run.steps:
-      _check_finished_run(config, workdir, run.start)
+      _check_finished_run(config, workdir, run)
     # After the restore accepted this config: a refused one (another model,
     # a changed input pipeline) leaves the run's record as it was.
     run_files.write_config(
@@ -170,17 +171,45 @@ def _check_results_kept(workdir: str) -> None:
       'summary.json and metrics.jsonl aside to train again here')
 
 
-def _check_finished_run(config, workdir: str, step: int) -> None:
+def _check_finished_run(config, workdir: str, run: 'Run') -> None:
   """A finished run started again evaluates again, into its summary.json:
   only with its own evaluation settings (`eval_run._SAME`), else its results
-  would be replaced by another evaluation's."""
+  would be replaced by another evaluation's; and only with the training
+  settings it trained with (optimiser, schedule, loss, run length, the
+  report's description), else its record (config.json, the summary's
+  report, a model card) would say it trained with settings that never
+  trained a step (a sweep's command pointed at another LR's workdir)."""
+  step = run.start
   why = eval_run.differs_from_run(config, workdir)
+  if not why:
+    why = _trained_otherwise(config, workdir, run)
   if why:
     raise orbax_state.ConfigChangedError(
         f'{workdir} finished at step {step}; {why}, so evaluating again here '
-        'would replace its results. To evaluate it with other settings use '
-        '--config.mode=eval (written to eval_summary.json), or a new '
-        '--workdir with --config.init=<this workdir>')
+        'would replace its results or its record. To evaluate it with other '
+        'settings use --config.mode=eval (written to eval_summary.json); to '
+        'train with them, a new --workdir (--config.init=<this workdir> '
+        'starts from it) or a longer --config.total_steps here')
+
+
+def _trained_otherwise(config, workdir: str, run: 'Run') -> Optional[str]:
+  """Why `config` is not what the finished run in `workdir` trained with
+  (its checkpoint's settings, `_changes`, and config.json's `report`), or
+  None."""
+  changes = _changes(run.saved, config, run.steps)
+  if 'total_steps' in changes:
+    was, now = changes.pop('total_steps')
+    return (f'it trained {was} steps and this config asks for {now}: '
+            'nothing would train')
+  for key, diff in changes.items():
+    return f'{key} differs from what it trained with (was -> now: {diff})'
+  recorded = (run_files.read_config(workdir).get('config') or {}).get(
+      'report')
+  now = json.loads(config.to_json_best_effort()).get('report')
+  if recorded is not None and (recorded or {}) != (now or {}):
+    return (f'its report was {recorded}, this config\'s is {now} (another '
+            'row of its config file)')
+  return None
 
 
 @dataclasses.dataclass
@@ -275,7 +304,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   if start is not None:
     train_it.set_state(saved['input'])
     logging.info('resumed from step %d in %s', start, workdir)
-    _log_changes(saved, config, steps, start)
+    if start < steps:  # A finished run's changes: _check_finished_run.
+      _log_changes(saved, config, steps, start)
   else:
     start, saved = 0, {}
     init = None
@@ -330,15 +360,15 @@ def _training(config) -> Dict[str, Any]:
           'accum_steps': config.get('accum_steps', 1) or 1}
 
 
-def _log_changes(saved: Dict[str, Any], config, steps: int,
-                 start: int) -> None:
-  """Logs, loudly, an optimiser, schedule or loss that differs from the one
-  the checkpoint was trained with (legitimate: e.g. a lower LR after a
-  divergence, or a longer run). Checkpoints of earlier versions did not
-  record the loss: nothing to compare there."""
+def _changes(saved: Dict[str, Any], config, steps: int) -> Dict[str, Any]:
+  """The optimiser, schedule and loss settings that differ from those the
+  checkpoint was trained with: {key: (was, now)}, or for a dict the
+  differing fields' {field: (was, now)}. Checkpoints of earlier versions
+  did not record the loss: nothing to compare there."""
   now = orbax_state.as_saved(
       {'optim': config.optim.to_dict(), 'total_steps': steps,
        **_training(config)})
+  out = {}
   for key, value in now.items():
     if key in saved and saved[key] != value:
       before = saved[key]
@@ -350,10 +380,20 @@ def _log_changes(saved: Dict[str, Any], config, steps: int,
           continue
       else:
         diff = (before, value)
-      logging.warning(
-          '*** DELIBERATE CHANGE on resume from step %d: %s was %s in the '
-          'checkpoint and is now %s (was -> now: %s). Training continues '
-          'with the new setting. ***', start, key, before, value, diff)
+      out[key] = diff
+  return out
+
+
+def _log_changes(saved: Dict[str, Any], config, steps: int,
+                 start: int) -> None:
+  """Logs, loudly, an optimiser, schedule or loss that differs from the one
+  the checkpoint was trained with (legitimate: e.g. a lower LR after a
+  divergence, or a longer run)."""
+  for key, diff in _changes(saved, config, steps).items():
+    logging.warning(
+        '*** DELIBERATE CHANGE on resume from step %d: %s differs from the '
+        'checkpoint\'s (was -> now: %s). Training continues with the new '
+        'setting. ***', start, key, diff)
 
 
 def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
