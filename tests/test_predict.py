@@ -244,6 +244,17 @@ def test_labels_from_tfds_info_and_from_a_file(workdir, tmp_path):
     trained_lib.load(workdir, labels=str(tmp_path / 'nmaes.txt'))
 
 
+def test_labels_of_a_dataset_named_by_its_files_say_how_to_get_them(
+    workdir, tmp_path, monkeypatch):
+  """cifar10's tfds code names its classes only once its files are
+  prepared: the error says so, and how."""
+  monkeypatch.setenv('TFDS_DATA_DIR', str(tmp_path / 'empty'))
+  with pytest.raises(trained_lib.TrainedModelError,
+                     match=r'until it is prepared .*python -m '
+                     r'vit_jax\.data\.prepare cifar10\)'):
+    trained_lib.load(workdir, labels='cifar10')
+
+
 def test_class_names_are_the_ones_the_run_recorded(workdir, tmp_path):
   """The run records its class names when it starts (config.json): a
   renamed class folder, or data not on the machine that predicts, does not

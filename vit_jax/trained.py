@@ -798,8 +798,13 @@ def _labels(labels: Optional[str], trained: Trained) -> List[str]:
       names = _dataset_labels({'data': labels})
       where = f'dataset {labels}'
       if not names:
-        raise TrainedModelError(f'{where} has no class names; pass a text '
-                                'file with one name per line')
+        from vit_jax.data import pipeline
+        later = (f' until it is prepared (its names come with its files: '
+                 f'python -m vit_jax.data.prepare {labels})'
+                 if registry.get(labels).tfds_name
+                 in pipeline.NAMES_FROM_DOWNLOAD else '')
+        raise TrainedModelError(f'{where} has no class names{later}; pass '
+                                'a text file with one name per line')
     if len(names) != trained.num_classes:
       raise TrainedModelError(
           f'--labels={labels}: {len(names)} names from {where}, but the '

@@ -611,7 +611,7 @@ def class_names(input_config) -> Optional[List[str]]:
   From metadata only: tfds feature info (read from the code of the builder
   when the dataset is not prepared here), class folder names, '0'..'9' for
   digits and mnist5k. The code of a builder that reads its names from the
-  downloaded files (`_NAMES_FROM_DOWNLOAD`) has placeholders '0', '1', ...
+  downloaded files (`NAMES_FROM_DOWNLOAD`) has placeholders '0', '1', ...
   instead: None then, so that callers say no names are known (predict's
   `class_<i>`, export's warning) rather than show the placeholders as
   names (mnist's or svhn's '0'..'9' are their real names).
@@ -626,11 +626,11 @@ def class_names(input_config) -> Optional[List[str]]:
     import tensorflow_datasets as tfds
     feature = tfds.builder(spec.tfds_name).info.features[spec.label_key]
     names = getattr(feature, 'names', None)
-    if not names or spec.tfds_name in _NAMES_FROM_DOWNLOAD:
+    if not names or spec.tfds_name in NAMES_FROM_DOWNLOAD:
       return None  # None, or placeholders (real ones once prepared).
     return list(names)
 
 
 # tfds builders whose class names come from the downloaded files: before
 # it, their code names the classes '0', '1', ...
-_NAMES_FROM_DOWNLOAD = frozenset({'cifar10', 'cifar100'})
+NAMES_FROM_DOWNLOAD = frozenset({'cifar10', 'cifar100'})
