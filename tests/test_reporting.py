@@ -102,3 +102,31 @@ def test_profiler_time_is_its_own_part_not_host_overhead(caplog):
   lines = [r.getMessage() for r in caplog.records if 's/step' in r.getMessage()]
   assert len(lines) == 2
   assert '+ profile 0.0' in lines[0] and 'profile' not in lines[1]
+
+
+def test_the_progress_line_gives_this_intervals_shares_and_short_times(
+    caplog):
+  """One progress line, of the interval its metrics row is of (not clu's
+  shares since the process started beside them), with an ETA in seconds
+  below a minute (not '0m')."""
+  import time
+  progress = reporting.Progress(total_steps=20, batch_size=8, start_step=0,
+                                forward_flops=1e9, every_steps=10,
+                                num_devices=1)
+  with caplog.at_level('INFO', logger='absl'):
+    for step in range(1, 21):
+      with progress.timed('input_wait', wait_jax_async_dispatch=False):
+        time.sleep(0.02 if step <= 10 else 0.0)
+      if step > 10:
+        time.sleep(0.02)  # The second interval waits elsewhere.
+      progress(step)
+  notes = [r.getMessage() for r in caplog.records
+           if 'steps/s' in r.getMessage()]
+  assert len(notes) == 2, notes
+  assert '(10/20), ETA ' in notes[0] and 'ETA 0s' in notes[1]
+  first, second = (float(n.split('% input_wait')[0].rsplit(' ', 1)[1])
+                   for n in notes)
+  assert first > 80 and second < 20  # Each interval's own share.
+  assert [reporting.format_seconds(s) for s in (0.4, 42, 425, 10920,
+                                                187200)] == [
+      '0s', '42s', '7m05s', '3h02m', '2d04h']

@@ -16,7 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 import jax
 import numpy as np
 from absl import logging
-from clu import metric_writers, periodic_actions
+from clu import metric_writers, periodic_actions, platform
 from etils import epath
 
 from vit_jax import accounting
@@ -159,6 +159,19 @@ def cost(wall_s: float, num_devices: int, cores_per_device: float
           'core_days': device_hours * cores_per_device / 24}
 
 
+def format_seconds(seconds: float) -> str:
+  """'42s', '7m05s', '3h02m', '2d04h': seconds below a minute (a smoke run's
+  ETA is not '0m'), two units above."""
+  s = int(round(max(seconds, 0.0)))
+  if s < 60:
+    return f'{s}s'
+  if s < 3600:
+    return f'{s // 60}m{s % 60:02d}s'
+  if s < 86400:
+    return f'{s // 3600}h{s % 3600 // 60:02d}m'
+  return f'{s // 86400}d{s % 86400 // 3600:02d}h'
+
+
 class Progress(periodic_actions.ReportProgress):
   """clu's progress report (steps/s, ETA, time per timed part) plus what the
   run costs: img/s (total and per device), device-hours, TPU-core-days and
@@ -195,7 +208,8 @@ class Progress(periodic_actions.ReportProgress):
     return time.monotonic() - self._t0
 
   def _apply(self, step: int, t: float):
-    super()._apply(step, t)
+    # Not clu's own line: its shares are of the whole process's time, its
+    # times whole minutes ("ETA: 0m"), beside this interval's metrics.
     interval = max(t - self._previous_time, 1e-9)
     steps_per_s = (step - self._previous_step) / interval
     wall = t - self._t0 + self.prior_wall_s
@@ -221,6 +235,13 @@ class Progress(periodic_actions.ReportProgress):
         ''.join(f' + {n} {split[f"{n}_s_per_step"]:.4f}' for n in spent
                 if n not in ('input_wait', 'step') and spent[n] > 0))
     remaining = self.total_steps - step
+    eta = remaining / steps_per_s if steps_per_s else 0.0
+    platform.work_unit().set_notes(
+        f'{steps_per_s:.2f} steps/s, {100 * step / self.total_steps:.1f}% '
+        f'({step}/{self.total_steps}), ETA {format_seconds(eta)}, elapsed '
+        f'{format_seconds(wall)}; since the last report: '
+        + ', '.join(f'{100 * dt / interval:.1f}% {name}'
+                    for name, dt in sorted(spent.items())))
     self.scalars = {
         'input_wait_share': 0.0, **shares,
         'steps_per_s': steps_per_s,
