@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 import pytest
 from absl.testing import absltest  # noqa: F401 (absl logging handlers)
 
-from conftest import xla_flags
+from conftest import perturb, xla_flags
 from vit_jax import models, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.configs import mpp as mpp_config
@@ -336,6 +336,87 @@ def test_mpp_forward_flops_count_the_head():
   assert 0.99 * head < mpp - base < 1.2 * head
 
 
+# The objective: the loss over the selected positions, each output token
+# scored against its own patch.
+
+def _np_pixels(images, p):
+  b, h, w, c = images.shape
+  x = images.reshape(b, h // p, p, w // p, p, c).transpose(0, 1, 3, 2, 4, 5)
+  return x.reshape(b, (h // p) * (w // p), p * p * c)  # Row-major grid.
+
+
+@pytest.mark.parametrize('target', ['colour', 'pixels'])
+def test_the_loss_is_over_the_selected_positions_only(rng, target):
+  """The loss (and accuracy) is the mean over the corrupted (selected)
+  positions of each one's cross-entropy (L2 for pixels), computed here by
+  hand; the other positions' outputs get exactly zero gradient (the model
+  is not trained to copy the patches it sees)."""
+  images = rng.uniform(-1, 1, (3, 8, 12, 3)).astype(np.float32)  # 2x3 grid.
+  selected = np.zeros((3, 6), bool)
+  selected[0, [1, 4]] = selected[1, 0] = selected[2, [2, 3, 5]] = True
+  if target == 'colour':
+    tgt = _np_colour(images, 4, 3)
+    logits = rng.normal(0, 3, (3, 6, 512))
+    logits[0, 1, tgt[0, 1]] += 30.0  # One selected position right...
+    logits[1, 3, tgt[1, 3]] += 30.0  # ... and one unselected.
+    top = logits.max(-1, keepdims=True)
+    logp = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    per = -np.take_along_axis(logp, tgt[..., None], -1)[..., 0]
+    outputs = logits[:, :, None].astype(np.float32)  # One prediction each.
+  else:
+    outputs = rng.normal(0, 1, (3, 6, 4 * 4 * 3)).astype(np.float32)
+    outputs[~selected] += 2.0  # Worse where unselected.
+    per = np.mean(np.square(outputs - _np_pixels(images, 4)), -1)
+  assert abs(per[selected].mean() - per.mean()) > 0.05  # Tells them apart.
+
+  def loss_of(out):
+    return selfsup.loss_and_metrics(out, jnp.asarray(selected),
+                                    jnp.asarray(images), target=target,
+                                    stride=4, bits=3)
+
+  loss, metrics = loss_of(jnp.asarray(outputs))
+  assert float(loss) == pytest.approx(per[selected].mean(), rel=1e-5)
+  if target == 'colour':
+    assert float(metrics['mpp_accuracy']) == pytest.approx(1 / 6)
+  else:
+    assert metrics == {}
+  grad = np.asarray(jax.grad(lambda o: loss_of(o)[0])(jnp.asarray(outputs)))
+  assert not grad[~selected].any()
+  assert (np.abs(grad[selected]).reshape(6, -1).max(-1) > 0).all()
+
+
+@pytest.mark.parametrize('classifier', ['token', 'gap'])
+def test_each_output_token_is_scored_against_its_own_patch(rng, classifier):
+  """Output i is patch i's prediction. Without encoder blocks
+  (num_layers=0: no attention mixes the tokens) recolouring one patch
+  changes its target, the model's output and the loss at that position
+  only; an output sliced off by one (the class token scored as patch 0)
+  or transposed (a 2x3 grid: row-major 2 is column-major 4) would move
+  the change to another position than its target's."""
+  model = selfsup.from_vit(
+      models.create('ViT-test', num_classes=0, num_layers=0,
+                    classifier=classifier), representation=classifier)
+  images = rng.uniform(-1, 1, (2, 8, 12, 3)).astype(np.float32)
+  params = perturb(model.init(jax.random.key(0), images)['params'], 0.5)
+  recoloured = images.copy()
+  recoloured[0, :4, 8:] = 1.0  # Image 0, row 0, column 2: white.
+  targets = [np.asarray(selfsup.make_targets(x, 'colour', 4, 3))[..., 0]
+             for x in (images, recoloured)]
+  changed = targets[0] != targets[1]
+  assert np.argwhere(changed).tolist() == [[0, 2]]  # Row-major patch 2.
+  outputs = [model.apply({'params': params}, jnp.asarray(x))[0]
+             for x in (images, recoloured)]
+  moved = np.abs(np.asarray(outputs[1] - outputs[0])).reshape(2, 6, -1)
+  np.testing.assert_array_equal(moved.max(-1) > 0, changed)
+  for i in range(6):
+    at = np.zeros((2, 6), bool)
+    at[0, i] = True
+    loss = [float(selfsup.loss_and_metrics(
+        out, jnp.asarray(at), jnp.asarray(x), target='colour', stride=4,
+        bits=3)[0]) for out, x in zip(outputs, (images, recoloured))]
+    assert (loss[0] != loss[1]) == (i == 2), (i, loss)
+
+
 # 4. Bad input fails before compiling.
 
 def _cfg(arg='data=cpu,smoke=true', **flags):
@@ -367,6 +448,14 @@ def _cfg(arg='data=cpu,smoke=true', **flags):
     (dict(**{'input.cutmix': 1.0}), 'input.cutmix mixes labels'),
     (dict(**{'model.classifier': 'gap'}),
      "representation='token' needs the class token"),
+    # The supervised loss and head's settings, which MPP never reads.
+    (dict(loss='sigmoid'), "loss='sigmoid' is the labels' loss.*"
+     'set --config.loss=softmax'),
+    (dict(label_smoothing=0.1), 'label_smoothing=0.1 smooths labels.*'
+     'set --config.label_smoothing=0'),
+    (dict(**{'model.head_bias_init': -10.0}),
+     r'head_bias_init=-10.0 initialises the classification head.*'
+     r'\(--config.model.head_bias_init=None\)'),
 ])
 def test_bad_mpp_configs_fail_before_compiling(flags, message):
   with pytest.raises(ValueError, match=message):
@@ -374,20 +463,53 @@ def test_bad_mpp_configs_fail_before_compiling(flags, message):
   config_check.check(_cfg())  # The unmodified config is fine.
 
 
+def test_mpp_refuses_the_supervised_settings_for_training_only():
+  """Evaluating a checkpoint reads none of them, so `mode=eval` of a run
+  of an earlier version that set them (its model config has the head
+  bias) is not refused; zero or unset values are fine."""
+  c = _cfg(loss='sigmoid', label_smoothing=0.1,
+           **{'model.head_bias_init': -10.0})
+  with pytest.raises(config_check.ConfigError) as e:
+    config_check.check(c)
+  assert len(str(e.value).splitlines()) == 4  # All three at once.
+  c.mode = 'eval'
+  config_check.check(c)
+  config_check.check(_cfg(loss='softmax', label_smoothing=0.0,
+                          **{'model.head_bias_init': 0.0}))
+
+
 def test_mpp_images_must_be_in_minus_one_to_one():
   """Colour targets quantise [-1, 1]: other ranges are refused before
-  training (they trained on a few levels, or on one constant class)."""
-  from vit_jax.train import loop
+  training (they trained on a few levels, or on one constant class); the
+  pixel regression takes any."""
   c = _cfg()
-  loop._check_mpp_value_range(c.input)  # The config's own: fine.
+  selfsup.check_value_range(c.input, 'colour')  # The config's own: fine.
   for pp, message in (('decode|resize(28)|value_range(0,1)', r'\[0, 1\]'),
                       ('decode|resize(28)', 'no value_range op'),
                       # [-1, 1], but from pixels in [0, 1]: saturated.
                       ('decode|resize(28)|value_range(-1, 1, 0, 1)',
                        'in_min=0, in_max=1')):
     c.input.pp_train = pp
-    with pytest.raises(ValueError, match=r'input.pp_train=.*' + message):
-      loop._check_mpp_value_range(c.input)
+    for target in ('colour', 'downsized'):
+      with pytest.raises(ValueError, match=r'input.pp_train=.*' + message):
+        selfsup.check_value_range(c.input, target)
+    selfsup.check_value_range(c.input, 'pixels')
+
+
+def test_a_classification_evaluator_of_an_mpp_run_is_refused_when_built():
+  """An MPP model has no head: the evaluator is refused when it is built,
+  naming the ones that work, not by a TypeError at its first run."""
+  import ml_collections
+  from vit_jax import evaluators, sharding as shd
+  c = mpp_config.get_config('smoke=true')
+  c.evals.cls = ml_collections.ConfigDict(dict(type='classification'))
+  mesh = shd.make_mesh(**c.mesh)
+  model = selfsup.model_from_config(c, 0, 'cpu')
+  size = c.input.image_size
+  with pytest.raises(ValueError, match=r"evals\.cls: type=classification .*"
+                     r"has none: set evals\.cls\.type='mpp' .* or "
+                     r"'fewshot'"):
+    evaluators.build(c, model, mesh, shd.replicated(mesh), (size, size, 3))
 
 
 def test_an_mpp_run_on_other_pixel_values_stops_before_training(tmp_path):
@@ -449,6 +571,23 @@ def test_mpp_workdir_initialises_a_classifier(mpp_run):
   assert 'mask_token' not in loaded and 'mpp_head' not in loaded
   np.testing.assert_array_equal(loaded['Transformer']['encoder_norm']['scale'],
                                 params['Transformer']['encoder_norm']['scale'])
+
+
+def test_mode_eval_refuses_an_mpp_checkpoint_on_other_pixel_values(
+    mpp_run, tmp_path):
+  """`--config.mode=eval` checks the pixel range as training does (it
+  reported a meaningless colour accuracy of [0, 1] images), before it
+  reads the data or the weights."""
+  from vit_jax.train import eval_run
+  c = _cfg(mode='eval', init=mpp_run)
+  size = c.input.image_size
+  c.input.pp_train = c.input.pp_eval = (
+      f'decode|resize({size})|value_range(0,1)')
+  workdir = str(tmp_path / 'eval')
+  with pytest.raises(ValueError, match=r'objective=mpp predicts colours of '
+                     r'pixels in \[-1, 1\], but input\.pp_train=.*\[0, 1\]'):
+    eval_run.evaluate_run(c, workdir)
+  assert not os.path.exists(os.path.join(workdir, 'eval_summary.json'))
 
 
 @pytest.mark.slow

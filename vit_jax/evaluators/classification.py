@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import losses
+from vit_jax import losses, selfsup
 from vit_jax.data import pipeline, registry
 from vit_jax.evaluators import base
 from vit_jax import sharding as shd
@@ -76,7 +76,9 @@ class Classification(base.Evaluator):
   A section whose plain top-1 would be named `real_accuracy` (one named
   `real` without `real_only`, or with `prefix='real_'`) is refused.
   The keys, dataset and split are checked when the evaluator is built, so
-  a bad setting fails before training, not after it.
+  a bad setting fails before training, not after it; so is a masked patch
+  prediction model (objective=mpp), which has no head to score (its
+  evaluators: type='mpp', 'fewshot').
   """
 
   KEYS = ('data', 'data_dir', 'split', 'pp', 'prefix', 'real_only')
@@ -84,6 +86,15 @@ class Classification(base.Evaluator):
   def __init__(self, name: str, cfg: ml_collections.ConfigDict,
                context: base.Context):
     super().__init__(name, cfg, context)
+    if isinstance(context.model, selfsup.MaskedPatchPrediction):
+      # Its outputs are (per-patch predictions, selection), not logits:
+      # refused here, not by a TypeError at the first evaluation.
+      raise ValueError(
+          f'evals.{name}: type=classification scores a classifier\'s head, '
+          'but objective=mpp trains a masked patch prediction model, which '
+          f"has none: set evals.{name}.type='mpp' (its masked patch "
+          "prediction loss and accuracy) or 'fewshot' (linear few-shot "
+          'accuracy of its representation)')
     self._real_only = bool(cfg.get('real_only', False))
     self.prefix = _prefix(name, cfg)
     _check_not_posing_as_real(name, self.prefix, self._real_only)

@@ -18,9 +18,9 @@ from vit_jax.selfsup.model import (PARAMS, REPRESENTATIONS, TARGETS,
                                    MaskedPatchPrediction, check_options,
                                    from_vit, output_shape)
 from vit_jax.selfsup.objective import loss_and_metrics, make_targets, sums
-from vit_jax.selfsup.targets import (downsized_targets, num_classes,
-                                     patch_colour_targets, pixel_targets,
-                                     quantise)
+from vit_jax.selfsup.targets import (check_value_range, downsized_targets,
+                                     num_classes, patch_colour_targets,
+                                     pixel_targets, quantise)
 
 OBJECTIVES = ('supervised', 'mpp')
 
@@ -44,7 +44,8 @@ def model_from_config(config, num_classes: int, platform: str = None):
 
 
 __all__ = ['MaskedPatchPrediction', 'OBJECTIVES', 'PARAMS',
-           'REPRESENTATIONS', 'TARGETS', 'check_options', 'corrupt',
+           'REPRESENTATIONS', 'TARGETS', 'check_options',
+           'check_value_range', 'corrupt',
            'corrupt_each', 'downsized_targets', 'from_vit', 'image_keys',
            'loss_and_metrics',
            'make_targets', 'model_from_config', 'num_classes',

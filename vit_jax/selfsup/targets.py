@@ -10,6 +10,9 @@ the ViT's patch tokens). Three targets:
   * `downsized_targets`: the same colour classes for each cell of a
     `size` x `size` (4x4) downsized patch: `size**2` independent predictions;
   * `pixel_targets`: the full patch's pixel values, for L2 regression.
+
+`check_value_range` refuses input pipelines whose images are not in that
+range (training and `--config.mode=eval` both call it).
 """
 
 from __future__ import annotations
@@ -47,6 +50,33 @@ def patches(images, patch_size: int):
   x = jnp.reshape(images, (b, h // p, p, w // p, p, c))
   x = jnp.transpose(x, (0, 1, 3, 2, 4, 5))
   return jnp.reshape(x, (b, (h // p) * (w // p), p, p, c))
+
+
+def check_value_range(input_config, target: str) -> None:
+  """The colour targets (colour, downsized; not pixels, a regression)
+  quantise pixel values in [-1, 1]: images of another range
+  (value_range(0,1), or none: 0-255, or in_min/in_max that saturate) would
+  train on a few levels or one constant class without any error, and an
+  evaluation on them would report a meaningless accuracy. A pipeline whose
+  range is unknown (an op of the user's own after its last value_range) is
+  not refused. `input_config`: `config.input` (`pp_train`, `pp_eval`,
+  `image_size`)."""
+  if target == 'pixels':
+    return
+  # Imported here: `vit_jax.selfsup` is imported by the config check, which
+  # refuses bad values before TensorFlow (which `preprocess` loads) is.
+  from vit_jax.data import preprocess
+  for field in ('pp_train', 'pp_eval'):
+    spec = input_config.get(field)
+    if not spec:
+      continue
+    found = preprocess.output_range(spec, input_config.get('image_size') or 0)
+    if found is None or found == preprocess.MINUS_ONE_TO_ONE:
+      continue
+    raise ValueError(
+        f'objective=mpp predicts colours of pixels in [-1, 1], but '
+        f'input.{field}={spec!r} gives '
+        f'{preprocess.describe_range(found)}: end it with value_range(-1,1)')
 
 
 def quantise(values, bits: int):

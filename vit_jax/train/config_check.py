@@ -192,6 +192,8 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
       yield (f'--config.input.{field} mixes labels, which objective=mpp '
              f'never reads (it would predict the colours of mixed images): '
              f'unset it (--config.input.{field}=None)')
+  if config.get('mode', 'train') == 'train':
+    yield from _mpp_unused_label_settings(config)
   if rep == 'token' and config.get('model', {}).get('classifier') == 'gap':
     yield ("--config.mpp.representation='token' needs the class token that "
            "--config.model.classifier='gap' removes: set "
@@ -223,6 +225,36 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
     yield (f'--config.mpp.target=downsized needs a patch size divisible by '
            f'{selfsup.model.DOWNSIZED}; {name} has {stride}: use '
            '--config.mpp.target=colour')
+
+
+def _mpp_unused_label_settings(config: ml_collections.ConfigDict
+                               ) -> Iterator[str]:
+  """Settings of the supervised loss and head that objective=mpp never
+  reads (its loss is fixed by `mpp.target`: softmax cross-entropy over the
+  colour classes, or L2 for pixels; its `mpp_head`'s bias starts at 0):
+  a config that sets them would train as if they were unset while its
+  config.json records them. Pre-training configs that become MPP by
+  `--config.objective=mpp` reset them on the command line
+  (docs/selfsup.md). Training only: an evaluation reads none of them, and
+  the checkpoint of an earlier version's run that set them is evaluated
+  with its own config (whose model, head_bias_init included, must match)."""
+  loss = config.get('loss', 'softmax')
+  if loss in losses.LOSSES and loss != 'softmax':
+    yield (f'--config.loss={loss!r} is the labels\' loss, which '
+           'objective=mpp does not use (it predicts each patch\'s colour '
+           'with softmax cross-entropy, pixels with L2): set '
+           '--config.loss=softmax')
+  smoothing = config.get('label_smoothing')
+  if isinstance(smoothing, (int, float)) and smoothing:
+    yield (f'--config.label_smoothing={smoothing!r} smooths labels, which '
+           'objective=mpp never reads (nor smooths its colour targets): set '
+           '--config.label_smoothing=0')
+  bias = (config.get('model') or {}).get('head_bias_init')
+  if isinstance(bias, (int, float)) and bias:
+    yield (f'--config.model.head_bias_init={bias!r} initialises the '
+           'classification head\'s bias, which objective=mpp does not have '
+           '(its mpp_head\'s bias starts at 0): unset it '
+           '(--config.model.head_bias_init=None)')
 
 
 class ConfigError(ValueError):

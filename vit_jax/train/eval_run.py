@@ -117,6 +117,11 @@ def evaluate_run(config: ml_collections.ConfigDict,
 def _evaluate(config: ml_collections.ConfigDict,
               workdir: str) -> Dict[str, Any]:
   source, own = _source(config, workdir)  # First: a missing one fails fast.
+  if config.get('objective', 'supervised') == 'mpp':
+    # As training refuses them: colour accuracies of other pixel values
+    # are meaningless.
+    selfsup.check_value_range(config.input,
+                              config.mpp.get('target', 'colour'))
   prepare.ensure_prepared(config.input)
   mesh = shd.make_mesh(**config.get('mesh', {}))
   shd.check_batch_size(config.input.eval_batch_size, mesh,

@@ -29,7 +29,7 @@ from absl import logging
 
 from vit_jax import accounting, evaluators, heap, models, paper, selfsup
 from vit_jax.checkpoint import load_npz, load_pretrained
-from vit_jax.data import folder_source, pipeline, prepare, preprocess
+from vit_jax.data import folder_source, pipeline, prepare
 from vit_jax.data import registry
 from vit_jax import sharding as shd
 from vit_jax.train import config_check, eval_run, lock, optim, orbax_state
@@ -46,26 +46,6 @@ class NonFiniteLossError(FloatingPointError):
 class ResultsWithoutCheckpointError(RuntimeError):
   """A workdir with a finished run's results but no checkpoint to resume
   from: training would start over and replace those results."""
-
-
-def _check_mpp_value_range(input_config) -> None:
-  """MPP's colour targets (colour, downsized; not pixels, a regression)
-  quantise pixel values in [-1, 1]: images of another range
-  (value_range(0,1), or none: 0-255, or in_min/in_max that saturate) would
-  train on a few levels or one constant class without any error. A
-  pipeline whose range is unknown (an op of the user's own after its last
-  value_range) is not refused."""
-  for field in ('pp_train', 'pp_eval'):
-    spec = input_config.get(field)
-    if not spec:
-      continue
-    found = preprocess.output_range(spec, input_config.get('image_size') or 0)
-    if found is None or found == preprocess.MINUS_ONE_TO_ONE:
-      continue
-    raise ValueError(
-        f'objective=mpp predicts colours of pixels in [-1, 1], but '
-        f'input.{field}={spec!r} gives '
-        f'{preprocess.describe_range(found)}: end it with value_range(-1,1)')
 
 
 def _init_weights(config) -> Tuple[Any, str, Optional[Tuple[int, int]]]:
@@ -273,8 +253,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   mpp = config.get('objective', 'supervised') == 'mpp'
   if mpp:  # No head, no labels: any images do.
     num_classes = 0
-    if config.mpp.get('target', 'colour') != 'pixels':
-      _check_mpp_value_range(config.input)
+    selfsup.check_value_range(config.input,
+                              config.mpp.get('target', 'colour'))
   else:
     num_classes = config.get('num_classes') or info.num_classes
     pipeline.check_num_classes(config.input, num_classes)
