@@ -61,8 +61,19 @@ class _Encoder(nn.Module):
     return nn.LayerNorm(name='encoder_norm')(x)
 
 
+class _MAPHead(nn.Module):
+
+  @nn.compact
+  def __call__(self, x):
+    probe = self.param('probe', nn.initializers.normal(0.5), (1, 1, WIDTH))
+    x = nn.MultiHeadDotProductAttention(num_heads=HEADS)(
+        jnp.tile(probe, (x.shape[0], 1, 1)), x)
+    y = nn.LayerNorm()(x)
+    return (x + _Mlp(name='MlpBlock_0')(y))[:, 0]
+
+
 class _BigVisionViT(nn.Module):
-  pool_type: str  # 'tok' or 'gap'
+  pool_type: str  # 'tok', 'gap' or 'map'
   posemb: str  # 'learn' or 'sincos2d'
   num_classes: int = 5
 
@@ -81,7 +92,10 @@ class _BigVisionViT(nn.Module):
       cls = self.param('cls', nn.initializers.normal(0.5), (1, 1, c))
       x = jnp.concatenate([jnp.tile(cls, (n, 1, 1)), x], axis=1)
     x = _Encoder(name='Transformer')(x)
-    x = x[:, 0] if self.pool_type == 'tok' else jnp.mean(x, axis=1)
+    if self.pool_type == 'map':
+      x = _MAPHead(name='MAPHead_0')(x)
+    else:
+      x = x[:, 0] if self.pool_type == 'tok' else jnp.mean(x, axis=1)
     return nn.Dense(self.num_classes, name='head')(x)
 
 
@@ -102,14 +116,14 @@ def _big_vision_file(tmp_path, pool_type, posemb, prefix='', name='bv'):
 
 def _ours(pool_type, posemb, size=28):
   model = models.create('ViT-test', num_classes=5, posemb=posemb,
-                        classifier='token' if pool_type == 'tok' else 'gap')
+                        classifier={'tok': 'token'}.get(pool_type, pool_type))
   init = model.init(jax.random.key(0), _images(size))['params']
   return model, init
 
 
 @pytest.mark.parametrize('pool_type,posemb', [
     ('tok', 'learn'), ('gap', 'learn'), ('gap', 'sincos2d'),
-    ('tok', 'sincos2d')])
+    ('tok', 'sincos2d'), ('map', 'learn')])
 def test_big_vision_vits_load_with_the_same_logits(tmp_path, pool_type,
                                                     posemb):
   path, ref, ref_params = _big_vision_file(tmp_path, pool_type, posemb)
@@ -210,11 +224,6 @@ def test_what_does_not_load_says_why(tmp_path):
   with pytest.raises(CheckpointError, match="posemb='learn'"):
     checkpoint.load_pretrained(path, fixed)
 
-  flat = dict(np.load(path))
-  flat['MAPHead_0/probe'] = np.zeros((1, 1, WIDTH), np.float32)
-  np.savez(path, **flat)
-  with pytest.raises(CheckpointError, match='MAP head'):
-    checkpoint.load_npz(path)
 
 
 def test_a_new_sincos2d_model_has_no_position_parameter_and_trains():
@@ -232,3 +241,50 @@ def test_a_new_sincos2d_model_has_no_position_parameter_and_trains():
   norms = {'/'.join(k): float(jnp.linalg.norm(v)) for k, v in
            traverse_util.flatten_dict(grads).items()}
   assert all(n > 0 for n in norms.values()), norms
+
+
+def test_an_image_text_models_image_tower_loads(tmp_path):
+  """SigLIP / LiT files hold `img/` and `txt/` towers (and `t`, `b`): the
+  image tower loads, into a MAP-head ViT, with the same logits."""
+  path, ref, ref_params = _big_vision_file(tmp_path, 'map', 'learn',
+                                           prefix='params/img/')
+  flat = dict(np.load(path))
+  flat['params/txt/Encoder_0/encoder_norm/scale'] = np.ones(8, np.float32)
+  flat['params/t'] = np.ones(1, np.float32)
+  np.savez(path, **flat)
+  loaded = trained.load(path, model='ViT-test')
+  assert loaded.options == {'classifier': 'map'}
+  model = models.create('ViT-test', num_classes=5, classifier='map')
+  images = _images(28, seed=7)
+  np.testing.assert_allclose(
+      model.apply({'params': loaded.params}, images),
+      ref.apply({'params': ref_params}, images), rtol=1e-5, atol=1e-5)
+
+
+def test_a_map_head_is_fresh_or_dropped_as_pre_logits_are(tmp_path):
+  """Fine-tuning a MAP checkpoint as a gap model drops its MAP head; a gap
+  checkpoint starts a MAP model's fresh one; a kept head behind a fresh
+  MAP head is refused."""
+  path, _, _ = _big_vision_file(tmp_path, 'map', 'learn')
+  _, gap = _ours('gap', 'learn')
+  assert 'MAPHead_0' not in checkpoint.load_pretrained(path, gap)
+  path, _, _ = _big_vision_file(tmp_path, 'gap', 'learn', name='gap')
+  _, map_init = _ours('map', 'learn')
+  params = checkpoint.load_pretrained(path, map_init)
+  np.testing.assert_array_equal(params['MAPHead_0']['probe'],
+                                map_init['MAPHead_0']['probe'])
+  with pytest.raises(CheckpointError, match="no MAPHead_0 layer.*"
+                     "classifier='map'"):
+    checkpoint.load_pretrained(path, map_init, keep_head=True)
+
+
+def test_map_head_flops_are_counted():
+  from vit_jax import accounting
+  spec = models.options('ViT-S/16', classifier='map')
+  xla = accounting.module_forward_flops(
+      models.create('ViT-S/16', num_classes=1000, classifier='map'),
+      (224, 224, 3))
+  analytic = vit.vit_flops(spec, 224, 224, 1000)
+  gap = vit.vit_flops(models.options('ViT-S/16', classifier='gap'), 224,
+                      224, 1000)
+  assert 0.98 < analytic / xla < 1.02 and analytic > gap

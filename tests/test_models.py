@@ -232,7 +232,7 @@ def test_unknown_name_and_option_are_clear_errors():
   with pytest.raises(ValueError, match=r"no option\(s\) \['hiden_size'\]"):
     models.create('ViT-B/16', hiden_size=3)
   model = models.create('ViT-test', num_classes=2, classifier='cls')
-  with pytest.raises(ValueError, match="'token' or 'gap'"):
+  with pytest.raises(ValueError, match="one of \('token', 'gap', 'map'\)"):
     _init(model, (1, 28, 28, 3))
 
 

@@ -494,7 +494,9 @@ def _from_npz(path: str, model: Optional[str], image_size: Optional[int],
         f'--model=NAME (one of {", ".join(models.names())})')
   params = load_npz(path)
   options = {}
-  if 'Transformer' in params and 'cls' not in params:
+  if 'MAPHead_0' in params:
+    options['classifier'] = 'map'  # big_vision's attention pooling.
+  elif 'Transformer' in params and 'cls' not in params:
     options['classifier'] = 'gap'  # No class token.
   if 'Transformer' in params and 'posembed_input' not in params[
       'Transformer']:

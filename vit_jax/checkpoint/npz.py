@@ -30,8 +30,9 @@ token, which gets none. They are moved to `Transformer/posembed_input/`,
 with a zero row for the class token where the model has one: the same
 numbers (`_from_big_vision`). Its `posemb="sincos2d"` models have no
 position-embedding parameter and load into ours with `posemb="sincos2d"`;
-its `pool_type="map"` models (a MAP head, e.g. SigLIP's image towers) do not
-load. Files are read with `allow_pickle=False` only.
+its `pool_type="map"` models (`MAPHead_0`) into ours with
+`classifier="map"`; of an image-text model (SigLIP, LiT: `img/` and `txt/`)
+the image tower is read. Files are read with `allow_pickle=False` only.
 """
 
 from __future__ import annotations
@@ -225,14 +226,19 @@ def _big_transfer_name(key: str):
 
 
 def _from_big_vision(params: Params, path: str) -> Params:
-  """A big_vision ViT's position embeddings where ours are (see the module
-  text); other checkpoints unchanged."""
-  if 'MAPHead_0' in params or 'probe' in params:
-    raise CheckpointError(
-        f"{path} is a big_vision ViT with a MAP head (pool_type='map', e.g. "
-        "SigLIP's image towers): vit_jax's ViTs pool with a class token or "
-        "the mean of the tokens (classifier='token' or 'gap') and have no "
-        'attention-pooling head to load it into')
+  """A big_vision ViT's position embeddings where ours are, its image tower
+  of an image-text model, its inlined MAP head in `MAPHead_0` (see the
+  module text); other checkpoints unchanged."""
+  if 'img' in params and 'Transformer' not in params:
+    rest = sorted(k for k in params if k != 'img')
+    logging.info('%s is an image-text model: loading its image tower (img)%s',
+                 path, f', dropping {", ".join(rest)}' if rest else '')
+    params = params['img']
+  if 'probe' in params:  # Inlined in its early ViT-G development files.
+    params = dict(params)
+    params['MAPHead_0'] = {k: params.pop(k) for k in (
+        'probe', 'MultiHeadDotProductAttention_0', 'LayerNorm_0',
+        'MlpBlock_0') if k in params}
   encoder = dict(params.get('Transformer', {}))
   if 'pos_embedding' in params:
     params = dict(params)

@@ -4,8 +4,9 @@
 the pre-trained weights, adapted to the new model:
 
   * the pre-training head goes: the target's own zero-initialised `head` is
-    kept (new class count), and `pre_logits` is dropped when the target model
-    has no representation layer;
+    kept (new class count), and `pre_logits` (or a MAP head, `MAPHead_0`) is
+    dropped when the target model has none; one the target has and the
+    checkpoint lacks starts fresh;
   * position embeddings are resized in 2-D (bilinear, corner-aligned, as
     the reference code) when the patch grid changes, e.g. 224 -> 384
     turns a 14x14 grid into 24x24, or 224 -> 224x256 into 14x16 (`grid`;
@@ -40,6 +41,11 @@ POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
 # Parameters only a self-supervised (masked patch prediction) model has:
 # dropped when it initialises a classifier (`vit_jax.selfsup.PARAMS`).
 SELF_SUPERVISED = ('mask_token', 'mpp_head')
+# What a classifier has between its encoder and its head, by the option
+# that makes it: fresh where the checkpoint lacks it, dropped where the
+# target does (neither with the checkpoint's head kept).
+BEFORE_HEAD = {'pre_logits': 'representation_size',
+               'MAPHead_0': "classifier='map'"}
 
 
 def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
@@ -88,17 +94,25 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
                  'its cls and class-token position row', source)
     loaded = {k: v for k, v in loaded.items() if k != ('cls',)}
   # Parts the target adds to what the checkpoint was trained with start
-  # fresh: a representation layer on a checkpoint without one, or MPP's
-  # mask token and head on a classifier's weights (continued as MPP).
-  fresh = sorted({k[0] for k in target if k[0] in ('pre_logits',) +
-                  SELF_SUPERVISED and not any(j[0] == k[0] for j in loaded)})
-  if keep_head and 'pre_logits' in fresh:
-    # The checkpoint's head would read a new random layer's outputs.
-    raise CheckpointError(
-        f'{source} has no pre_logits layer, the target model has one '
-        '(representation_size): its head kept behind a new random pre_logits '
-        'layer would not give its logits. Load it into a model without '
-        'representation_size, or train a new head (keep_head=False)')
+  # fresh: a representation layer or a MAP head on a checkpoint without
+  # one, or MPP's mask token and head on a classifier's weights (continued
+  # as MPP).
+  fresh = sorted({k[0] for k in target
+                  if k[0] in (*BEFORE_HEAD, *SELF_SUPERVISED)
+                  and not any(j[0] == k[0] for j in loaded)})
+  for part in fresh:
+    if keep_head and part in BEFORE_HEAD:
+      # The checkpoint's head would read a new random layer's outputs.
+      raise CheckpointError(
+          f'{source} has no {part} layer, the target model has one '
+          f'({BEFORE_HEAD[part]}): its head kept behind a new random {part} '
+          f'would not give its logits. Load it into a model without '
+          f'{BEFORE_HEAD[part]}, or train a new head (keep_head=False)')
+  dropped = sorted({k[0] for k in loaded if k[0] in BEFORE_HEAD
+                    and not any(j[0] == k[0] for j in target)})
+  if dropped and not keep_head:
+    logging.info('%s: its %s dropped (the target model has none; a new head '
+                 'follows)', source, ', '.join(dropped))
   if fresh:
     logging.info('%s has no %s: the target model\'s fresh %s kept',
                  source, ', '.join(fresh), 'ones are' if len(fresh) > 1
@@ -112,10 +126,11 @@ def load_pretrained(pretrained: Union[str, Mapping[str, Any]],
                                tokens=tokens, source_grid=source_grid)
     elif key in loaded:
       out[key] = np.asarray(loaded[key])
-  # `pre_logits` is dropped when the target has none (a new head follows);
-  # with the head kept it would change the logits: an error, like any extra.
+  # `pre_logits` and a MAP head are dropped when the target has none (a new
+  # head follows); with the head kept they would change the logits: an
+  # error, like any extra.
   extra = {k: v for k, v in loaded.items()
-           if k not in target and not (k[0] in ('pre_logits', 'head')
+           if k not in target and not (k[0] in (*BEFORE_HEAD, 'head')
                                        and not keep_head)}
   check_params(init_params,
                traverse_util.unflatten_dict({**out, **extra}), what=source)

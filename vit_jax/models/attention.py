@@ -424,7 +424,10 @@ class MultiHeadDotProductAttention(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x, *, deterministic: bool, sow_weights: bool = False):
+  def __call__(self, x, inputs_kv=None, *, deterministic: bool,
+               sow_weights: bool = False):
+    """Self-attention over `x`; with `inputs_kv`, `x`'s tokens attend to
+    those (queries from `x`, keys and values from `inputs_kv`)."""
     width = x.shape[-1]
     if width % self.num_heads:
       raise ValueError(f'hidden size {width} is not divisible by '
@@ -437,7 +440,9 @@ class MultiHeadDotProductAttention(nn.Module):
         kernel_init=self.kernel_init, bias_init=self.bias_init,
         dtype=self.dtype, param_dtype=self.param_dtype,
         dot_general=dot_general)
-    query, key, value = (project(name=n)(x) for n in ('query', 'key', 'value'))
+    kv = x if inputs_kv is None else inputs_kv
+    query = project(name='query')(x)
+    key, value = (project(name=n)(kv) for n in ('key', 'value'))
     dropout = self.dropout_rate > 0.0 and not deterministic
     fn = attention_fn(self.impl, self.recompute, self.valid_length, plain)
     y = fn(query, key, value,

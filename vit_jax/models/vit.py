@@ -14,8 +14,10 @@ Placement of the paper's pieces:
   * pre-LayerNorm encoder blocks (epsilon 1e-6): x + MSA(LN(x)), x + MLP(LN(x));
     dropout after every dense layer except the q/k/v projections;
   * final LayerNorm `Transformer/encoder_norm`, then the class token (or the mean
-    of all tokens with `classifier="gap"`), an optional `pre_logits` Dense+tanh
-    layer (the pre-training head), and a zero-initialised `head`.
+    of all tokens with `classifier="gap"`, or big_vision's multihead
+    attention pooling `MAPHead_0` with `classifier="map"`), an optional
+    `pre_logits` Dense+tanh layer (the pre-training head), and a
+    zero-initialised `head`.
 """
 
 from __future__ import annotations
@@ -75,6 +77,8 @@ class AddPositionEmbs(nn.Module):
 
 # Position embeddings a ViT can have (`VisionTransformer.posemb`).
 POSEMBS = ('learn', 'sincos2d')
+# How a ViT pools its tokens (`VisionTransformer.classifier`).
+CLASSIFIERS = ('token', 'gap', 'map')
 
 
 def sincos2d(grid, width: int, temperature: float = 10_000.) -> np.ndarray:
@@ -196,6 +200,35 @@ class MlpBlock(nn.Module):
     else:
       x = maybe(lambda y, k, b: project(gelu(y), k, b))(x, kernel, bias)
     return nn.Dropout(rate=self.dropout_rate)(x, deterministic=deterministic)
+
+
+class MAPHead(nn.Module):
+  """Multihead attention pooling (big_vision's `pool_type="map"`, its
+  parameter names): a learned `probe` token attends over the encoder's
+  tokens, then a pre-LayerNorm residual MLP; the probe's output (batch,
+  width) is the image's representation."""
+  num_heads: int
+  mlp_dim: int
+  gelu_approximate: bool = True
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    n, _, d = x.shape
+    probe = self.param('probe', with_axes(nn.initializers.xavier_uniform(),
+                                          (None, None, 'embed')),
+                       (1, 1, d), self.param_dtype)
+    # One query: the explicit form (its weights are 1 x tokens).
+    y = attention.MultiHeadDotProductAttention(
+        num_heads=self.num_heads, impl='explicit', dtype=self.dtype,
+        param_dtype=self.param_dtype)(
+            jnp.tile(probe.astype(x.dtype), (n, 1, 1)), x,
+            deterministic=True)
+    z = LayerNorm(self.dtype, self.param_dtype, False)(y)
+    y = y + MlpBlock(self.mlp_dim, 0.0, self.gelu_approximate, self.dtype,
+                     self.param_dtype, False)(z, deterministic=True)
+    return y[:, 0]
 
 
 class Encoder1DBlock(nn.Module):
@@ -365,7 +398,9 @@ class VisionTransformer(Module):
     hidden_size, mlp_dim, num_heads, num_layers: the Table 1 dimensions.
     representation_size: width of the `pre_logits` Dense+tanh layer of the
       pre-training head, or None for none.
-    classifier: "token" (class token) or "gap" (mean over patch tokens).
+    classifier: "token" (class token), "gap" (mean over patch tokens) or
+      "map" (multihead attention pooling, `MAPHead`: big_vision's
+      `pool_type="map"`, e.g. SigLIP's image towers; no class token).
     posemb: "learn" (the paper's learned 1-D position embeddings, class
       token's row included) or "sincos2d" (fixed 2-D sine-cosine ones added
       to the patch tokens before the class token: no parameter; big_vision's
@@ -430,7 +465,13 @@ class VisionTransformer(Module):
   def __call__(self, images, *, train: bool = False):
     tokens, grid = embed_patches(self, images)
     x = encode(self, tokens, grid, train=train)
-    x = x[:, 0] if self.classifier == 'token' else jnp.mean(x, axis=1)
+    if self.classifier == 'token':
+      x = x[:, 0]
+    elif self.classifier == 'map':
+      x = MAPHead(self.num_heads, self.mlp_dim, self.gelu_approximate,
+                  self.dtype, self.param_dtype)(x)
+    else:
+      x = jnp.mean(x, axis=1)
 
     plain = recompute.plain_autodiff(self.dtype, self.recompute_internals)
     dot_general = matmul.dot_general_for(plain)
@@ -461,8 +502,8 @@ def embed_patches(module: VisionTransformer, images):
   there); `encode` continues. Self-supervised models put their corruption
   between the two (see `vit_jax.selfsup`).
   """
-  if module.classifier not in ('token', 'gap'):
-    raise ValueError(f"classifier must be 'token' or 'gap', got "
+  if module.classifier not in CLASSIFIERS:
+    raise ValueError(f'classifier must be one of {CLASSIFIERS}, got '
                      f'{module.classifier!r}')
   if module.posemb not in POSEMBS:
     raise ValueError(f'posemb must be one of {POSEMBS}, got '
@@ -525,6 +566,11 @@ def vit_flops(spec, h: int, w: int, num_classes: int) -> float:
                + 2.0 * n * d * d  # Output projection.
                + 2.0 * 2 * n * d * m)  # MLP.
   flops += spec['num_layers'] * per_layer
+  if spec.get('classifier') == 'map':  # One query over the patch tokens.
+    flops += (2.0 * 2 * d * d  # Its query and output projections.
+              + 2.0 * 2 * patches * d * d  # Keys and values.
+              + 2.0 * 2 * patches * d  # Logits and weighted sum.
+              + 2.0 * 2 * d * m)  # MLP.
   rep = spec.get('representation_size') or 0
   if rep:
     flops += 2.0 * d * rep
