@@ -86,6 +86,33 @@ def test_hf_to_ours(name, overrides, act):
                              theirs, atol=TOL, rtol=0)
 
 
+def test_a_model_without_qkv_biases_loads_with_zero_ones():
+  """`ViTConfig(qkv_bias=False)`: no q/k/v bias keys; zero biases in our
+  layout give the same logits."""
+  torch.manual_seed(0)
+  cfg = checkpoint.hf_config('ViT-test', num_classes=5, image_size=28)
+  cfg.qkv_bias, cfg.initializer_range = False, 0.05
+  hf = transformers.ViTForImageClassification(cfg).eval()
+  assert not any(k.endswith('q_proj.bias') or k.endswith('query.bias')
+                 for k in hf.state_dict())
+  x = _images(2, 28)
+  model, params = checkpoint.from_hf_model(hf, 'ViT-test')
+  np.testing.assert_allclose(np.asarray(model.apply({'params': params}, x)),
+                             _hf_logits(hf, x), atol=TOL, rtol=0)
+
+
+def test_params_with_more_than_a_plain_vit_are_refused_not_dropped():
+  """A pre-logits layer as wide as the model gives a classifier of the
+  right shape: left out, the logits would change without an error."""
+  for options in (dict(representation_size=32), dict(classifier='gap'),
+                  dict(classifier='map')):
+    model = models.create('ViT-test', num_classes=5, **options)
+    params = model.init(jax.random.key(0), jnp.zeros((1, 28, 28, 3)))[
+        'params']
+    with pytest.raises(ValueError, match='no Hugging Face'):
+      checkpoint.to_hf(params, 'ViT-test')
+
+
 def test_activations_differ_enough_to_matter():
   # The two GELUs give different logits: the activation test above has teeth.
   name, overrides = CASES[0]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import perturb
 from vit_jax import accounting, models
 
 
@@ -126,9 +127,10 @@ def test_hybrid_needs_multiple_of_16():
 
 def test_every_family_says_whether_it_drops_partial_patches():
   """`Module.drops_partial_patches` (False) is read from any family: True
-  only where a VALID patch convolution leaves the last pixels out."""
+  only where a VALID patch convolution leaves the last pixels out (Mixer's
+  stem pads them)."""
   from vit_jax.models.partitioning import Module
-  want = {'ViT-B/16': True, 'Mixer-B/16': True, 'R50+ViT-B/16': False,
+  want = {'ViT-B/16': True, 'Mixer-B/16': False, 'R50+ViT-B/16': False,
           'R+ViT-Ti/16': False, 'BiT-R50x1': False}
   for name in models.names():
     assert issubclass(models.spec(name)['cls'], Module), name
@@ -778,3 +780,36 @@ def test_params_of_another_image_size_name_the_resize(scan):
     model.apply({'params': p}, jnp.zeros((1, 12, 12, 3)))
   assert 'holds 5 positions' in str(e.value) and '10 tokens' in str(e.value)
   assert 'trained.resized' in str(e.value)
+
+
+def test_mixer_pads_a_partial_patch_as_the_reference_does():
+  """The reference Mixer's stem is flax's default SAME convolution: at 200
+  px with /16 patches it has 13x13 tokens (its token-mixing kernel 169
+  wide), every pixel seen; its FLOPs count those tokens."""
+  model = models.create('Mixer-S/16', num_classes=10, hidden_dim=32,
+                        num_blocks=1, tokens_mlp_dim=16, channels_mlp_dim=64)
+  params = _init(model, (1, 200, 200, 3))
+  assert params['MixerBlock_0']['token_mixing']['Dense_0']['kernel'].shape == (
+      169, 16)
+  x = np.zeros((1, 200, 200, 3), np.float32)
+  corner = x.copy()
+  corner[:, -1, -1] = 1.0  # A pixel of the last, partial patch.
+  out = [model.apply({'params': perturb(params)}, jnp.asarray(v))
+         for v in (x, corner)]
+  assert not np.allclose(out[0], out[1])
+  spec = models.options('Mixer-S/16', hidden_dim=32, num_blocks=1,
+                        tokens_mlp_dim=16, channels_mlp_dim=64)
+  analytic = models.family('Mixer-S/16').flops(spec, 200, 200, 10)
+  xla = accounting.module_forward_flops(model, (200, 200, 3))
+  assert 0.9 < analytic / xla < 1.1, (analytic, xla)
+
+
+@pytest.mark.parametrize('name', ['ViT-B/16', 'R50+ViT-B/16', 'BiT-R50x1',
+                                  'Mixer-B/16'])
+def test_nchw_images_are_named_as_such(name):
+  """PyTorch-layout (N, 3, H, W) images: the error says NCHW and the
+  transpose, not a size problem."""
+  model = models.create(name, num_classes=5)
+  with pytest.raises(ValueError, match=r'look NCHW.*transpose\(0, 2, 3, 1\)'):
+    jax.eval_shape(model.init, jax.random.key(0),
+                   jnp.zeros((2, 3, 224, 224)))

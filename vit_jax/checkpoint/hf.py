@@ -197,6 +197,7 @@ def to_hf(params: Mapping[str, Any], name: str, *,
   p = {'/'.join(k): np.asarray(v, np.float32)
        for k, v in traverse_util.flatten_dict(
            unstack_blocks(params)).items()}  # Scanned runs too.
+  _check_convertible(p, name)
   d = kw['hidden_size']
   out = {
       'vit.embeddings.cls_token': p['cls'],
@@ -231,6 +232,29 @@ def to_hf(params: Mapping[str, Any], name: str, *,
   except ImportError:
     return {k: np.ascontiguousarray(v) for k, v in out.items()}
   return {k: torch.from_numpy(np.array(v, np.float32)) for k, v in out.items()}
+
+
+def _check_convertible(p: Mapping[str, Any], name: str) -> None:
+  """The params themselves (not only `name` and its options) must be a
+  plain class-token ViT's: a pre-logits layer, a MAP head or a hybrid stem
+  left out would change the logits without an error (a `pre_logits` as
+  wide as the model even gives a classifier of the right shape)."""
+  plain = ('cls', 'embedding/', 'Transformer/', 'head/')
+  extra = sorted({k.split('/')[0] for k in p
+                  if not k.startswith(plain) and k != 'cls'})
+  missing = [k for k in ('cls', 'Transformer/posembed_input/pos_embedding')
+             if k not in p]
+  if extra or missing:
+    raise ValueError(
+        f'these params of {name} have no Hugging Face '
+        'ViTForImageClassification counterpart: '
+        + '; '.join(filter(None, (
+            f'{", ".join(extra)} would be left out' if extra else '',
+            f'no {", ".join(missing)} (a gap, MAP or sincos2d model?)'
+            if missing else '')))
+        + ': only plain class-token ViTs with learned position embeddings '
+        'and without a pre-logits layer convert (drop pre_logits with '
+        'load_pretrained and fine-tune)')
 
 
 def from_hf(state_dict: Mapping[str, Any], name: str, *, config=None,
@@ -283,11 +307,16 @@ def from_hf(state_dict: Mapping[str, Any], name: str, *, config=None,
   if 'classifier.weight' in sd:
     flat['head/kernel'] = take('classifier.weight').T
     flat['head/bias'] = take('classifier.bias')
+  # `qkv_bias=False` (a ViTConfig option): no q/k/v biases, which are zero
+  # biases in our layout (the same numbers).
+  qkv_bias = getattr(config, 'qkv_bias', True) if config is not None else (
+      f'vit.layers.0.{next(iter(_BLOCK))}.bias' in sd)
   for i in range(kw['num_layers']):
     for hf, (ours, kind) in _BLOCK.items():
       dst = f'Transformer/encoderblock_{i}/{ours}'
-      w, b = take(f'vit.layers.{i}.{hf}.weight'), take(
-          f'vit.layers.{i}.{hf}.bias')
+      w = take(f'vit.layers.{i}.{hf}.weight')
+      b = (take(f'vit.layers.{i}.{hf}.bias') if qkv_bias or kind != 'qkv'
+           else np.zeros(w.shape[0], np.float32))
       if kind == 'norm':
         flat[f'{dst}/scale'], flat[f'{dst}/bias'] = w, b
       elif kind == 'qkv':

@@ -44,6 +44,9 @@ def not_expressible(trained) -> str:
   if kw.get('classifier', 'token') != 'token':
     return (f'classifier={kw["classifier"]!r}: ViTForImageClassification '
             'classifies the class token only')
+  if kw.get('posemb', 'learn') != 'learn':
+    return (f'posemb={kw["posemb"]!r}: ViTForImageClassification has '
+            'learned position embeddings only')
   if kw.get('representation_size'):
     return ('a pre-logits layer (representation_size='
             f'{kw["representation_size"]}): ViTForImageClassification has '

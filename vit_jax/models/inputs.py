@@ -14,7 +14,7 @@ def check_image_shape(shape: Sequence[int], stride: int, *,
   """Raises a ValueError naming the fix when images cannot be cut in patches.
 
   `drops_partial`: the model's patches are a VALID stride-`stride`
-  convolution (a plain ViT, Mixer), which cuts `size // stride` patches per
+  convolution (a plain ViT), which cuts `size // stride` patches per
   side and never sees the last `size % stride` rows and columns, as the
   reference implementation does (ViT-H/14 at the paper's 384 px: a 27x27
   grid over 378x378 pixels). Such sizes are logged, not refused.
@@ -22,6 +22,11 @@ def check_image_shape(shape: Sequence[int], stride: int, *,
   if len(shape) != 4:
     raise ValueError(f'images must be NHWC (4 dims), got shape {tuple(shape)}')
   _, h, w, c = shape
+  if c not in (1, 3):  # First: NCHW images would fail the size checks.
+    nchw = (' (they look NCHW, as PyTorch keeps them: transpose them with '
+            'x.transpose(0, 2, 3, 1))' if h in (1, 3) else '')
+    raise ValueError(f'images must have 1 or 3 channels, got {c} '
+                     f'(shape {tuple(shape)}, expected NHWC){nchw}')
   if h < 1 or w < 1 or (drops_partial and (h < stride or w < stride)):
     raise ValueError(f'image size {h}x{w}: images need at least one patch '
                      f'({stride}x{stride} pixels)')
@@ -40,16 +45,17 @@ def check_image_shape(shape: Sequence[int], stride: int, *,
         f'image size {h}x{w} is not divisible by the patch size {stride} '
         f'(pixels per token): use an image size that is a multiple of {stride}, '
         f'e.g. {near(h)}x{near(w)}')
-  if c not in (1, 3):
-    raise ValueError(f'images must have 1 or 3 channels, got {c} '
-                     f'(shape {tuple(shape)}, expected NHWC)')
 
 
 def patch_grid(model, image_shape: Sequence[int]
                ) -> Optional[Tuple[int, int]]:
   """(rows, cols) of tokens `model` cuts (H, W, ...) images into; None for a
-  model without a patch grid (BiT)."""
+  model without a patch grid (BiT). A partial last patch is left out by a
+  plain ViT (`drops_partial_patches`), padded by Mixer's stem (a token of
+  its own); other models take whole patches only."""
   stride = getattr(model, 'stride', None)
   if stride is None:
     return None
-  return image_shape[0] // stride, image_shape[1] // stride
+  if getattr(model, 'drops_partial_patches', False):
+    return image_shape[0] // stride, image_shape[1] // stride
+  return -(-image_shape[0] // stride), -(-image_shape[1] // stride)

@@ -87,16 +87,14 @@ class MlpMixer(Module):
     """Pixels per token along each side."""
     return self.patch_size
 
-  # Its stem is a VALID convolution (see `inputs.check_image_shape`).
-  drops_partial_patches = True
-
   @nn.compact
   def __call__(self, images, *, train: bool = False):
     del train  # No dropout in the reference Mixer.
-    check_image_shape(images.shape, self.stride,
-                      drops_partial=self.drops_partial_patches)
+    # Its stem pads, as the reference's (flax's default SAME): any size
+    # gives ceil(size / patch) tokens per side, every pixel seen.
+    check_image_shape(images.shape, 1)
     p = self.patch_size
-    x = nn.Conv(self.hidden_dim, (p, p), strides=(p, p), padding='VALID',
+    x = nn.Conv(self.hidden_dim, (p, p), strides=(p, p), padding='SAME',
                 dtype=self.dtype, param_dtype=self.param_dtype,
                 kernel_init=with_axes(nn.initializers.lecun_normal(),
                                       (None, None, None, 'embed')),
@@ -119,7 +117,7 @@ class MlpMixer(Module):
 def mixer_flops(spec, h: int, w: int, num_classes: int) -> float:
   """Matmul and convolution FLOPs of a Mixer (multiply-add = 2)."""
   p, c = spec['patch_size'], spec['hidden_dim']
-  s = (h // p) * (w // p)
+  s = -(-h // p) * -(-w // p)  # The padded stem's tokens.
   flops = 2.0 * s * p * p * 3 * c  # The stem.
   per_block = (2.0 * 2 * s * spec['tokens_mlp_dim'] * c  # Token MLP.
                + 2.0 * 2 * s * c * spec['channels_mlp_dim'])  # Channel MLP.

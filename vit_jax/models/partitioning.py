@@ -20,8 +20,8 @@ class Module(nn.Module):
   Every registered model family derives from it.
 
   `drops_partial_patches`: whether the model takes images whose size is not
-  a multiple of its stride, leaving the last pixels out (a plain ViT,
-  Mixer: `inputs.check_image_shape`). Declared here, False, so that the
+  a multiple of its stride, leaving the last pixels out (a plain ViT:
+  `inputs.check_image_shape`; Mixer's stem pads them instead). Declared here, False, so that the
   image-size checks (`train.config_check`, `vit_jax.inspect`) read it from
   every family alike; families whose images must tile say nothing.
   """
