@@ -121,30 +121,34 @@ def _ours(pool_type, posemb, size=28):
   return model, init
 
 
+def _assert_same_logits(path, pool_type, posemb, ref, ref_params, seed,
+                        size=28):
+  """The file at `path`, loaded into our model (its head kept), computes
+  the reference's logits on `size`-pixel images."""
+  model, init = _ours(pool_type, posemb, size)
+  params = checkpoint.load_pretrained(path, init, keep_head=True)
+  images = _images(size, seed=seed)
+  want = ref.apply({'params': ref_params}, images)
+  assert float(jnp.std(want)) > 0.1  # Not a degenerate comparison.
+  np.testing.assert_allclose(model.apply({'params': params}, images), want,
+                             rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('pool_type,posemb', [
     ('tok', 'learn'), ('gap', 'learn'), ('gap', 'sincos2d'),
     ('tok', 'sincos2d'), ('map', 'learn')])
 def test_big_vision_vits_load_with_the_same_logits(tmp_path, pool_type,
                                                     posemb):
   path, ref, ref_params = _big_vision_file(tmp_path, pool_type, posemb)
-  model, init = _ours(pool_type, posemb)
-  params = checkpoint.load_pretrained(path, init, keep_head=True)
-  images = _images(28, seed=2)
-  want = ref.apply({'params': ref_params}, images)
-  got = model.apply({'params': params}, images)
-  assert float(jnp.std(want)) > 0.1  # Not a degenerate comparison.
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  _assert_same_logits(path, pool_type, posemb, ref, ref_params, seed=2)
 
 
 def test_a_sincos2d_model_runs_at_another_resolution_without_a_resize(
     tmp_path):
   path, ref, ref_params = _big_vision_file(tmp_path, 'gap', 'sincos2d')
-  model, init = _ours('gap', 'sincos2d', size=36)  # A 9x9 grid, not 7x7.
-  params = checkpoint.load_pretrained(path, init, keep_head=True)
-  images = _images(36, seed=3)
-  np.testing.assert_allclose(
-      model.apply({'params': params}, images),
-      ref.apply({'params': ref_params}, images), rtol=1e-5, atol=1e-5)
+  # A 9x9 grid, not the file's 7x7.
+  _assert_same_logits(path, 'gap', 'sincos2d', ref, ref_params, seed=3,
+                      size=36)
 
 
 def test_sincos2d_values():
@@ -177,13 +181,7 @@ def test_older_big_vision_files_with_the_encoders_position_embeddings(
   flat = dict(np.load(path))
   flat['Transformer/pos_embedding'] = flat.pop('pos_embedding')  # 49 rows
   np.savez(path, **flat)
-  model, init = _ours('tok', 'learn')
-  images = _images(28, seed=5)
-  np.testing.assert_allclose(
-      model.apply({'params': checkpoint.load_pretrained(path, init,
-                                                        keep_head=True)},
-                  images),
-      ref.apply({'params': ref_params}, images), rtol=1e-5, atol=1e-5)
+  _assert_same_logits(path, 'tok', 'learn', ref, ref_params, seed=5)
 
   # 50 rows: the class token's included, taken as they are.
   posemb = np.random.RandomState(0).normal(size=(1, 50, WIDTH))
@@ -204,13 +202,7 @@ def test_scanned_big_vision_files_load(tmp_path):
       checkpoint.stack_blocks(tree)).items()}
   assert 'Transformer/encoderblock/LayerNorm_0/scale' in flat
   np.savez(path, **flat)
-  model, init = _ours('gap', 'learn')
-  images = _images(28, seed=6)
-  np.testing.assert_allclose(
-      model.apply({'params': checkpoint.load_pretrained(path, init,
-                                                        keep_head=True)},
-                  images),
-      ref.apply({'params': ref_params}, images), rtol=1e-5, atol=1e-5)
+  _assert_same_logits(path, 'gap', 'learn', ref, ref_params, seed=6)
 
 
 def test_what_does_not_load_says_why(tmp_path):
