@@ -514,14 +514,16 @@ def _archive(runner: Runner, args, path: str) -> str:
   return archive
 
 
-def _run_reconnecting(runner: Runner, args, *argvs) -> None:
+def _run_reconnecting(runner: Runner, args, *argvs,
+                      capture: bool = False) -> Result:
   """Runs ssh/scp steps in order, all of them again where ssh itself failed
   (exit 255: a new TPU's workers often refuse the first connections while
-  its keys propagate), at most MAX_REATTACH more times. The steps together
-  must be safe to repeat."""
+  its keys propagate), at most MAX_REATTACH more times; the last step's
+  result (its output kept with `capture`). The steps together must be
+  safe to repeat."""
   for attempt in range(MAX_REATTACH + 1):
     for argv in argvs:
-      res = runner.run(argv, check=False)
+      res = runner.run(argv, check=False, capture=capture)
       if res.returncode:
         break
     if res.returncode != SSH_FAILED or attempt == MAX_REATTACH:
@@ -531,6 +533,7 @@ def _run_reconnecting(runner: Runner, args, *argvs) -> None:
     time.sleep(args.poll_seconds)
   if res.returncode:
     raise CommandError(argv, res)
+  return res
 
 
 def _all_idle(runner: Runner, args, refused: str) -> None:
@@ -539,9 +542,10 @@ def _all_idle(runner: Runner, args, refused: str) -> None:
   naming them (`refused`: what was done, e.g. 'started nothing'). Each
   worker's own guard (`commands.idle_guard`) alone would act on the idle
   workers and refuse on the busy ones: a slice half running, its
-  collectives waiting for peers that never come, or with mixed code."""
+  collectives waiting for peers that never come, or with mixed code.
+  (Reconnecting: `setup` right after `create` asks a new TPU's workers.)"""
   ask = commands.ssh(_tpu(args), commands.status_script())
-  res = runner.run(ask, capture=True)
+  res = _run_reconnecting(runner, args, ask, capture=True)
   busy = [r for r in commands.parse_status(res.stdout)
           if r.state == 'running']
   if busy:

@@ -739,6 +739,20 @@ def test_setup_installs_on_every_worker_or_on_none(capsys):
   assert tpu.main(argv, runner=runner) == 0
   assert [kind(c) for c in runner.calls] == [
       'run state', 'pack', 'scp', 'install']
+  # Right after `create`, the new workers refuse the first ssh (255): the
+  # question is asked again, as the install's steps are.
+  runner = FakeRunner(workers='t1v-n-1-w-0: no run | \n')
+  refused, calls = iter([True]), runner._call
+
+  def call(argv, capture):
+    if kind(argv) == 'run state' and next(refused, False):
+      runner.calls.append(argv)
+      return Result(255, '', 'Connection refused')
+    return calls(argv, capture)
+  runner._call = call
+  assert tpu.main(argv + ['--poll-seconds=0.01'], runner=runner) == 0
+  assert [kind(c) for c in runner.calls] == [
+      'run state', 'run state', 'pack', 'scp', 'install']
 
 
 def test_a_failed_setup_of_a_recreated_tpu_tries_again():

@@ -359,12 +359,19 @@ def test_a_finished_runs_length_and_report_are_compared(tmp_path):
   run_files.write_config(str(tmp_path), config)
   saved = json.loads(json.dumps({'optim': config.optim.to_dict(),
                                  'total_steps': 40, **loop._training(config)}))
-  run = lambda steps: type('Run', (), {'saved': saved, 'steps': steps})()
+  run = lambda steps, start=40: type('Run', (), {
+      'saved': saved, 'steps': steps, 'start': start})()
   assert loop._trained_otherwise(config, str(tmp_path), run(40)) is None
   assert 'it trained 40 steps and this config asks for 20' in (
       loop._trained_otherwise(config, str(tmp_path), run(20)))
+  # Stopped at step 20 of 40, ended there: evaluated, not refused.
+  assert loop._trained_otherwise(config, str(tmp_path), run(20, 20)) is None
+  # Fields added to the configs since the run was recorded are no change.
+  config.optim.ema_warmup = True
+  config.report.transfer = True
+  assert loop._trained_otherwise(config, str(tmp_path), run(40)) is None
   config.report.lr = 0.03
-  assert "its report was {'lr': 0.1, 'task': 'transfer'}" in (
+  assert "its report differs (was -> now: {'lr': (0.1, 0.03)}" in (
       loop._trained_otherwise(config, str(tmp_path), run(40)))
 
 

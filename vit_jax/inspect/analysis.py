@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.models.inputs import check_image_shape
+from vit_jax.models.inputs import check_image_shape, patch_grid
 
 POSEMB = ('Transformer', 'posembed_input', 'pos_embedding')
 ATTENTION = ('MultiHeadDotProductAttention_0', 'attention_weights')
@@ -259,7 +259,7 @@ def _images_grid(model, shape, grid_shape, pixels_per_token):
   otherwise."""
   stride = model.stride
   check_image_shape(shape, stride, drops_partial=model.drops_partial_patches)
-  grid = (shape[1] // stride, shape[2] // stride)
+  grid = patch_grid(model, shape[1:])
   how = (f'{shape[1]}x{shape[2]}-pixel images cut into {stride}x{stride}-'
          f'pixel patches make a {grid[0]}x{grid[1]} (rows, cols) grid')
   if grid_shape is not None and tuple(int(g) for g in grid_shape) != grid:

@@ -20,6 +20,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 from absl import logging
 
+from vit_jax import models
 from vit_jax.inspect import analysis, figures
 
 FILES = ('filters.png', 'position_similarity.png', 'attention_distance.png',
@@ -122,7 +123,7 @@ def _inspect_into(out: str, trained, images: np.ndarray,
   model, params = trained.model('float32'), trained.params
   size = images.shape[1]
   ppt = trained.stride
-  grid = (size // ppt, size // ppt)
+  grid = models.patch_grid(model, (size, size))
   # Fixed position embeddings (posemb='sincos2d') are defined at any grid:
   # nothing was learned, nothing interpolated.
   fixed = getattr(model, 'posemb', 'learn') != 'learn'

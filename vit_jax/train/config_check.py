@@ -194,6 +194,11 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
              f'unset it (--config.input.{field}=None)')
   if config.get('mode', 'train') == 'train':
     yield from _mpp_unused_label_settings(config)
+  if config.get('model', {}).get('classifier') == 'map':
+    yield ("--config.model.classifier='map' pools a classifier's tokens with "
+           'an attention head, which objective=mpp has none of (it predicts '
+           "every patch): use classifier='token' or 'gap' (mpp.representation "
+           'is what few-shot reads)')
   if rep == 'token' and config.get('model', {}).get('classifier') == 'gap':
     yield ("--config.mpp.representation='token' needs the class token that "
            "--config.model.classifier='gap' removes: set "
@@ -229,15 +234,15 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
 
 def _mpp_unused_label_settings(config: ml_collections.ConfigDict
                                ) -> Iterator[str]:
-  """Settings of the supervised loss and head that objective=mpp never
-  reads (its loss is fixed by `mpp.target`: softmax cross-entropy over the
-  colour classes, or L2 for pixels; its `mpp_head`'s bias starts at 0):
+  """Settings of the supervised loss that objective=mpp never reads (its
+  loss is fixed by `mpp.target`: softmax cross-entropy over the colour
+  classes, or L2 for pixels):
   a config that sets them would train as if they were unset while its
   config.json records them. Pre-training configs that become MPP by
   `--config.objective=mpp` reset them on the command line
-  (docs/selfsup.md). Training only: an evaluation reads none of them, and
-  the checkpoint of an earlier version's run that set them is evaluated
-  with its own config (whose model, head_bias_init included, must match)."""
+  (docs/selfsup.md). Training only: an evaluation reads none of them.
+  (A run of an earlier version that set them resumes with them reset: the
+  loss is no model option, its change is logged.)"""
   loss = config.get('loss', 'softmax')
   if loss in losses.LOSSES and loss != 'softmax':
     yield (f'--config.loss={loss!r} is the labels\' loss, which '
@@ -249,12 +254,10 @@ def _mpp_unused_label_settings(config: ml_collections.ConfigDict
     yield (f'--config.label_smoothing={smoothing!r} smooths labels, which '
            'objective=mpp never reads (nor smooths its colour targets): set '
            '--config.label_smoothing=0')
-  bias = (config.get('model') or {}).get('head_bias_init')
-  if isinstance(bias, (int, float)) and bias:
-    yield (f'--config.model.head_bias_init={bias!r} initialises the '
-           'classification head\'s bias, which objective=mpp does not have '
-           '(its mpp_head\'s bias starts at 0): unset it '
-           '(--config.model.head_bias_init=None)')
+  # `model.head_bias_init` is not read either (the mpp_head's bias starts
+  # at 0), but not refused: it is a model option, which a checkpoint
+  # records, so an MPP run started with it (the pre-training rows' -10)
+  # could then neither keep it nor drop it to resume.
 
 
 class ConfigError(ValueError):

@@ -175,20 +175,28 @@ def _check_finished_run(config, workdir: str, run: 'Run') -> None:
 def _trained_otherwise(config, workdir: str, run: 'Run') -> Optional[str]:
   """Why `config` is not what the finished run in `workdir` trained with
   (its checkpoint's settings, `_changes`, and config.json's `report`), or
-  None."""
+  None. Only what the run recorded is compared: a field added to the
+  configs since (recorded by none of its files) is no difference, and a
+  run stopped early may be ended where it stands (`total_steps` = its
+  step)."""
+  if run.steps < run.start:
+    return (f'it trained {run.start} steps and this config asks for '
+            f'{run.steps}: nothing would train')
   changes = _changes(run.saved, config, run.steps)
-  if 'total_steps' in changes:
-    was, now = changes.pop('total_steps')
-    return (f'it trained {was} steps and this config asks for {now}: '
-            'nothing would train')
+  changes.pop('total_steps', None)
   for key, diff in changes.items():
-    return f'{key} differs from what it trained with (was -> now: {diff})'
+    if isinstance(diff, dict):  # Fields the record has.
+      diff = {k: v for k, v in diff.items() if v[0] is not None}
+    if diff:
+      return f'{key} differs from what it trained with (was -> now: {diff})'
   recorded = (run_files.read_config(workdir).get('config') or {}).get(
-      'report')
-  now = json.loads(config.to_json_best_effort()).get('report')
-  if recorded is not None and (recorded or {}) != (now or {}):
-    return (f'its report was {recorded}, this config\'s is {now} (another '
-            'row of its config file)')
+      'report') or {}
+  now = json.loads(config.to_json_best_effort()).get('report') or {}
+  differ = {k: (v, now.get(k)) for k, v in recorded.items()
+            if now.get(k) != v}
+  if differ:
+    return (f'its report differs (was -> now: {differ}: another row of its '
+            'config file?)')
   return None
 
 
