@@ -1112,3 +1112,145 @@ def test_the_pool_read_is_the_first_of_each_class_of_the_split(digits_model):
                                 for c in range(10)]))
   np.testing.assert_array_equal(y, y_all[sel])
   np.testing.assert_allclose(x, x_all[sel], rtol=1e-6)
+
+
+def test_a_section_named_eval_is_refused_as_the_built_ins_name(
+    digits_model):
+  """`mode=eval` keeps results by evaluator name: a section named `eval`
+  replaced the built-in top-1's eval_accuracy, eval_loss and eval_examples
+  in eval_summary.json (and was skipped as the run's own in the merge
+  check). Refused when built; the built-in keeps the name."""
+  section = dict(type='fewshot', datasets=('digits',), shots=(1,), seeds=1,
+                 pool_per_class=2, batch_size=60)
+  config, model, _, mesh, sh = _digits_run(digits_model, eval=section)
+  with pytest.raises(ValueError, match=r"config\.evals\.eval is the name of "
+                     r"the run's own top-1 evaluation .*another name"):
+    evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  config, model, _, mesh, sh = _digits_run(digits_model, fs=section)
+  built = evaluators.build(config, model, mesh, sh, (16, 16, 3))
+  assert [e.name for e in built] == [evaluators.BUILT_IN, 'fs']
+
+
+@pytest.mark.parametrize('dataset', ['digits:test:test', 'digits:test:'])
+def test_fewshot_refuses_to_draw_shots_from_the_split_it_scores(
+    digits_model, dataset):
+  """A train split equal to the test split (`digits:test:test`, or `test`
+  beside the registry's eval split) drew the k-shot images from the
+  images scored, silently."""
+  with pytest.raises(ValueError, match=r"evals\.fewshot: few-shot dataset "
+                     r"'digits' would draw its k-shot images from .*test.*, "
+                     r'the split it scores.*digits:TRAIN:TEST'):
+    _fewshot_on(*digits_model, 16, datasets=(dataset,), shots=(1,),
+                seeds=1, pool_per_class=2, batch_size=60)
+
+
+@pytest.mark.parametrize('dataset,split', [
+    ('digits:train:test[:0]', 'test[:0]'),
+    ('digits:train[:0]:test', 'train[:0]')])
+def test_an_empty_fewshot_split_is_refused_when_built(digits_model, dataset,
+                                                      split):
+  """An empty split was accepted and failed after training with numpy's
+  'need at least one array to concatenate'."""
+  with pytest.raises(ValueError, match=(
+      rf"evals\.fewshot: split '{re.escape(split)}' of few-shot dataset "
+      r"'digits' has no examples")):
+    _fewshot_on(*digits_model, 16, datasets=(dataset,), shots=(1,),
+                seeds=1, pool_per_class=2, batch_size=60)
+  # A split whose size was not known when built: said when it is read.
+  ev, run = _fewshot_on(*digits_model, 16, datasets=('digits',), shots=(1,),
+                        seeds=1, pool_per_class=2, batch_size=60)
+  ev._pipelines[('digits', 'train', True)] = []
+  with pytest.raises(ValueError, match=r"evals\.fewshot: split 'train' of "
+                     r"few-shot dataset 'digits' has no examples"):
+    run()
+
+
+def test_fewshot_batch_size_is_checked_when_built(digits_model):
+  """-8 was accepted (and failed at the first evaluation naming
+  input.eval_batch_size), 0 fell back to input.eval_batch_size silently;
+  None (or absent) is input.eval_batch_size."""
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=60, data_dir=None))
+  for bad in (-8, 0, 2.5, True, '60'):
+    cfg = ml_collections.ConfigDict(dict(
+        datasets=('digits',), shots=(1,), seeds=1, pool_per_class=2,
+        batch_size=bad))
+    with pytest.raises(ValueError, match=re.escape(
+        f'evals.fewshot.batch_size={bad!r}: expected a whole number >= 1')):
+      _fewshot(cfg, inp, model, mesh, sh, 16)
+  for unset in (dict(batch_size=None), {}):
+    ev = _fewshot(ml_collections.ConfigDict(dict(
+        datasets=('digits',), shots=(1,), seeds=1, pool_per_class=2,
+        **unset)), inp, model, mesh, sh, 16)
+    assert ev._input.eval_batch_size == 60
+
+
+def test_a_sections_pp_is_checked_as_the_sections(digits_model):
+  """A classification section's `pp` of another size or value range was
+  blamed on --config.input.image_size / input.pp_eval, and its `{size}`
+  (which few-shot's takes) was a parse error; a few-shot pp of another
+  size was blamed on input.image_size too. Both name evals.<name>.pp and
+  take `{size}`, one definition (`base.section_ops`)."""
+  def build(**section):
+    config, model, _, mesh, sh = _digits_run(digits_model, fs=section)
+    return evaluators.build(config, model, mesh, sh, (16, 16, 3))[1]
+  with pytest.raises(ValueError, match=(
+      r"evals\.fs: pre-processing 'decode\|resize\(24\)\|value_range\(-1,1\)'"
+      r" makes 24x24x3 images of 'digits' \(test\); the model takes "
+      r'16x16x3: write evals\.fs\.pp with \{size\}')):
+    build(type='classification', pp='decode|resize(24)|value_range(-1,1)')
+  with pytest.raises(ValueError, match=(
+      r"evals\.fs\.pp='decode\|resize\(16\)\|value_range\(0,1\)' gives "
+      r'images in \[0, 1\].*trained on \[-1, 1\].*'
+      r"--config\.evals\.fs\.pp='decode\|resize\(16\)\|value_range\(-1, 1\)'")):
+    build(type='classification', pp='decode|resize(16)|value_range(0,1)')
+  ev = build(type='classification', pp='decode|resize({size})|value_range'
+             '(-1,1)')
+  assert ev._input.pp_eval == 'decode|resize(16)|value_range(-1,1)'
+  assert build(type='classification', pp='eval')._input.pp_eval == (
+      'decode|resize_small(16)|central_crop(16)|value_range(-1,1)')
+  with pytest.raises(ValueError, match=r"makes 24x24x3 images of few-shot "
+                     r"dataset 'digits'; the model takes 16x16x3: write "
+                     r'evals\.fs\.pp with \{size\}'):
+    build(type='fewshot', datasets=('digits',), shots=(1,), seeds=1,
+          pool_per_class=2, pp='decode|resize(24)|value_range(-1,1)')
+  for section in (dict(type='classification'),
+                  dict(type='fewshot', datasets=('digits',))):
+    with pytest.raises(ValueError, match=r"evals\.fs\.pp='resize\(\{resize\}"
+                       r"\)': its one placeholder is \{size\}"):
+      build(**section, pp='resize({resize})')
+  assert evaluators.base.section_ops('x', 'resize({size})', (16, 24)) == (
+      'resize(16, 24)')
+
+
+def test_eval_ema_both_of_a_checkpoint_without_averages(
+    smoke_workdir, tmp_path, monkeypatch):
+  """`mode=eval` with eval_ema=both of a checkpoint without Polyak averages
+  said 'set optim.ema_decay' (the averages come from the checkpoint: no
+  config can add them), after reading the weights. Its record says so:
+  refused before the load, pointing at eval_ema=raw; a record that does
+  not say gets the same message after it."""
+  import trained_workdir
+  from vit_jax.configs import smoke
+  from vit_jax.train import eval_run
+  workdir = trained_workdir.copy(smoke_workdir, tmp_path)
+  config = smoke.get_config(
+      f'data=digits,steps={trained_workdir.STEPS},batch=32')
+  config.input.eval_batch_size = 120
+  config.mode, config.eval_ema = 'eval', 'both'
+  config.optim.ema_decay = 0.999  # Changes nothing: not the checkpoint's.
+  load = eval_run._load
+  def no_load(*args, **kwargs):
+    raise AssertionError('the weights were read first')
+  monkeypatch.setattr(eval_run, '_load', no_load)
+  message = (r'eval_ema=both: .*checkpoints/8 holds no Polyak \(EMA\) '
+             r'averages.*--config\.eval_ema=raw')
+  with pytest.raises(ValueError, match=message):
+    eval_run.evaluate_run(config, workdir)
+  monkeypatch.setattr(eval_run, '_load', load)
+  monkeypatch.setattr(eval_run, '_has_averages', lambda source: None)
+  with pytest.raises(ValueError, match=message):
+    eval_run.evaluate_run(config, workdir)
+  assert not os.path.exists(os.path.join(workdir, 'eval_summary.json'))

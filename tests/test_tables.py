@@ -851,3 +851,46 @@ def test_the_vtab_driver_lists_runs_no_cell_takes(tmp_path):
       f'overridden: {why}')
   assert _col(md, 'Other runs', 'eval_accuracy (%)',
               str(tmp_path / VTAB[1])) == '60.00'
+
+
+def test_fewshot_of_a_dataset_whose_name_holds_a_slash(tmp_path):
+  """Few-shot on `vtab/caltech101` writes `fewshot/vtab/caltech101/5shot`
+  (4 parts): only 3-part keys were read, and the result never reached the
+  few-shot table. The dataset is what lies between `fewshot/` and
+  `/<k>shot`; a section not named fewshot shows as `<name>/<dataset>`."""
+  _write(tmp_path, 'run', {**_run('ViT-B/32', 'pretrain', 0.5),
+                           'fewshot/digits/1shot': 0.25,
+                           'fewshot/vtab/caltech101/5shot': 0.5,
+                           'fewshot/vtab/caltech101/5shot_std': 0.01,
+                           'fewshot/mine/digits/5shot': 0.75})
+  run, = tables.load_runs([str(tmp_path)])
+  assert run.fewshot() == {('digits', 1): 0.25, ('vtab/caltech101', 5): 0.5,
+                           ('mine/digits', 5): 0.75}
+  md = tables.render([run], tables='fewshot')
+  first = _workdir(md, 'run')
+  assert _col(md, 'Few-shot', 'vtab/caltech101 5-shot', *first) == '50.00'
+  assert _col(md, 'Few-shot', 'mine/digits 5-shot', *first) == '75.00'
+  assert _col(md, 'Few-shot', 'digits 1-shot', *first) == '25.00'
+
+
+def test_a_nan_fewshot_accuracy_is_a_missing_cell_not_a_malformed_run(
+    tmp_path):
+  """The few-shot evaluator writes NaN for a diverged model's features
+  (not a chance-level number): the whole summary was skipped as
+  malformed. Shown as '—', as a missing cell is; a NaN top-1 is still
+  malformed."""
+  _write(tmp_path, 'run', {**_run('ViT-B/32', 'pretrain', 0.5),
+                           'fewshot/digits/1shot': 0.25,
+                           'fewshot/digits/5shot': float('nan'),
+                           'fewshot/digits/5shot_std': float('nan')})
+  run, = tables.load_runs([str(tmp_path)])
+  assert run.fewshot() == {('digits', 1): 0.25, ('digits', 5): None}
+  md = tables.render([run], tables='fewshot')
+  first = _workdir(md, 'run')
+  assert _col(md, 'Few-shot', 'digits 5-shot', *first) == '—'
+  assert _col(md, 'Few-shot', 'digits 1-shot', *first) == '25.00'
+  bad = _write(tmp_path, 'bad', {**_run('ViT-B/32', 'pretrain', 0.5),
+                                 'eval_accuracy': float('nan')})
+  with pytest.raises(tables.TablesError, match='eval_accuracy=nan is not a '
+                     r'fraction in \[0, 1\]'):
+    tables.load_runs([str(bad)])

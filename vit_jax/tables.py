@@ -169,15 +169,32 @@ class Run:
     s = self.summary
     return s.get('real_accuracy', s.get('eval_real_accuracy'))
 
-  def fewshot(self) -> dict[tuple[str, int], float]:
-    """{(dataset, shots): accuracy} from `fewshot/<dataset>/<k>shot` keys."""
+  def fewshot(self) -> dict[tuple[str, int], float | None]:
+    """{(dataset, shots): accuracy} from `fewshot/<dataset>/<k>shot` keys
+    (`_fewshot_key`); None for a NaN one (a diverged model's, which the
+    evaluator writes rather than a chance-level number)."""
     out = {}
     for key, value in self.summary.items():
-      parts = key.split('/')
-      if (len(parts) == 3 and parts[0] == 'fewshot'
-          and parts[2].endswith('shot') and parts[2][:-4].isdigit()):
-        out[(parts[1], int(parts[2][:-4]))] = value
+      cell = _fewshot_key(key)
+      if cell is not None:
+        out[cell] = None if _is_nan(value) else value
     return out
+
+
+def _fewshot_key(key: str) -> tuple[str, int] | None:
+  """(dataset, k) of a `fewshot/<dataset>/<k>shot` metric, else None. The
+  dataset may hold '/' (`vtab/caltech101`; and a section not named
+  `fewshot` writes `fewshot/<name>/<dataset>/...`: its column is
+  `<name>/<dataset>`)."""
+  parts = key.split('/')
+  if (len(parts) >= 3 and parts[0] == 'fewshot' and all(parts[1:-1])
+      and parts[-1].endswith('shot') and parts[-1][:-4].isdigit()):
+    return '/'.join(parts[1:-1]), int(parts[-1][:-4])
+  return None
+
+
+def _is_nan(value: Any) -> bool:
+  return isinstance(value, float) and math.isnan(value)
 
 
 def _summary_files(path: str) -> list[str]:
@@ -225,10 +242,12 @@ def _read_run(path: str) -> Run:
   if metrics:
     raise TablesError(f'malformed {path}: {metrics[0]}='
                       f'{summary[metrics[0]]!r} is not a number')
-  # Accuracies are fractions (a percent would render as 9,860.00).
+  # Accuracies are fractions (a percent would render as 9,860.00). A
+  # few-shot NaN is the evaluator's for a diverged model: shown as '—'.
   metrics = sorted(k for k, v in summary.items()
                    if ('accuracy' in k or k.startswith('fewshot/'))
-                   and not 0 <= v <= 1)
+                   and not 0 <= v <= 1
+                   and not (k.startswith('fewshot/') and _is_nan(v)))
   if metrics:
     raise TablesError(f'malformed {path}: {metrics[0]}='
                       f'{summary[metrics[0]]!r} is not a fraction in [0, 1]')

@@ -28,6 +28,11 @@ from vit_jax.evaluators.mpp import MaskedPatchEval
 from vit_jax.ema_modes import EMA_MODES, RAW_PREFIX
 
 
+# The name of every run's own evaluator (top-1 on input.eval_split, or
+# MPP's): `build` adds it, and a config.evals section may not take it.
+BUILT_IN = 'eval'
+
+
 def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
           image_shape) -> List[Evaluator]:
   """The run's evaluators: top-1 on input.eval_split (for
@@ -42,9 +47,19 @@ def build(config: ml_collections.ConfigDict, model, mesh, params_sharding,
                     else 3)
   first = (MaskedPatchEval if config.get('objective', 'supervised') == 'mpp'
            else Classification)
-  out: List[Evaluator] = [first('eval', ml_collections.ConfigDict(
+  evals = config.get('evals', {})
+  if BUILT_IN in evals:
+    # Results are kept by evaluator name (mode=eval's eval_summary.json and
+    # its check of what may merge into summary.json): the section's would
+    # replace the built-in's eval_accuracy, eval_loss, eval_examples.
+    what = 'masked-patch' if first is MaskedPatchEval else 'top-1'
+    raise ValueError(
+        f'config.evals.{BUILT_IN} is the name of the run\'s own {what} '
+        'evaluation (its eval_* metrics, on input.eval_split every '
+        'eval_every steps): give the section another name')
+  out: List[Evaluator] = [first(BUILT_IN, ml_collections.ConfigDict(
       dict(every=config.get('eval_every', 0))), context)]
-  for name, cfg in sorted(config.get('evals', {}).items()):
+  for name, cfg in sorted(evals.items()):
     if 'kind' in cfg:
       raise ValueError(f'config.evals.{name}.kind is now called type: '
                        f"config.evals.{name}.type={cfg.kind!r}")
@@ -64,7 +79,8 @@ def _check_distinct_metrics(evaluators: List[Evaluator]) -> None:
         what = ('masked-patch' if isinstance(first, MaskedPatchEval)
                 else 'top-1')
         where = (f'the run\'s {what} evaluation (eval_*)'
-                 if first.name == 'eval' else f'config.evals.{first.name}')
+                 if first.name == BUILT_IN
+                 else f'config.evals.{first.name}')
         raise ValueError(
             f'config.evals.{evaluator.name} and {where} would both write '
             f'{key!r}, one over the other: give config.evals.'
@@ -102,6 +118,6 @@ def run_with_ema(evaluators: List[Evaluator], params: Any,
   return metrics
 
 
-__all__ = ['Context', 'Evaluator', 'Classification', 'FewShot',
+__all__ = ['BUILT_IN', 'Context', 'Evaluator', 'Classification', 'FewShot',
            'MaskedPatchEval', 'build',
            'get', 'register', 'run_all', 'run_with_ema', 'EMA_MODES']

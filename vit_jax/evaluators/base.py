@@ -23,14 +23,14 @@ import abc
 import dataclasses
 import difflib
 from typing import (Any, Callable, Dict, FrozenSet, Iterable, Optional,
-                    Tuple, Type, Union)
+                    Sequence, Tuple, Type, Union)
 
 import jax
 import ml_collections
 
 from vit_jax import registration
 from vit_jax import sharding as shd
-from vit_jax.data import pipeline
+from vit_jax.data import pipeline, preprocess, registry
 from vit_jax.models import platform_switch
 
 
@@ -109,11 +109,13 @@ _NOT_SETTINGS = ('every', 'data_dir')
 TYPES: Dict[str, Type[Evaluator]] = {}
 
 
-def eval_input(cfg: ml_collections.ConfigDict,
-               context: Context) -> ml_collections.ConfigDict:
+def eval_input(cfg: ml_collections.ConfigDict, context: Context,
+               name: str = '<name>') -> ml_collections.ConfigDict:
   """The run's `input` config, re-aimed at the evaluator's `data` (another
   dataset: its own splits, not the training data's), `data_dir` (where
-  that dataset lives, if not beside the run's) and `pp`, if set."""
+  that dataset lives, if not beside the run's) and `pp`, if set (as
+  `section_ops` writes it out: `{size}` is the model's input size).
+  `name`: the section's, for errors."""
   inp = ml_collections.ConfigDict(context.config.input.to_dict())
   if cfg.get('data', inp.data) != inp.data:
     inp.data = cfg.data
@@ -123,8 +125,119 @@ def eval_input(cfg: ml_collections.ConfigDict,
   if cfg.get('data_dir'):
     inp.data_dir = cfg.data_dir
   if cfg.get('pp'):
-    inp.pp_eval = cfg.pp
+    inp.pp_eval = section_ops(name, cfg.pp, context.image_size)
   return inp
+
+
+def section_ops(name: str, pp: Any, image_size: Union[int, Tuple[int, int]]
+                ) -> str:
+  """`evals.<name>.pp` as the op string its pipeline runs: `{size}`
+  replaced with the model's input size ('H, W' for a non-square one, so
+  that `resize({size})` is resize(H, W)), and for a square input a preset
+  written out at that size. Written out, the ops need no `input.image_size`
+  (whose checks would blame the run's config for the section's sizes); a
+  preset on a non-square input stays (it makes square images, which
+  `check_shape` refuses). The one place every evaluator's `{size}` is
+  defined."""
+  square = isinstance(image_size, int)
+  size = image_size if square else '{}, {}'.format(*image_size)
+  items = [pp] if isinstance(pp, str) else list(pp)
+  try:
+    items = [str(item).format(size=size) for item in items]
+  except (KeyError, IndexError, ValueError) as e:
+    raise ValueError(
+        f'evals.{name}.pp={pp!r}: its one placeholder is {{size}} (the '
+        f'model\'s input size), written with its braces only there '
+        f'({type(e).__name__}: {e})') from None
+  if not square:
+    return '|'.join(items)
+  try:
+    return '|'.join(preprocess.expand(items, image_size))
+  except ValueError as e:
+    raise ValueError(f'evals.{name}.pp={pp!r}: {e}') from None
+
+
+def check_run_range(name: str, pp: Any, ops: str, context: Context,
+                    default: bool = False) -> None:
+  """Images of `evals.<name>.pp` (`ops`: as `section_ops` writes it) must
+  have the value range the model was trained on (the run's
+  `input.pp_train`'s): [-1, 1] images for a model trained on [0, 1] ones
+  give meaningless numbers, silently. Ranges that are unknown (an op of the
+  user's own after the last value_range) are not compared. `default`: `pp`
+  is the evaluator's default, not the section's."""
+  inp = context.config.get('input') or {}
+  train_pp = inp.get('pp_train') or (
+      registry.get(inp.data).pp_train if inp.get('data') else None)
+  # Only a preset's ops depend on the size, never their value range.
+  size = context.image_size
+  size = size if isinstance(size, int) else size[0]
+  try:
+    ours = preprocess.output_range(ops, size)
+  except ValueError as e:  # Unparsable ops: named here, not as input.*.
+    raise ValueError(f'evals.{name}.pp={pp!r}: {e}') from None
+  if not train_pp:
+    return
+  try:
+    trained = preprocess.output_range(train_pp, size)
+  except ValueError:  # The run's own checks name a bad pp_train.
+    return
+  if trained is None or ours is None or trained == ours:
+    return
+  pp = pp if isinstance(pp, str) else '|'.join(pp)
+  kept = [op for op in preprocess.PRESETS.get(pp.strip(), pp).split('|')
+          if op.strip() and not op.strip().startswith('value_range')]
+  if trained != preprocess.PIXELS:
+    kept.append(preprocess.value_range_op(trained))
+  raise ValueError(
+      f'evals.{name}.pp={pp!r}{" (its default)" if default else ""} '
+      'gives images in '
+      f'{preprocess.describe_range(ours)} but the model was trained on '
+      f'{preprocess.describe_range(trained)} (input.pp_train): set '
+      f"--config.evals.{name}.pp='{'|'.join(kept)}'")
+
+
+def check_shape(name: str, ops: str, shape: Sequence[int], context: Context,
+                of: str, default: str = '') -> None:
+  """Images of `evals.<name>.pp` (`ops`) must be the model's input shape:
+  another size or channel count would fail at the first evaluation, after
+  training. `of`: what the images are of; `default`: the section's pp when
+  it sets none, for the hint."""
+  size = context.image_size
+  want = ((size, size) if isinstance(size, int) else tuple(size)) + (
+      context.channels,)
+  shape = tuple(shape)
+  if shape == want:
+    return
+  if shape[:2] != want[:2]:
+    hint = (f'write evals.{name}.pp with {{size}} where the size goes'
+            + (f' (its default: {default})' if default else ''))
+  else:
+    hint = (f'set the channels in evals.{name}.pp: decode('
+            f'{context.channels}) first (or to_rgb for 3)')
+  raise ValueError(
+      f'evals.{name}: pre-processing {ops!r} makes '
+      f'{"x".join(map(str, shape))} images of {of}; the model takes '
+      f'{"x".join(map(str, want))}: {hint}')
+
+
+def split_info(name: str, cfg: ml_collections.ConfigDict,
+               inp: ml_collections.ConfigDict, split: Optional[str],
+               context: Context) -> pipeline.DatasetInfo:
+  """`dataset_info` of the split an evaluator reads (`inp`: its
+  `eval_input`), so that a bad dataset, split or pre-processing fails when
+  it is built. The section's own `pp` is checked as the section's
+  (`check_run_range`, `check_shape`, naming evals.<name>.pp), read without
+  the run's `input.image_size` and train split, whose checks would blame
+  input.* for it."""
+  if not cfg.get('pp'):
+    return pipeline.dataset_info(inp, split=split)
+  check_run_range(name, cfg.pp, inp.pp_eval, context)
+  probe = ml_collections.ConfigDict(inp.to_dict())
+  probe.image_size = probe.train_split = None
+  info = pipeline.dataset_info(probe, split=split, training=False)
+  check_shape(name, inp.pp_eval, info.eval_image_shape, context,
+              f'{inp.data!r} ({info.eval_split})')
+  return info
 
 
 def eval_batches(inp: ml_collections.ConfigDict,

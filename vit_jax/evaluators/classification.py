@@ -62,8 +62,11 @@ class Classification(base.Evaluator):
 
   Config section (`config.evals.<name>`, all optional): `data` (another
   registry dataset; its own splits then), `split` (default: the dataset's
-  eval split), `pp` (eval pre-processing), `prefix` (default `<name>_`),
-  `real_only`, `every`. Every run has one named `eval` (prefix `eval_`) on
+  eval split), `pp` (eval pre-processing, default the run's
+  `input.pp_eval`; `{size}` as `base.section_ops` defines it; its size,
+  channels and value range must be the model's), `prefix` (default
+  `<name>_`), `real_only`, `every`. Every run has one named `eval`
+  (`evaluators.BUILT_IN`, prefix `eval_`; no section may take the name) on
   `input.eval_split`, every `eval_every` steps.
 
   Metrics: `{prefix}accuracy` (precision@1 for multi-label data: the top
@@ -100,13 +103,13 @@ class Classification(base.Evaluator):
     _check_not_posing_as_real(name, self.prefix, self._real_only)
     self._split: Optional[str] = cfg.get('split')
     self._mesh = context.mesh
-    inp = base.eval_input(cfg, context)
+    inp = base.eval_input(cfg, context, name)
     self._input = inp
     spec = registry.get(inp.data)
     if self._real_only and not spec.real_label_key:
       raise ValueError(f'evals.{name}: real_only needs a dataset with ReaL '
                        f'labels (imagenet2012_real), not {spec.name}')
-    pipeline.dataset_info(inp, split=self._split)  # Fails early.
+    base.split_info(name, cfg, inp, self._split, context)  # Fails early.
     head = getattr(context.model, 'num_classes', None)
     if isinstance(head, int) and head > 0:  # Labels the head cannot score.
       try:

@@ -112,18 +112,19 @@ class FewShot(base.Evaluator):
 
   Config section (`config.evals.<name>`, `configs/common.fewshot`):
   `datasets` (registry names, or `name:train_split:test_split`; a dataset
-  without a train split in the registry must name one), `shots`, `seeds`,
-  `l2_reg` (None or absent: `L2_REG`), `pool_per_class`, `pp`
-  (pre-processing, None: `DEFAULT_PP`; `{size}` is replaced with the
-  model's input size, `H, W` for a non-square one; its value range must be
-  the run's `input.pp_train`'s), `batch_size` (default
+  without a train split in the registry must name one, and the two splits
+  must differ and hold examples), `shots`, `seeds`, `l2_reg` (None or
+  absent: `L2_REG`), `pool_per_class`, `pp` (pre-processing, None:
+  `DEFAULT_PP`; `{size}` as `base.section_ops` defines it; its value range
+  must be the run's `input.pp_train`'s), `batch_size` (None or absent:
   `input.eval_batch_size`), `every`, `data_dir` (None: `input.data_dir`,
   the run's).
   Metrics: `fewshot/<dataset>/<k>shot` (mean over seeds) and `..._std`;
   a section not named `fewshot` writes `fewshot/<name>/<dataset>/...`, so
   that two sections never overwrite each other's numbers. Keys it does
   not read and values it cannot use (no datasets, a 0-shot count, no
-  seeds, `l2_reg` <= 0) are refused when it is built, naming the key.
+  seeds, `l2_reg` <= 0, a `batch_size` below 1) are refused when it is
+  built, naming the key.
   """
 
   KEYS = ('datasets', 'shots', 'seeds', 'l2_reg', 'pool_per_class', 'pp',
@@ -154,32 +155,38 @@ class FewShot(base.Evaluator):
                        'a dataset twice; evaluate its other splits in a '
                        'section of their own (config.evals.<other name>)')
     self._pipelines: Dict[Tuple[str, str], pipeline.EvalIterable] = {}
-    batch = int(cfg.get('batch_size') or input_config.eval_batch_size)
+    batch = cfg.get('batch_size')
+    batch = (input_config.eval_batch_size if batch is None
+             else _count(name, 'batch_size', batch))
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp') or DEFAULT_PP
-    # A non-square model input (`Context.image_size` is then (H, W)):
-    # `{size}` is 'H, W' (resize(H, W)); the input's image_size, a square
-    # side, stays unset.
-    square = isinstance(image_size, int)
-    ops = pp.format(size=image_size if square
-                    else '{}, {}'.format(*image_size))
-    _check_run_range(name, pp, ops, context, default=not cfg.get('pp'))
+    ops = base.section_ops(name, pp, image_size)
+    base.check_run_range(name, pp, ops, context, default=not cfg.get('pp'))
     self._input = ml_collections.ConfigDict(dict(
         data='',
         data_dir=cfg.get('data_dir') or input_config.get('data_dir'),
-        image_size=image_size if square else None,
+        # The ops are written out (`section_ops`): no input size to check
+        # them against but the model's (`base.check_shape`).
+        image_size=None,
         # Both splits' features come from these ops (not the dataset's
         # training augmentation, whose value range dataset_info compares).
         pp_train=ops, pp_eval=ops,
         eval_batch_size=batch, batch_size=batch))
     self._classes: Dict[str, int] = {}
     for data, train_split, test_split in self._datasets:  # Fail early.
-      if not (train_split or registry.get(data).train_split):
+      spec = registry.get(data)
+      if not (train_split or spec.train_split):
         raise ValueError(
             f'evals.{name}: few-shot dataset {data!r} has no train split in '
             'the registry (it is for evaluation only): its k-shot images '
             'would be drawn from the split it scores. Name a train split '
             f'the test split does not overlap: {data}:TRAIN:TEST')
+      if (train_split or spec.train_split) == (test_split or spec.eval_split):
+        raise ValueError(
+            f'evals.{name}: few-shot dataset {data!r} would draw its k-shot '
+            f'images from {train_split or spec.train_split!r}, the split it '
+            'scores. Name a train split the test split does not overlap: '
+            f'{data}:TRAIN:TEST')
       cfg_ = ml_collections.ConfigDict(self._input.to_dict())
       cfg_.data = data
       if train_split:
@@ -203,18 +210,16 @@ class FewShot(base.Evaluator):
         raise ValueError(f'evals.{name}: few-shot dataset {data!r} is '
                          'multi-label; few-shot draws k images of one class '
                          'each: pick a single-label dataset')
-      shape = tuple(info.eval_image_shape)
-      want = ((image_size, image_size) if square else tuple(image_size)) + (
-          context.channels,)
-      if shape != want:
-        raise ValueError(
-            f'evals.{name}: pre-processing {self._input.pp_eval!r} makes '
-            f'{"x".join(map(str, shape))} images of few-shot dataset '
-            f'{data!r}; the model takes {"x".join(map(str, want))}: '
-            + ('write evals.%s.pp with {size} where the size goes (its '
-               'default: %s)' % (name, DEFAULT_PP) if shape[:2] != want[:2]
-               else 'set the channels in evals.%s.pp: decode(%d) '
-               'first (or to_rgb for 3)' % (name, context.channels)))
+      base.check_shape(name, ops, info.eval_image_shape, context,
+                       f'few-shot dataset {data!r}', default=DEFAULT_PP)
+      if info.num_eval_examples == 0:
+        raise _empty(name, data, info.eval_split)
+      # The train split's pipeline, built now (its first use is at the
+      # first evaluation): an empty one fails here, before training.
+      train = self._batches(data, train_split or spec.train_split,
+                            ordered=True, local=False)
+      if not len(train):
+        raise _empty(name, data, train.split)
       self._classes[data] = info.num_classes
     rep = shd.replicated(mesh)
     def represent(params, batch):
@@ -225,8 +230,10 @@ class FewShot(base.Evaluator):
                                in_shardings=(params_sharding, None),
                                out_shardings=rep)
 
-  def _batches(self, data: str, split: str, ordered: bool = False):
-    """`split`'s local batches, the pipeline built once.
+  def _batches(self, data: str, split: str, ordered: bool = False,
+               local: bool = True):
+    """`split`'s local batches (`local=False`: its pipeline), the pipeline
+    built once.
 
     `ordered`: global batch i is the split's examples [i * B, (i + 1) * B)
     in order, whatever the process count (each process reads the whole
@@ -243,7 +250,7 @@ class FewShot(base.Evaluator):
           pipeline.eval_iterator(cfg, split=split) if ordered
           else base.eval_batches(cfg, split))
     batches = self._pipelines[key]
-    if not ordered or jax.process_count() == 1:
+    if not local or not ordered or jax.process_count() == 1:
       return batches
     rows = self._input.eval_batch_size // jax.process_count()
     start = jax.process_index() * rows
@@ -272,6 +279,8 @@ class FewShot(base.Evaluator):
       labels.append(y)
       if pool and counts.min() >= pool:
         break  # Every process sees the same counts: all stop here.
+    if not feats:  # An empty split whose size was not known at build.
+      raise _empty(self.name, data, split)
     return np.concatenate(feats), np.concatenate(labels)
 
   def run(self, params: Any) -> Dict[str, float]:
@@ -349,6 +358,13 @@ def first_of_each_class(labels: np.ndarray, counts: np.ndarray,
   return keep
 
 
+def _empty(name: str, data: str, split: str) -> ValueError:
+  """An empty few-shot split: no k-shot set to draw, or nothing to score."""
+  return ValueError(f'evals.{name}: split {split!r} of few-shot dataset '
+                    f'{data!r} has no examples: name a non-empty one, '
+                    f'{data}:TRAIN:TEST')
+
+
 def _not_finite(name: str, data: str, x_train: np.ndarray,
                 x_test: np.ndarray) -> bool:
   """Whether the representation is not finite (a diverged model), said in
@@ -416,42 +432,11 @@ def _dataset_names(name: str, value: Any) -> List[str]:
 
 
 def metric_prefix(name: str) -> str:
-  """`fewshot/` for the section named `fewshot` (what the result tables
-  read), `fewshot/<name>/` for any other."""
+  """`fewshot/` for the section named `fewshot` (the result tables' columns
+  `<dataset>`), `fewshot/<name>/` for any other (columns
+  `<name>/<dataset>`). A dataset name may hold '/' (`vtab/caltech101`):
+  the tables read all between `fewshot/` and `/<k>shot` as one name."""
   return 'fewshot/' if name == 'fewshot' else f'fewshot/{name}/'
-
-
-def _check_run_range(name: str, pp: str, ops: str, context: base.Context,
-                     default: bool = False) -> None:
-  """Few-shot images must have the value range the model was trained on
-  (the run's `input.pp_train`'s): [-1, 1] images for a model trained on
-  [0, 1] ones give meaningless numbers, silently. Ranges that are unknown
-  (an op of the user's own after the last value_range) are not compared."""
-  inp = context.config.get('input') or {}
-  train_pp = inp.get('pp_train') or (
-      registry.get(inp.data).pp_train if inp.get('data') else None)
-  if not train_pp:
-    return
-  # Only a preset's ops depend on the size, never their value range.
-  size = context.image_size
-  size = size if isinstance(size, int) else size[0]
-  try:
-    trained = preprocess.output_range(train_pp, size)
-  except ValueError:  # The run's own checks name a bad pp_train.
-    return
-  ours = preprocess.output_range(ops, size)
-  if trained is None or ours is None or trained == ours:
-    return
-  kept = [op for op in preprocess.PRESETS.get(pp.strip(), pp).split('|')
-          if op.strip() and not op.strip().startswith('value_range')]
-  if trained != preprocess.PIXELS:
-    kept.append(preprocess.value_range_op(trained))
-  raise ValueError(
-      f'evals.{name}.pp={pp!r}{" (its default)" if default else ""} '
-      'gives few-shot images in '
-      f'{preprocess.describe_range(ours)} but the model was trained on '
-      f'{preprocess.describe_range(trained)} (input.pp_train): set '
-      f"--config.evals.{name}.pp='{'|'.join(kept)}'")
 
 
 def _split_dataset(item: str) -> Tuple[str, str, str]:

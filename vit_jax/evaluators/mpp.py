@@ -27,7 +27,6 @@ import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import selfsup
-from vit_jax.data import pipeline
 from vit_jax.evaluators import base
 from vit_jax import sharding as shd
 
@@ -68,9 +67,9 @@ class MaskedPatchEval(base.Evaluator):
     self._split: Optional[str] = cfg.get('split')
     self._seed = int(cfg.get('seed', 0))
     self._mesh = context.mesh
-    inp = base.eval_input(cfg, context)
+    inp = base.eval_input(cfg, context, name)
     self._input = inp
-    pipeline.dataset_info(inp, split=self._split)  # Fails early.
+    base.split_info(name, cfg, inp, self._split, context)  # Fails early.
     self._batches = base.eval_batches(inp, self._split)
     rep = shd.replicated(context.mesh)
     self._sums = base.jit(

@@ -101,6 +101,24 @@ def _load(source: str, model, image_shape, abstract, params_sh, ema: bool):
           else None)
 
 
+def _has_averages(source: str) -> Optional[bool]:
+  """Whether checkpoint `source` holds Polyak averages, as its record says
+  without reading the weights (its run's optim.ema_decay); None where it
+  does not say (a record of an earlier version). An .npz file has none."""
+  if source.endswith('.npz'):
+    return False
+  optim = orbax_state.load_run_state(source).get('optim')
+  return bool(optim.get('ema_decay')) if isinstance(optim, dict) else None
+
+
+def _no_averages(source: str) -> str:
+  """eval_ema=both of a checkpoint without averages: they come from the
+  checkpoint, so the config's optim.ema_decay cannot help."""
+  return (f'--config.eval_ema=both: {source} holds no Polyak (EMA) '
+          'averages (an .npz file, or a run without optim.ema_decay), only '
+          'its parameters: evaluate those with --config.eval_ema=raw')
+
+
 def evaluate_run(config: ml_collections.ConfigDict,
                  workdir: str) -> Dict[str, Any]:
   """Evaluates a checkpoint; returns what it wrote to eval_summary.json.
@@ -136,11 +154,15 @@ def _evaluate(config: ml_collections.ConfigDict,
                                      shd.platform(mesh))
   image_shape = tuple(info.eval_image_shape)
   abstract, params_sh = _shardings(config, model, image_shape, mesh)
+  mode = config.get('eval_ema', 'ema')
+  if mode == 'both' and _has_averages(source) is False:
+    raise ValueError(_no_averages(source))
   # Before the (possibly long) load: a bad evaluator setting fails first.
   evals = evaluators.build(config, model, mesh, params_sh, image_shape)
-  mode = config.get('eval_ema', 'ema')
   params, averages = _load(source, model, image_shape, abstract, params_sh,
                            ema=mode != 'raw')
+  if mode == 'both' and averages is None:  # A record that did not say.
+    raise ValueError(_no_averages(source))
   logging.info('evaluating %s at %s', source, image_shape)
   by_evaluator = {}
   with jax.set_mesh(mesh):
@@ -248,7 +270,7 @@ def _not_the_runs_evaluation(config, workdir: str, step: int,
   recorded = (run_files.read_config(workdir).get('config') or {}).get(
       'evals') or {}
   for name, out in sorted((metrics or {}).items()):
-    if name == 'eval' or name in recorded:
+    if name == evaluators.BUILT_IN or name in recorded:
       continue  # The run's own: compared above.
     taken = sorted(set(out) & set(run))
     if taken:
