@@ -1187,6 +1187,22 @@ def test_fewshot_batch_size_is_checked_when_built(digits_model):
     assert ev._input.eval_batch_size == 60
 
 
+def test_a_sections_every_is_a_step_count(digits_model):
+  """every=-5 ran every 5 steps and 2.5 every 2; None is 0 (the end)."""
+  model, params = digits_model
+  mesh = shd.make_mesh()
+  sh = shd.param_shardings(params, mesh)
+  inp = ml_collections.ConfigDict(dict(eval_batch_size=60, data_dir=None))
+  section = dict(datasets=('digits',), shots=(1,), seeds=1, pool_per_class=2)
+  for bad in (-5, 2.5, True):
+    with pytest.raises(ValueError, match=re.escape(
+        f'evals.fewshot.every={bad!r}: 0 (at the end of training only)')):
+      _fewshot(ml_collections.ConfigDict(dict(section, every=bad)), inp,
+               model, mesh, sh, 16)
+  assert _fewshot(ml_collections.ConfigDict(dict(section, every=None)), inp,
+                  model, mesh, sh, 16).every == 0
+
+
 def test_a_sections_pp_is_checked_as_the_sections(digits_model):
   """A classification section's `pp` of another size or value range was
   blamed on --config.input.image_size / input.pp_eval, and its `{size}`

@@ -72,7 +72,12 @@ class Evaluator(abc.ABC):
     if self.KEYS is not None:
       check_keys(name, cfg, self.KEYS)
     self.name = name
-    self.every = int(cfg.get('every', 0))
+    every = cfg.get('every') or 0
+    if (isinstance(every, bool) or not isinstance(every, int)
+        or every < 0):  # -5 ran every 5 steps; 2.5 was cut to 2.
+      raise ValueError(f'evals.{name}.every={every!r}: 0 (at the end of '
+                       'training only) or a whole number of steps')
+    self.every = every
     self.context = context
 
   @abc.abstractmethod
