@@ -66,19 +66,42 @@ def installed_naming() -> str:
   return 'v4' if int(transformers.__version__.split('.')[0]) < 5 else 'v5'
 
 
+def no_counterpart(name: str, options: Mapping[str, Any]) -> str:
+  """Why model `name` with `options` has no ViTForImageClassification form
+  ('' if it has): only plain class-token ViTs with learned position
+  embeddings and no pre-logits layer convert."""
+  kw = models.options(name, **options)
+  cls, family = models.spec(name)['cls'], models.family(name).name
+  if cls is models.BiT:
+    return (f'{name} is a {family} ResNet: transformers\' '
+            'ViTForImageClassification has no convolutional trunk (and its '
+            'BiT port uses other layer names and padding)')
+  if cls is not models.VisionTransformer:
+    return (f'{name} is a {family} model: transformers has no '
+            'ViTForImageClassification (or other) counterpart of it')
+  if kw.get('resnet_layers') is not None:
+    return (f'{name} is a hybrid: its ResNet stem (GroupNorm, weight '
+            'standardisation) has no ViTForImageClassification counterpart')
+  if kw.get('classifier', 'token') != 'token':
+    return (f'classifier={kw["classifier"]!r}: ViTForImageClassification '
+            'classifies the class token only')
+  if kw.get('posemb', 'learn') != 'learn':
+    return (f'posemb={kw["posemb"]!r}: ViTForImageClassification has '
+            'learned position embeddings only')
+  if kw.get('representation_size'):
+    return ('a pre-logits layer (representation_size='
+            f'{kw["representation_size"]}): ViTForImageClassification has '
+            'none (fine-tune without it, or drop it with load_pretrained)')
+  return ''
+
+
 def _vit_spec(name: str, overrides: Mapping[str, Any]) -> Dict[str, Any]:
+  why = no_counterpart(name, overrides)
+  if why:
+    raise ValueError(f'{name} with {dict(overrides)} has no Hugging Face '
+                     f'ViTForImageClassification counterpart: {why}')
   kw = models.spec(name)
   kw.update(overrides)
-  if kw['cls'] is not models.VisionTransformer or kw.get(
-      'resnet_layers') is not None \
-      or kw.get('representation_size') or kw.get('classifier',
-                                                    'token') != 'token' \
-      or kw.get('posemb', 'learn') != 'learn':
-    raise ValueError(
-        f'{name} with {dict(overrides)} has no Hugging Face '
-        'ViTForImageClassification counterpart: only plain class-token ViTs '
-        'with learned position embeddings and without a pre-logits layer '
-        '(drop it with load_pretrained) convert')
   return kw
 
 

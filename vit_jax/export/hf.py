@@ -23,35 +23,14 @@ import os
 
 import numpy as np
 
-from vit_jax import models
+from vit_jax.checkpoint import hf as hf_checkpoint
 from vit_jax.export.registry import Format, register
 
 
 def not_expressible(trained) -> str:
-  """Why `trained` has no ViTForImageClassification form ('' if it has)."""
-  kw = models.options(trained.name, **trained.options)
-  if models.spec(trained.name)['cls'] is models.BiT:
-    return (f'{trained.name} is a {trained.family} ResNet: transformers\' '
-            'ViTForImageClassification has no convolutional trunk (and its '
-            'BiT port uses other layer names and padding)')
-  if models.spec(trained.name)['cls'] is not models.VisionTransformer:
-    return (f'{trained.name} is a {trained.family} model: transformers has '
-            'no ViTForImageClassification (or other) counterpart of it')
-  if kw.get('resnet_layers') is not None:
-    return (f'{trained.name} is a hybrid: its ResNet stem (GroupNorm, '
-            'weight standardisation) has no ViTForImageClassification '
-            'counterpart')
-  if kw.get('classifier', 'token') != 'token':
-    return (f'classifier={kw["classifier"]!r}: ViTForImageClassification '
-            'classifies the class token only')
-  if kw.get('posemb', 'learn') != 'learn':
-    return (f'posemb={kw["posemb"]!r}: ViTForImageClassification has '
-            'learned position embeddings only')
-  if kw.get('representation_size'):
-    return ('a pre-logits layer (representation_size='
-            f'{kw["representation_size"]}): ViTForImageClassification has '
-            'none (fine-tune without it, or drop it with load_pretrained)')
-  return ''
+  """Why `trained` has no ViTForImageClassification form ('' if it has):
+  `checkpoint.hf.no_counterpart`, the one definition."""
+  return hf_checkpoint.no_counterpart(trained.name, trained.options)
 
 
 def export(trained, out: str, options):
