@@ -955,7 +955,7 @@ def cmd_up(args, runner: Runner) -> int:
   if code is not None:
     return code
   _pin_repo(runner, args)
-  created = []
+  created, outcome = [], None
   with local.signals_interrupt():
     try:
       outcome = _up_outcome(runner, args, created)
@@ -964,9 +964,15 @@ def cmd_up(args, runner: Runner) -> int:
       return _finish(runner, args, outcome, ran='run' in created)
     except (KeyboardInterrupt, local.Interrupted) as e:
       signum = getattr(e, 'signum', signal.SIGINT)
-      runner.note(f'{signal.Signals(signum).name}: the TPU and its run go '
-                  f'on. Follow: python -m launch.tpu logs {_where(args)}; '
-                  f'delete: {_delete_hint(args)}')
+      name = signal.Signals(signum).name
+      if outcome is None:
+        runner.note(f'{name}: the TPU and its run go on. Follow: python -m '
+                    f'launch.tpu logs {_where(args)}; delete: '
+                    f'{_delete_hint(args)}')
+      else:  # While saving logs, copying results or deleting.
+        runner.note(f'{name} while finishing (run {outcome}): the TPU '
+                    f'may still exist. Check: python -m launch.tpu status '
+                    f'{_where(args)}; delete: {_delete_hint(args)}')
       return 128 + signum
 
 

@@ -722,6 +722,23 @@ def test_a_signal_detaches_up_naming_its_tpu(tmp_path, sig, nohup):
   assert '# stream stopped' in text and '# call delete' not in text
 
 
+def test_an_interrupt_while_finishing_does_not_say_the_run_goes_on():
+  """Ctrl-C while `up` deletes the ended run's TPU: the hint says the run
+  ended and the TPU may still exist, not that the run goes on."""
+  runner = FakeRunner(streams=[[0]])
+  calls = runner._call
+
+  def call(argv, capture):
+    if kind(argv) == 'delete':
+      raise KeyboardInterrupt
+    return calls(argv, capture)
+  runner._call = call
+  assert _up(runner) == 130
+  out = runner.out.getvalue()
+  assert 'SIGINT while finishing (run done): the TPU may still exist' in out
+  assert 'go on' not in out
+
+
 def test_setup_installs_on_every_worker_or_on_none(capsys):
   """`setup` asks every worker first, as `run` does: a run going on one of
   them refuses the install on all (each worker's own guard alone would
