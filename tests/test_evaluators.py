@@ -1144,6 +1144,23 @@ def test_fewshot_refuses_to_draw_shots_from_the_split_it_scores(
                 seeds=1, pool_per_class=2, batch_size=60)
 
 
+def test_fewshot_compares_the_splits_as_resolved(digits_model, tmp_path):
+  """`folder:test:` scores the folder's default eval split, `test`: the
+  same split as its k-shot images, though the strings differ."""
+  from PIL import Image
+  for split in ('train', 'test'):
+    for c in range(3):
+      (tmp_path / split / f'c{c}').mkdir(parents=True)
+      for i in range(2):
+        Image.fromarray(np.full((8, 8, 3), 40 * c + i, np.uint8)).save(
+            tmp_path / split / f'c{c}' / f'{i}.png')
+  with pytest.raises(ValueError, match=r"would draw its k-shot images from "
+                     r"'test', the split it scores"):
+    _fewshot_on(*digits_model, 16, datasets=('folder:test:',), shots=(1,),
+                seeds=1, pool_per_class=2, batch_size=60,
+                data_dir=str(tmp_path))
+
+
 @pytest.mark.parametrize('dataset,split', [
     ('digits:train:test[:0]', 'test[:0]'),
     ('digits:train[:0]:test', 'train[:0]')])
@@ -1270,3 +1287,24 @@ def test_eval_ema_both_of_a_checkpoint_without_averages(
   with pytest.raises(ValueError, match=message):
     eval_run.evaluate_run(config, workdir)
   assert not os.path.exists(os.path.join(workdir, 'eval_summary.json'))
+
+
+def test_a_sections_pp_on_a_run_with_its_own_split_names(tmp_path):
+  """A section with its own `pp` on the run's data is read with the run's
+  splits (TFRecords `mytrain-*` / `myval-*`), not the registry's 'train'."""
+  from test_data_tfrecord import _write
+  for split in ('mytrain', 'myval'):
+    _write(str(tmp_path / f'{split}-00000'), list(range(5)), size=(8, 8))
+  model = models.create('ViT-test', num_classes=5)
+  params = model.init(jax.random.key(0), jnp.zeros((1, 16, 16, 3)))['params']
+  mesh = shd.make_mesh()
+  ops = 'decode|resize(16)|value_range(-1,1)'
+  config = ml_collections.ConfigDict(dict(input=dict(
+      data='tfrecord', data_dir=str(tmp_path), num_classes=5,
+      train_split='mytrain', eval_split='myval', image_size=16, batch_size=5,
+      eval_batch_size=5, pp_train=ops, pp_eval=ops), eval_every=0,
+      evals=dict(sec=dict(type='classification',
+                          pp='decode|resize({size})|value_range(-1,1)'))))
+  built = evaluators.build(config, model, mesh,
+                           shd.param_shardings(params, mesh), (16, 16, 3))
+  assert [e.name for e in built] == ['eval', 'sec']

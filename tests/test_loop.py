@@ -349,19 +349,21 @@ def test_a_finished_run_is_not_recorded_with_settings_it_never_trained(
 
 
 def test_a_finished_runs_length_and_report_are_compared(tmp_path):
-  """Fewer steps than it trained, or another report (its config file's
-  other row), is no re-evaluation of this run; the same settings are."""
+  """Fewer steps than it trained, a setting turned on, or another report
+  (its config file's other row) is no re-evaluation of this run; the same
+  settings are, and so are fields added to the configs since it was
+  recorded (config.json lacks them; it records unset ones as null)."""
   import ml_collections
   from vit_jax.train import loop, run_files
   config = ml_collections.ConfigDict({
-      'optim': {'lr': 0.1}, 'loss': 'softmax', 'label_smoothing': 0.0,
-      'accum_steps': 1, 'report': {'lr': 0.1, 'task': 'transfer'}})
+      'optim': {'lr': 0.1, 'ema_decay': None}, 'loss': 'softmax',
+      'label_smoothing': 0.0, 'accum_steps': 1,
+      'report': {'lr': 0.1, 'task': 'transfer'}})
   run_files.write_config(str(tmp_path), config)
-  saved = json.loads(json.dumps({'optim': config.optim.to_dict(),
-                                 'total_steps': 40, **loop._training(config)}))
   run = lambda steps, start=40: type('Run', (), {
-      'saved': saved, 'steps': steps, 'start': start})()
-  assert loop._trained_otherwise(config, str(tmp_path), run(40)) is None
+      'saved': {}, 'steps': steps, 'start': start})()
+  why = lambda: loop._trained_otherwise(config, str(tmp_path), run(40))
+  assert why() is None
   assert 'it trained 40 steps and this config asks for 20' in (
       loop._trained_otherwise(config, str(tmp_path), run(20)))
   # Stopped at step 20 of 40, ended there: evaluated, not refused.
@@ -369,10 +371,14 @@ def test_a_finished_runs_length_and_report_are_compared(tmp_path):
   # Fields added to the configs since the run was recorded are no change.
   config.optim.ema_warmup = True
   config.report.transfer = True
-  assert loop._trained_otherwise(config, str(tmp_path), run(40)) is None
+  assert why() is None
+  config.optim.ema_decay = 0.9999  # Recorded unset (null): turned on.
+  assert "optim differs from what it trained with (was -> now: " \
+      "{'ema_decay': (None, 0.9999)})" in why()
+  config.optim.ema_decay = None
   config.report.lr = 0.03
-  assert "its report differs (was -> now: {'lr': (0.1, 0.03)}" in (
-      loop._trained_otherwise(config, str(tmp_path), run(40)))
+  assert "report differs from what it trained with (was -> now: " \
+      "{'lr': (0.1, 0.03)})" in why()
 
 
 def test_resume_compares_tuples_as_the_checkpoint_recorded_them(monkeypatch):

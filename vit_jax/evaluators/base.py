@@ -232,13 +232,12 @@ def split_info(name: str, cfg: ml_collections.ConfigDict,
   `eval_input`), so that a bad dataset, split or pre-processing fails when
   it is built. The section's own `pp` is checked as the section's
   (`check_run_range`, `check_shape`, naming evals.<name>.pp), read without
-  the run's `input.image_size` and train split, whose checks would blame
-  input.* for it."""
+  the run's `input.image_size`, whose checks would blame input.* for it."""
   if not cfg.get('pp'):
     return pipeline.dataset_info(inp, split=split)
   check_run_range(name, cfg.pp, inp.pp_eval, context)
   probe = ml_collections.ConfigDict(inp.to_dict())
-  probe.image_size = probe.train_split = None
+  probe.image_size = None  # The run's train split stays: its splits' names.
   info = pipeline.dataset_info(probe, split=split, training=False)
   check_shape(name, inp.pp_eval, info.eval_image_shape, context,
               f'{inp.data!r} ({info.eval_split})')

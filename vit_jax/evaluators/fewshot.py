@@ -156,8 +156,8 @@ class FewShot(base.Evaluator):
                        'section of their own (config.evals.<other name>)')
     self._pipelines: Dict[Tuple[str, str], pipeline.EvalIterable] = {}
     batch = cfg.get('batch_size')
-    batch = (input_config.eval_batch_size if batch is None
-             else _count(name, 'batch_size', batch))
+    batch = ((input_config.get('eval_batch_size') or input_config.batch_size)
+             if batch is None else _count(name, 'batch_size', batch))
     shd.check_batch_size(batch, mesh, f'evals.{name}.batch_size')
     pp = cfg.get('pp') or DEFAULT_PP
     ops = base.section_ops(name, pp, image_size)
@@ -182,11 +182,7 @@ class FewShot(base.Evaluator):
             'would be drawn from the split it scores. Name a train split '
             f'the test split does not overlap: {data}:TRAIN:TEST')
       if (train_split or spec.train_split) == (test_split or spec.eval_split):
-        raise ValueError(
-            f'evals.{name}: few-shot dataset {data!r} would draw its k-shot '
-            f'images from {train_split or spec.train_split!r}, the split it '
-            'scores. Name a train split the test split does not overlap: '
-            f'{data}:TRAIN:TEST')
+        raise _scored(name, data, train_split or spec.train_split)
       cfg_ = ml_collections.ConfigDict(self._input.to_dict())
       cfg_.data = data
       if train_split:
@@ -220,6 +216,8 @@ class FewShot(base.Evaluator):
                             ordered=True, local=False)
       if not len(train):
         raise _empty(name, data, train.split)
+      if train.split == info.eval_split:  # As resolved ('folder:test:').
+        raise _scored(name, data, train.split)
       self._classes[data] = info.num_classes
     rep = shd.replicated(mesh)
     def represent(params, batch):
@@ -356,6 +354,14 @@ def first_of_each_class(labels: np.ndarray, counts: np.ndarray,
   keep = valid & (np.append(counts, pool)[y] + rank < pool)
   counts += np.bincount(y[keep], minlength=num_classes)[:num_classes]
   return keep
+
+
+def _scored(name: str, data: str, split: str) -> ValueError:
+  """k-shot images drawn from the split the few-shot accuracy is of."""
+  return ValueError(
+      f'evals.{name}: few-shot dataset {data!r} would draw its k-shot '
+      f'images from {split!r}, the split it scores. Name a train split the '
+      f'test split does not overlap: {data}:TRAIN:TEST')
 
 
 def _empty(name: str, data: str, split: str) -> ValueError:

@@ -237,8 +237,8 @@ def attention_summary(model, params, images,
   layers (vector x matrix), never the T x T products, so they cost little
   next to the forward pass and come for every image of the batch.
 
-  The grid and the pixels per token are the images' (size // stride) and
-  the model's `stride`; `grid_shape` and `pixels_per_token`, when given,
+  The grid and the pixels per token are the images' (`models.patch_grid`)
+  and the model's `stride`; `grid_shape` and `pixels_per_token`, when given,
   must equal them (a transposed grid would give wrong distances and maps
   of the wrong shape without any other error).
   """

@@ -87,10 +87,6 @@ class MaskedPatchPrediction(vit.VisionTransformer):
     `corruption.image_keys`) corrupts each image with its own key instead
     of the `mpp` rng's one key for the batch."""
     check_options(self.target, self.bits, self.rate, self.representation)
-    if self.classifier == 'map':
-      raise ValueError("classifier='map' pools for a classifier's head, "
-                       "which masked patch prediction has none of: use "
-                       "classifier='token' or 'gap'")
     if self.representation == 'token' and self.classifier != 'token':
       raise ValueError("mpp representation='token' needs a class token: "
                        "use representation='gap' with classifier='gap'")

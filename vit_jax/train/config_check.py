@@ -194,7 +194,8 @@ def _mpp_problems(config: ml_collections.ConfigDict) -> Iterator[str]:
              f'unset it (--config.input.{field}=None)')
   if config.get('mode', 'train') == 'train':
     yield from _mpp_unused_label_settings(config)
-  if config.get('model', {}).get('classifier') == 'map':
+  if (config.get('model', {}).get('classifier') == 'map'
+      and config.get('mode', 'train') == 'train'):  # Old runs evaluate.
     yield ("--config.model.classifier='map' pools a classifier's tokens with "
            'an attention head, which objective=mpp has none of (it predicts '
            "every patch): use classifier='token' or 'gap' (mpp.representation "

@@ -173,31 +173,35 @@ def _check_finished_run(config, workdir: str, run: 'Run') -> None:
 
 
 def _trained_otherwise(config, workdir: str, run: 'Run') -> Optional[str]:
-  """Why `config` is not what the finished run in `workdir` trained with
-  (its checkpoint's settings, `_changes`, and config.json's `report`), or
-  None. Only what the run recorded is compared: a field added to the
-  configs since (recorded by none of its files) is no difference, and a
-  run stopped early may be ended where it stands (`total_steps` = its
-  step)."""
+  """Why `config` is not what the finished run in `workdir` trained with,
+  or None: fewer steps than it trained (a run stopped early may be ended
+  where it stands, `total_steps` = its step), or a `_TRAINED_WITH` setting
+  that differs from its config.json's (written when it last started, so a
+  deliberate change on resume is its record). config.json records every
+  field, unset ones as null: a field it lacks was added to the configs
+  since, and is no difference; a null one turned on is."""
   if run.steps < run.start:
     return (f'it trained {run.start} steps and this config asks for '
             f'{run.steps}: nothing would train')
-  changes = _changes(run.saved, config, run.steps)
-  changes.pop('total_steps', None)
-  for key, diff in changes.items():
-    if isinstance(diff, dict):  # Fields the record has.
-      diff = {k: v for k, v in diff.items() if v[0] is not None}
+  recorded = run_files.read_config(workdir).get('config') or {}
+  now = json.loads(config.to_json_best_effort())
+  for key in _TRAINED_WITH:
+    if key not in recorded:
+      continue
+    was, cur = recorded[key], now.get(key)
+    if isinstance(was, dict):
+      cur = cur if isinstance(cur, dict) else {}
+      diff = {k: (v, cur.get(k)) for k, v in was.items() if cur.get(k) != v}
+    else:
+      diff = (was, cur) if cur != was else None
     if diff:
       return f'{key} differs from what it trained with (was -> now: {diff})'
-  recorded = (run_files.read_config(workdir).get('config') or {}).get(
-      'report') or {}
-  now = json.loads(config.to_json_best_effort()).get('report') or {}
-  differ = {k: (v, now.get(k)) for k, v in recorded.items()
-            if now.get(k) != v}
-  if differ:
-    return (f'its report differs (was -> now: {differ}: another row of its '
-            'config file?)')
   return None
+
+
+# What a finished run's re-run must share with its record (config.json):
+# how it trained, and the report that says which experiment it is.
+_TRAINED_WITH = ('optim', 'loss', 'label_smoothing', 'accum_steps', 'report')
 
 
 @dataclasses.dataclass
