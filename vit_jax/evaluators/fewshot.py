@@ -181,8 +181,6 @@ class FewShot(base.Evaluator):
             'the registry (it is for evaluation only): its k-shot images '
             'would be drawn from the split it scores. Name a train split '
             f'the test split does not overlap: {data}:TRAIN:TEST')
-      if (train_split or spec.train_split) == (test_split or spec.eval_split):
-        raise _scored(name, data, train_split or spec.train_split)
       cfg_ = ml_collections.ConfigDict(self._input.to_dict())
       cfg_.data = data
       if train_split:
@@ -216,7 +214,7 @@ class FewShot(base.Evaluator):
                             ordered=True, local=False)
       if not len(train):
         raise _empty(name, data, train.split)
-      if train.split == info.eval_split:  # As resolved ('folder:test:').
+      if train.split == info.eval_split:  # As resolved: 'folder:test:' too.
         raise _scored(name, data, train.split)
       self._classes[data] = info.num_classes
     rep = shd.replicated(mesh)

@@ -352,15 +352,15 @@ def _training(config) -> Dict[str, Any]:
           'accum_steps': config.get('accum_steps', 1) or 1}
 
 
-def _changes(saved: Dict[str, Any], config, steps: int) -> Dict[str, Any]:
-  """The optimiser, schedule and loss settings that differ from those the
-  checkpoint was trained with: {key: (was, now)}, or for a dict the
-  differing fields' {field: (was, now)}. Checkpoints of earlier versions
-  did not record the loss: nothing to compare there."""
+def _log_changes(saved: Dict[str, Any], config, steps: int,
+                 start: int) -> None:
+  """Logs, loudly, an optimiser, schedule or loss that differs from the one
+  the checkpoint was trained with (legitimate: e.g. a lower LR after a
+  divergence, or a longer run). Checkpoints of earlier versions did not
+  record the loss: nothing to compare there."""
   now = orbax_state.as_saved(
       {'optim': config.optim.to_dict(), 'total_steps': steps,
        **_training(config)})
-  out = {}
   for key, value in now.items():
     if key in saved and saved[key] != value:
       before = saved[key]
@@ -372,20 +372,10 @@ def _changes(saved: Dict[str, Any], config, steps: int) -> Dict[str, Any]:
           continue
       else:
         diff = (before, value)
-      out[key] = diff
-  return out
-
-
-def _log_changes(saved: Dict[str, Any], config, steps: int,
-                 start: int) -> None:
-  """Logs, loudly, an optimiser, schedule or loss that differs from the one
-  the checkpoint was trained with (legitimate: e.g. a lower LR after a
-  divergence, or a longer run)."""
-  for key, diff in _changes(saved, config, steps).items():
-    logging.warning(
-        '*** DELIBERATE CHANGE on resume from step %d: %s differs from the '
-        'checkpoint\'s (was -> now: %s). Training continues with the new '
-        'setting. ***', start, key, diff)
+      logging.warning(
+          '*** DELIBERATE CHANGE on resume from step %d: %s was %s in the '
+          'checkpoint and is now %s (was -> now: %s). Training continues '
+          'with the new setting. ***', start, key, before, value, diff)
 
 
 def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
