@@ -107,6 +107,27 @@ def test_split_folders_layout(tmp_path):
   assert info.num_eval_examples == 10
 
 
+def test_an_unlabelled_test_folder_is_no_split_and_blocks_nothing(
+    tmp_path, caplog):
+  """Kaggle's layout, `train/<class>/` beside a `test/` of unlabelled
+  images, refused the whole dataset; now `test` is no split (a warning),
+  the others are read, and asking for it says why it is none."""
+  _write(tmp_path / 'train', corrupt=False)
+  (tmp_path / 'test').mkdir()
+  (tmp_path / 'test' / 'a.png').write_bytes(
+      (tmp_path / 'train' / 'animals' / 'cat_1.png').read_bytes())
+  config = _config(tmp_path, train_split='train[:80%]',
+                   eval_split='train[80%:]')
+  with caplog.at_level(logging.WARNING):
+    info = pipeline.dataset_info(config)
+  assert (info.num_train_examples, info.num_eval_examples) == (8, 2)
+  assert 'images directly in it have no label' in caplog.text
+  for split in ('test', None):  # Asked for, and the default eval split.
+    with pytest.raises(UnknownSplitError,
+                       match=r'test has no .* files in class sub-folders'):
+      pipeline.eval_iterator(_config(tmp_path, eval_split=split))
+
+
 def test_hidden_and_underscore_folders_are_not_classes(tmp_path, caplog):
   _write(tmp_path, corrupt=False)
   junk = (tmp_path / 'animals' / 'chelsea_0.jpg').read_bytes()

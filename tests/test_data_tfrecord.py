@@ -8,6 +8,7 @@ record id), so that two processes' shards differ in size (52 and 56).
 import json
 import logging
 import os
+import shutil
 
 import ml_collections
 import numpy as np
@@ -229,14 +230,18 @@ def test_stream_ignores_tensorflows_global_seed(shards):
   assert_batches_equal(batches(5), batches(None))
 
 
-def test_tfrecord_resume(records):
+def test_tfrecord_resume(records, tmp_path):
+  """Also from a copy of the files elsewhere (data moved to a bucket
+  between preemptions): the same stream, no longer refused."""
   config = _config(records, pp_train='inception')
   run = pipeline.train_iterator(config, seed=4)
   for _ in range(9):
     next(run)
   state = run.get_state()
   expected = [next(run) for _ in range(3)]
-  resumed = pipeline.train_iterator(config, seed=4)
+  shutil.copytree(records, tmp_path / 'moved')
+  resumed = pipeline.train_iterator(
+      _config(str(tmp_path / 'moved'), pp_train='inception'), seed=4)
   resumed.set_state(state)
   for a in expected:
     b = next(resumed)
@@ -477,6 +482,36 @@ def test_undecodable_images_are_named_and_skipped_in_training_only(
   again = pipeline.train_iterator(_jpeg_config(tmp_path, skip_bad_images=True,
                                                batch_size=10), seed=0)
   assert sorted(next(again)['label'].tolist()) == labels
+
+
+def test_skip_bad_images_decodes_only_the_files_a_process_reads(
+    tmp_path, monkeypatch):
+  """`dataset_info` (every process, before training) built its element
+  spec by opening the train split as the only process: with
+  `skip_bad_images` each host decoded every file of the split, not 1/n."""
+  monkeypatch.setattr(tfrecord_source, '_COUNTS', {})
+  monkeypatch.setattr(tfrecord_source, '_UNDECODABLE', {})
+  for i in range(2):
+    _write_jpegs(str(tmp_path / f'train-0000{i}-of-00002'), range(4))
+  _write_jpegs(str(tmp_path / 'validation-00000-of-00001'), range(2))
+  os.chmod(tmp_path, 0o555)  # No shared cache of what was decoded.
+  decoded = []
+  scan = tfrecord_source._scan_files
+
+  def spy(paths, *args):
+    decoded.extend(os.path.basename(p) for p in paths)
+    return scan(paths, *args)
+
+  monkeypatch.setattr(tfrecord_source, '_scan_files', spy)
+  try:
+    config = _jpeg_config(tmp_path, skip_bad_images=True)
+    pipeline.dataset_info(config)
+    assert decoded == []
+    next(pipeline.train_iterator(config, seed=0, process_index=1,
+                                 process_count=2))
+    assert decoded == ['train-00001-of-00002']
+  finally:
+    os.chmod(tmp_path, 0o755)
 
 
 @pytest.mark.parametrize('names', [

@@ -142,6 +142,26 @@ def test_vtab_skips_its_finished_task_whose_init_named_its_pretraining(
       vtab._finished(workdir, other)  # pylint: disable=protected-access
 
 
+def test_vtab_compares_input_cache_only_for_an_interrupted_task(tmp_path):
+  """`input.cache` changes the input stream (epochs in one order), not a
+  finished result: an interrupted task re-run with it was let through,
+  then its resume failed after set-up; now the driver refuses it first."""
+  from absl import app
+  from vit_jax import vtab
+  workdir, config = _vtab_task(tmp_path, None)
+  cached = config.copy_and_resolve_references()
+  cached.input.cache = True
+  moved = config.copy_and_resolve_references()
+  moved.input.data_dir = '/elsewhere'
+  assert vtab._finished(workdir, cached) is True  # pylint: disable=protected-access
+  os.remove(os.path.join(workdir, 'summary.json'))
+  os.makedirs(os.path.join(workdir, 'checkpoints', '5'))
+  assert vtab._finished(workdir, moved) is False  # pylint: disable=protected-access
+  with pytest.raises(app.UsageError, match=r'interrupted VTAB run .*'
+                     r'\(input.cache: None there, True now\)'):
+    vtab._finished(workdir, cached)  # pylint: disable=protected-access
+
+
 def test_vtab_refuses_a_task_of_another_pretraining_from_an_npz(tmp_path):
   """An .npz init has no report of its own: the task's report is its
   config args' pre-training, and a command naming another (jft for a task

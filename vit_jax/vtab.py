@@ -118,9 +118,12 @@ def _finished(workdir: str, config) -> bool:
         f'{[ours[k] for k in changed]} now); use a new --workdir')
   # Every other setting (`--set=input.batch_size=...`, an optimizer field)
   # as the task's config.json recorded it.
+  # An interrupted run resumes its input pipeline, which `input.cache`
+  # changes (epochs in one order): compared for it.
   found = run_files.first_difference(
       recorded, json.loads(config.to_json_best_effort()),
-      skip=_NOT_RESULTS, skip_keys=frozenset({'data_dir'}))
+      skip=_NOT_RESULTS - ({'input.cache'} if not summary else set()),
+      skip_keys=frozenset({'data_dir'}))
   if found:
     field, then, now = found
     raise app.UsageError(

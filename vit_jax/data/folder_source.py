@@ -333,6 +333,7 @@ class FolderSource(Source):
       raise DatasetNotPreparedError(f'{root}: no class sub-folders')
     index = {c: i for i, c in enumerate(self.classes)}
     self._files: Dict[str, Tuple[np.ndarray, np.ndarray]] = {}
+    self._unlabelled: Dict[str, str] = {}  # {split: why it is not one}
     # The train split first: its layout check comes before other errors.
     for split in sorted(folders, key=lambda s: s != 'train'):
       path, skipped = folders[split], skips[split]
@@ -356,6 +357,14 @@ class FolderSource(Source):
       if split == 'train':
         _check_classes_are_not_splits(path, layout)
       skipped.log(f'split {split!r}')
+      if not paths and split != 'train':
+        # E.g. Kaggle's `test/` of unlabelled images: no split to read, and
+        # no reason to refuse the others (`_ranges` names it if asked for).
+        self._unlabelled[split] = (
+            f'{path} has no {"/".join(EXTENSIONS)} files in class '
+            'sub-folders (images directly in it have no label)')
+        logging.warning('%s: not a split', self._unlabelled[split])
+        continue
       if not paths:
         raise DatasetNotPreparedError(
             f'{path}: no {"/".join(EXTENSIONS)} files in its class folders')
@@ -390,7 +399,8 @@ class FolderSource(Source):
         return split
     raise UnknownSplitError(
         f'{self.root} has only a train split: set input.eval_split (and '
-        "input.train_split), e.g. 'train[90%:]' and 'train[:90%]'")
+        "input.train_split), e.g. 'train[90%:]' and 'train[:90%]'"
+        + ''.join(f' ({why})' for why in self._unlabelled.values()))
 
   def _ranges(self, split, process_index, process_count):
     sizes = {s: len(p) for s, (p, _) in self._files.items()}
@@ -398,7 +408,8 @@ class FolderSource(Source):
       return host_ranges(split, sizes, process_index, process_count)
     except ValueError as e:
       named = [f'{f}/ holds split {s}' for s, f in self._folders.items()
-               if f != s]
+               if f != s and s in self._files]
+      named += self._unlabelled.values()
       raise UnknownSplitError(
           f'{self.root}: {e}' + (f' ({"; ".join(named)})' if named else '')
       ) from None

@@ -267,7 +267,8 @@ class TrainIterator:
             'pp': preprocess.expand(st.pp_train, st.image_size),
             'shuffle_buffer': st.shuffle_buffer, 'cache': st.cache,
             'mixup': st.mixup, 'skip_bad_images': st.skip_bad_images,
-            'data_dir': st.data_dir,
+            # Not `data_dir`: data moved (to a bucket) is the same stream;
+            # changed data is caught by `host_size` and `_check_position`.
             # Only when on: states saved before CutMix existed still match.
             **({'cutmix': st.cutmix} if st.cutmix else {}),
             # Sources whose file order changed between versions (folders).

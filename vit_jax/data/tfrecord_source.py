@@ -574,7 +574,8 @@ class TFRecordSource(Source):
     return None
 
   def _columns(self, split, names, offsets, takes, process_index,
-               process_count) -> Dict[str, tf.Tensor]:
+               process_count, *, skipping: bool = True
+               ) -> Dict[str, tf.Tensor]:
     """The per-file inputs of `_interleave`: name, offset, take (-1: all),
     compression type and, where records are skipped, their numbers."""
     columns = {'name': tf.constant(names, tf.string),
@@ -582,13 +583,24 @@ class TFRecordSource(Source):
                'take': tf.cast(takes, tf.int64),
                'compression': tf.constant(
                    [compression_type(n) for n in names], tf.string)}
-    bad = self._skipped(split, names, process_index, process_count)
+    bad = (self._skipped(split, names, process_index, process_count)
+           if skipping else None)
     if bad is not None:  # Sorted, padded with a number no record has.
       width = max([1] + [len(b) for b in bad])
       columns['skip'] = tf.constant(
           [b + [np.iinfo(np.int64).max] * (width - len(b)) for b in bad],
           tf.int64)
     return columns
+
+  def element_spec(self, split: str):
+    """Decodes nothing: with `skip_bad_images`, the structure needs no scan
+    for undecodable records (which would decode every process's files on
+    every process, before training)."""
+    files, by_record = self._host_files(split, 0, 1)
+    n = len(files)
+    columns = self._columns(split, files, [0] * n, [-1] * n, 0, 1,
+                            skipping=False)
+    return self._interleave(columns, n, by_record, 0, 1).element_spec
 
   def host_dataset(self, split, process_index, process_count, *,
                    order_key=None) -> tf.data.Dataset:
