@@ -387,7 +387,8 @@ def test_resume_compares_tuples_as_the_checkpoint_recorded_them(monkeypatch):
   import ml_collections
   from vit_jax.train import loop, orbax_state
   config = ml_collections.ConfigDict(
-      {'optim': {'lr_mults': (('head', 10.0),), 'lr': 0.1}})
+      {'optim': {'lr_mults': (('head', 10.0),), 'lr': 0.1},
+       'model': {'name': 'ViT-test'}})
   saved = json.loads(json.dumps(
       {'optim': config.optim.to_dict(), 'total_steps': 10}))
   warnings = []

@@ -10,14 +10,34 @@ from vit_jax.train import reporting
 
 def test_a_resumed_runs_cost_counts_from_step_zero():
   """exaFLOPs and device-hours in the progress rows are the run's so far,
-  as summary.json has them, not restarted at the resumed step."""
+  as summary.json has them, not restarted at the resumed step. A
+  checkpoint saved before its cost was (only `wall_s`) is costed on this
+  part's devices."""
   progress = reporting.Progress(total_steps=400, batch_size=8, start_step=100,
                                 forward_flops=1e9, every_steps=50,
-                                num_devices=2, prior_wall_s=3600.0)
+                                num_devices=2, prior={'wall_s': 3600.0})
   for step in range(101, 151):
     progress(step)
   assert progress.scalars['exaflops'] == pytest.approx(150 * 8 * 3e9 / 1e18)
   assert 2.0 <= progress.scalars['device_hours'] < 2.1
+
+
+def test_each_part_of_a_resumed_run_is_costed_on_its_own_devices():
+  """A run trained an hour on 8 devices, resumed on 1: its total wall time
+  times the last part's device count billed it as 1 device throughout."""
+  before = reporting.cost(3600.0, 8, 1.0)
+  progress = reporting.Progress(total_steps=400, batch_size=8, start_step=100,
+                                forward_flops=1e9, every_steps=50,
+                                num_devices=1, prior=before)
+  for step in range(101, 151):
+    progress(step)
+  assert 8.0 <= progress.scalars['device_hours'] < 8.01
+  spent = progress.spent()
+  assert spent['wall_s'] > 3600 and spent['core_days'] == pytest.approx(
+      spent['device_hours'] / 24)
+  assert reporting.hardware_so_far('tpu_v3', 'cpu') == 'tpu_v3, cpu'
+  assert reporting.hardware_so_far('tpu_v3, cpu', 'cpu') == 'tpu_v3, cpu'
+  assert reporting.hardware_so_far(None, 'cpu') == 'cpu'
 
 
 def test_jsonl_keeps_rows_up_to_the_resumed_step(tmp_path):

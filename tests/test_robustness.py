@@ -608,6 +608,54 @@ def test_a_passing_restore_failure_moves_nothing_aside(tmp_path, monkeypatch):
   ckpt.close()
 
 
+def test_a_compute_option_may_change_on_resume_and_is_logged(tmp_path,
+                                                             caplog):
+  """`--config.model.remat=True` after moving to smaller devices (the
+  memory advice of docs/troubleshooting.md) was refused as "a different
+  model", pointing at `--config.init`, which loses the optimiser state,
+  schedule and data position. How a model computes may change (logged);
+  what it is may not."""
+  import logging
+  import flax
+  import jax
+  import jax.numpy as jnp
+  import ml_collections
+  from vit_jax import models
+  from vit_jax.train import loop, orbax_state
+
+  @flax.struct.dataclass
+  class State:
+    params: dict
+
+  ckpt = orbax_state.Checkpointer(str(tmp_path), every=1, async_save=False)
+  state = State(params={'w': jnp.arange(4.0)})
+  saved = {'name': 'ViT-test', 'remat': None, 'dtype': 'float32'}
+  ckpt.maybe_save(2, state, {'model': saved, 'optim': {'lr': 0.1}})
+  ckpt.wait()
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype),
+                          state)
+  shardings = jax.tree.map(lambda a: a.sharding, state)
+  loose = {'model': models.registry.COMPUTE_OPTIONS}
+  now = dict(saved, remat='dots_saveable', dtype='bfloat16')
+  step, _, data = ckpt.restore(abstract, shardings, expect={'model': now},
+                               loose=loose)
+  assert step == 2
+  with pytest.raises(orbax_state.ConfigChangedError, match='different model'):
+    ckpt.restore(abstract, shardings, expect={'model': now})  # Not loose.
+  with pytest.raises(orbax_state.ConfigChangedError,
+                     match=r"different model: \{'name': 'ViT-test'\} there, "
+                     r"\{'name': 'ViT-test', 'hidden_size': 32\} in this"):
+    ckpt.restore(abstract, shardings, loose=loose,
+                 expect={'model': dict(now, hidden_size=32)})
+  config = ml_collections.ConfigDict({
+      'model': now, 'optim': data.get('optim', {}), 'loss': None})
+  with caplog.at_level(logging.WARNING):
+    loop._log_changes(data, config, 10, 2)  # pylint: disable=protected-access
+  assert "DELIBERATE CHANGE on resume from step 2: model was" in caplog.text
+  assert "'remat': (None, 'dots_saveable')" in caplog.text
+  ckpt.close()
+
+
 def _as_process(monkeypatch, index, others=()):
   """What orbax_state sees as process `index` of a run with one more
   process per `others` entry: (outcome, message) that process reports at

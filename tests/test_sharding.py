@@ -306,3 +306,25 @@ def test_rule_dimension_the_model_axis_does_not_divide_is_logged(caplog):
       in warnings[0]
   assert 'mlp/kernel' not in warnings[0]
 
+
+def test_parameters_fsdp_leaves_whole_are_logged(caplog):
+  """`mesh.fsdp=5` (e.g. -1 on 5 devices) divides no ViT width: 99% of
+  the parameters stayed whole on every device without a word, where the
+  model axis had a warning for the same case."""
+  mesh = shd.abstract_mesh(5, data=1, fsdp=5)
+  params = {'mlp': {'kernel': jax.ShapeDtypeStruct((768, 3072), jnp.float32)},
+            'head': {'kernel': jax.ShapeDtypeStruct((768, 1000),
+                                                    jnp.float32)},
+            'bias': jax.ShapeDtypeStruct((3072,), jnp.float32)}
+  with caplog.at_level('WARNING'):
+    sh = shd.param_shardings(params, mesh)
+  assert sh['head']['kernel'].spec == jax.sharding.PartitionSpec(None, 'fsdp')
+  assert sh['mlp']['kernel'].spec == jax.sharding.PartitionSpec(None, None)
+  warnings = [r.getMessage() for r in caplog.records
+              if r.levelname == 'WARNING']
+  assert len(warnings) == 1, warnings
+  assert ('FSDP: 1 parameter(s) of at least fsdp_min_size=262144 elements, '
+          '75.4% of the model, stay whole on every device: the fsdp axis '
+          'size 5 divides none of their dimensions (e.g. mlp/kernel '
+          '(768, 3072))') in warnings[0]
+

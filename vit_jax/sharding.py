@@ -253,9 +253,11 @@ def param_spec(shape: Sequence[int], mesh: Mesh, axes: Names = (),
 
 
 def _param_spec(shape, mesh, axes, fsdp_min_size, rules):
-  """`param_spec`, and the (logical name, dimension size, mesh axis, axis
+  """`param_spec`; the (logical name, dimension size, mesh axis, axis
   size) of each dimension a rule assigned to a mesh axis that does not
-  divide it (left replicated)."""
+  divide it (left replicated); and whether FSDP should have sharded the
+  parameter (its size reaches `fsdp_min_size`) but divides none of its
+  free dimensions (left whole on every device)."""
   axes = tuple(axes)
   if axes and len(axes) != len(shape):
     raise ValueError(f'logical axes {axes} do not match a parameter of shape '
@@ -274,11 +276,13 @@ def _param_spec(shape, mesh, axes, fsdp_min_size, rules):
   used = {a for s in spec if s for a in (s if isinstance(s, tuple) else (s,))}
   # A rule may already have put 'fsdp' on a dimension (sharding_rules such
   # as ('embed', 'fsdp')): an axis shards one dimension at most.
+  whole = False
   if n > 1 and math.prod(shape) >= fsdp_min_size and 'fsdp' not in used:
     free = [i for i, s in enumerate(spec) if s is None and shape[i] % n == 0]
     if free:
       spec[max(free, key=lambda i: (shape[i], -i))] = 'fsdp'
-  return P(*spec), undivided
+    whole = not free
+  return P(*spec), undivided, whole
 
 
 def rule_problems(rules: Any, overrides: Any) -> list:
@@ -352,7 +356,7 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
           f'axis {unknown[0]!r}, which no rule knows; the known ones are '
           f'{sorted(known)} (or None: replicated). Fix the name, or add a '
           'rule for it in sharding_rules')
-  out, undivided = {}, []
+  out, undivided, whole = {}, [], []
   matched, named = set(), set()
   for k, v in flat.items():
     path = '/'.join(k)
@@ -367,13 +371,15 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
         break
     named.update(a for a in leaf_axes if a)
     try:
-      spec, left = _param_spec(np.shape(v), mesh, leaf_axes, fsdp_min_size,
-                               all_rules)
+      spec, left, unsharded = _param_spec(np.shape(v), mesh, leaf_axes,
+                                          fsdp_min_size, all_rules)
       out[k] = NamedSharding(mesh, spec)
     except Exception as e:  # pylint: disable=broad-except
       # ValueErrors of ours, and jax's DuplicateSpecError (an Exception).
       raise ValueError(f'parameter {path}: {e}') from None
     undivided += [(path, tuple(np.shape(v))) + u for u in left]
+    if unsharded:
+      whole.append((path, tuple(np.shape(v))))
   # A misspelt path or logical name matches nothing and changes nothing:
   # said, rather than sharding as if it were not there.
   for pattern, _ in overrides:
@@ -394,7 +400,28 @@ def param_shardings(params: Any, mesh: Mesh, fsdp_min_size: int = 2**18, *,
         len(undivided), '; '.join(
             f'{p} {shape} dim {name!r}={n} over {axis!r} of size {size}'
             for p, shape, name, n, axis, size in undivided))
+  if whole:
+    _warn_fsdp_whole(whole, flat, mesh.shape['fsdp'], fsdp_min_size)
   return traverse_util.unflatten_dict(out)
+
+
+def _warn_fsdp_whole(whole, flat, n, fsdp_min_size) -> None:
+  """One warning for the parameters FSDP left whole on every device: no
+  free dimension divides by the fsdp axis size (e.g. `mesh.fsdp=-1` on 5
+  or 10 devices), so memory is not what an FSDP run expects."""
+  size = lambda v: math.prod(np.shape(getattr(v, 'value', v)))  # pylint: disable=unnecessary-lambda-assignment
+  total = sum(size(v) for v in flat.values())
+  left = sum(math.prod(shape) for _, shape in whole)
+  widths = sorted({d for _, shape in whole for d in shape if d > 1},
+                  reverse=True)[:4]
+  logging.warning(
+      'FSDP: %d parameter(s) of at least fsdp_min_size=%d elements, %.1f%% '
+      'of the model, stay whole on every device: the fsdp axis size %d '
+      'divides none of their dimensions (e.g. %s %s). Choose an fsdp size '
+      'that divides them (their sizes include %s; --config.mesh.fsdp, the '
+      'rest on --config.mesh.data)', len(whole), fsdp_min_size,
+      100 * left / max(total, 1), n, whole[0][0], whole[0][1],
+      ', '.join(map(str, widths)))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 4) -> NamedSharding:

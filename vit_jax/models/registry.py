@@ -38,6 +38,13 @@ class Family:
   shrink: Callable[[Spec], Tuple[Spec, int]]
 
 
+# Module options that change how a model computes, not its parameters or
+# the function it computes (up to rounding): a run may resume with other
+# values (e.g. `remat` after moving to smaller devices; the change is
+# logged). `scan_layers` and `param_dtype` are not: they change the saved
+# arrays.
+COMPUTE_OPTIONS = ('dtype', 'attention_impl', 'remat', 'recompute_internals')
+
 # name -> the module's keyword arguments, plus `cls` (the module class).
 VARIANTS: Dict[str, Spec] = {}
 _FAMILY: Dict[str, Family] = {}

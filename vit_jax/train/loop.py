@@ -292,7 +292,8 @@ def setup(config: ml_collections.ConfigDict, workdir: str) -> Run:
   # start computes a state (never both: one state's memory at a time).
   start, state, saved = ckpt.restore(
       abstract, state_sh,
-      expect={'model': config.model.to_dict(), **_objective(config)})
+      expect={'model': config.model.to_dict(), **_objective(config)},
+      loose={'model': models.registry.COMPUTE_OPTIONS})
   if start is not None:
     train_it.set_state(saved['input'])
     logging.info('resumed from step %d in %s', start, workdir)
@@ -354,13 +355,15 @@ def _training(config) -> Dict[str, Any]:
 
 def _log_changes(saved: Dict[str, Any], config, steps: int,
                  start: int) -> None:
-  """Logs, loudly, an optimiser, schedule or loss that differs from the one
-  the checkpoint was trained with (legitimate: e.g. a lower LR after a
-  divergence, or a longer run). Checkpoints of earlier versions did not
-  record the loss: nothing to compare there."""
+  """Logs, loudly, an optimiser, schedule, loss or model compute option
+  (`registry.COMPUTE_OPTIONS`: the restore refused other model changes)
+  that differs from the one the checkpoint was trained with (legitimate:
+  e.g. a lower LR after a divergence, a longer run, remat on smaller
+  devices). Checkpoints of earlier versions did not record the loss:
+  nothing to compare there."""
   now = orbax_state.as_saved(
       {'optim': config.optim.to_dict(), 'total_steps': steps,
-       **_training(config)})
+       'model': config.model.to_dict(), **_training(config)})
   for key, value in now.items():
     if key in saved and saved[key] != value:
       before = saved[key]
@@ -378,24 +381,27 @@ def _log_changes(saved: Dict[str, Any], config, steps: int,
           'with the new setting. ***', start, key, before, value, diff)
 
 
-def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
+def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float],
+                            Dict[str, Any]]:
   """Runs the steps from `run.start`; returns (step reached, final train
-  metrics, final eval metrics, wall seconds of this and earlier runs)."""
+  metrics, final eval metrics, the cost of this and earlier runs
+  (`reporting.COST_KEYS` and `hardware`))."""
   config, ckpt, state = run.config, run.ckpt, run.state
   log_every = config.get('log_every', 50)
   writer = reporting.make_writer(run.workdir, resume_step=run.start)
-  prior_wall = run.saved.get('wall_s', 0.0)
   progress = reporting.Progress(
       total_steps=run.steps, batch_size=config.input.batch_size,
       start_step=run.start, forward_flops=run.forward_flops,
-      every_steps=log_every, prior_wall_s=prior_wall)
+      every_steps=log_every, prior=run.saved)
+  hardware = reporting.hardware_so_far(run.saved.get('hardware'),
+                                       progress.hardware)
   # The train metrics of the restored step: a run resumed at its last step
   # (killed before its summary) reports them again.
   last_metrics = dict(run.saved.get('train_metrics', {}))
 
   def run_state(step_metrics, evals_owed=()):
     return {'input': run.train_it.get_state(), **run.specs,
-            'wall_s': prior_wall + progress.elapsed(),
+            **progress.spent(), 'hardware': hardware,
             'train_metrics': step_metrics,
             # Evaluations due at this step that a stop put off.
             'evals_owed': list(evals_owed),
@@ -476,7 +482,8 @@ def train(run: Run) -> Tuple[int, Dict[str, float], Dict[str, float], float]:
     raise
   profile.close()
   writer.close()
-  return step, last_metrics, eval_metrics, prior_wall + progress.elapsed()
+  return step, last_metrics, eval_metrics, {**progress.spent(),
+                                            'hardware': hardware}
 
 
 def _evaluate(config, evals, state) -> Dict[str, float]:
@@ -487,11 +494,11 @@ def _evaluate(config, evals, state) -> Dict[str, float]:
 
 
 def summarise(run: Run, step: int, train_metrics: Dict[str, float],
-              eval_metrics: Dict[str, float], wall: float) -> Dict[str, Any]:
+              eval_metrics: Dict[str, float],
+              spent: Dict[str, Any]) -> Dict[str, Any]:
   """Writes `summary.json`: what was trained, its cost and final metrics."""
   config = run.config
   examples = step * config.input.batch_size
-  hw = accounting.detect_hardware(jax.devices()[0].device_kind)
   overrides = _overrides(config)
   summary = {
       'model': config.model.name,
@@ -504,10 +511,11 @@ def summarise(run: Run, step: int, train_metrics: Dict[str, float],
       'dataset': config.input.data,
       'steps': step, 'batch_size': config.input.batch_size,
       'examples_seen': examples,
-      **reporting.cost(wall, jax.device_count(), hw.cores(1) if hw else 1.0),
+      # Each part of a resumed run on its own devices (`train`).
+      **{k: spent[k] for k in reporting.COST_KEYS},
       'num_devices': jax.device_count(),
       'num_processes': jax.process_count(),
-      'hardware': hw.name if hw else jax.devices()[0].device_kind,
+      'hardware': spent['hardware'],
       'image_size': run.image_shape[0], 'init': config.get('init'),
       # The file or checkpoint step `init` named when the run started.
       'init_from': run.saved.get('init_from'),

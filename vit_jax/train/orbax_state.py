@@ -14,7 +14,7 @@ import json
 import logging as logging_std
 import os
 import time
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -153,7 +153,8 @@ class Checkpointer:
     return saved
 
   def restore(self, abstract_state: Any, shardings: Any,
-              expect: Optional[dict] = None
+              expect: Optional[dict] = None,
+              loose: Optional[Dict[str, Iterable[str]]] = None
               ) -> Tuple[Optional[int], Any, Optional[dict]]:
     """(step, state, data_state) of the newest good checkpoint, or Nones.
 
@@ -165,14 +166,18 @@ class Checkpointer:
     damaged ones are moved aside to `<workdir>/damaged_checkpoints/` (never
     deleted) and reported. A checkpoint that is intact but holds another
     layout (another model or optimiser) is `ConfigChangedError`, and
-    `expect` entries (e.g. the model config) must equal the saved JSON.
+    `expect` entries (e.g. the model config) must equal the saved JSON,
+    but for the fields `loose` names per entry (e.g. the model's
+    `registry.COMPUTE_OPTIONS`: how it computes, not what), which the
+    caller may let change.
     Several processes each read their own shards and agree on every
     outcome (`_agreed`): they walk back, stop or go on together.
     """
     damaged = []  # (step, reason)
     for step in sorted(self.manager.all_steps(), reverse=True):
       try:
-        result = self._restore_step(step, abstract_state, shardings, expect)
+        result = self._restore_step(step, abstract_state, shardings, expect,
+                                    loose or {})
       except DamagedCheckpointError as e:  # On every process alike.
         logging.warning('checkpoint step %d is damaged: %s', step, e.reason)
         damaged.append((step, e.reason))
@@ -188,16 +193,23 @@ class Checkpointer:
           reason='every step damaged')
     return None, None, None
 
-  def _restore_step(self, step, abstract_state, shardings, expect):
+  def _restore_step(self, step, abstract_state, shardings, expect, loose):
     step_dir = f'{self.manager.directory}/{step}'
     saved = _agreed(lambda: _read_data(step_dir), f'{step_dir}/data')
+
+    def compared(key, value):
+      value = as_saved(value)
+      if isinstance(value, dict) and key in loose:
+        value = {k: v for k, v in value.items() if k not in loose[key]}
+      return value
+
     # Every process read the same JSON: they refuse it alike.
     for key, value in (expect or {}).items():
-      if key in saved and as_saved(saved[key]) != as_saved(value):
+      if key in saved and compared(key, saved[key]) != compared(key, value):
         raise ConfigChangedError(
             f'{self.manager.directory} holds a checkpoint (step {step}) of a '
-            f'different {key}: {as_saved(saved[key])} there, '
-            f'{as_saved(value)} in this config. '
+            f'different {key}: {compared(key, saved[key])} there, '
+            f'{compared(key, value)} in this config. '
             'Use a new --workdir, or start from those weights with '
             '--config.init=<that workdir>')
     _agreed(lambda: _check_layout(step_dir, abstract_state),

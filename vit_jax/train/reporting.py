@@ -159,6 +159,26 @@ def cost(wall_s: float, num_devices: int, cores_per_device: float
           'core_days': device_hours * cores_per_device / 24}
 
 
+def carried_cost(saved: Dict[str, Any], num_devices: int,
+                 cores_per_device: float) -> Dict[str, float]:
+  """`COST_KEYS` of a resumed run's earlier parts, from its checkpoint's
+  run state (zero for a new run). Each part is costed on its own devices
+  (a run moved from 8 devices to 1 is not billed as 1 device throughout);
+  a checkpoint saved before 2026-11-30 recorded only `wall_s`, which is
+  costed on this part's devices, as it was then."""
+  if all(isinstance(saved.get(k), (int, float)) for k in COST_KEYS):
+    return {k: float(saved[k]) for k in COST_KEYS}
+  return cost(float(saved.get('wall_s', 0.0)), num_devices, cores_per_device)
+
+
+def hardware_so_far(earlier: Optional[str], now: str) -> str:
+  """The hardware a run trained on, each kind once in the order used
+  ('tpu_v3, cpu' for a run resumed on CPUs): `earlier` is the checkpoint's
+  record (None for a new run or one saved before 2026-11-30)."""
+  kinds = earlier.split(', ') if earlier else []
+  return ', '.join(kinds + ([now] if now not in kinds else []))
+
+
 def format_seconds(seconds: float) -> str:
   """'42s', '7m05s', '3h02m', '2d04h': seconds below a minute (a smoke run's
   ETA is not '0m'), two units above."""
@@ -187,7 +207,8 @@ class Progress(periodic_actions.ReportProgress):
 
   def __init__(self, *, total_steps: int, batch_size: int, start_step: int,
                forward_flops: float, every_steps: int,
-               num_devices: Optional[int] = None, prior_wall_s: float = 0.0):
+               num_devices: Optional[int] = None,
+               prior: Optional[Dict[str, Any]] = None):
     super().__init__(num_train_steps=total_steps, every_steps=every_steps,
                      every_secs=None)
     self.total_steps = total_steps
@@ -198,8 +219,10 @@ class Progress(periodic_actions.ReportProgress):
     self.cores_per_device = hw.cores(1) if hw else 1.0
     self.hardware = hw.name if hw else jax.devices()[0].device_kind
     self.start_step = start_step
-    # The run so far (resumed runs: before this process), like summary.json.
-    self.prior_wall_s = prior_wall_s
+    # The run's cost before this process (a resumed run's checkpoint: its
+    # run state), so that reports are of the run so far, like summary.json.
+    self.prior = carried_cost(prior or {}, self.num_devices,
+                              self.cores_per_device)
     self.scalars: Dict[str, float] = {}
     self._parts_before: Dict[str, float] = {}
     self(start_step)  # Starts the clock (the first call never reports).
@@ -207,13 +230,20 @@ class Progress(periodic_actions.ReportProgress):
   def elapsed(self) -> float:
     return time.monotonic() - self._t0
 
+  def spent(self, elapsed: Optional[float] = None) -> Dict[str, float]:
+    """`COST_KEYS` of the run so far: the earlier parts' plus this
+    process's `elapsed` seconds (now) on its own devices."""
+    now = cost(self.elapsed() if elapsed is None else elapsed,
+               self.num_devices, self.cores_per_device)
+    return {k: self.prior[k] + now[k] for k in COST_KEYS}
+
   def _apply(self, step: int, t: float):
     # Not clu's own line: its shares are of the whole process's time, its
     # times whole minutes ("ETA: 0m"), beside this interval's metrics.
     interval = max(t - self._previous_time, 1e-9)
     steps_per_s = (step - self._previous_step) / interval
-    wall = t - self._t0 + self.prior_wall_s
-    spent_so_far = cost(wall, self.num_devices, self.cores_per_device)
+    spent_so_far = self.spent(t - self._t0)
+    wall = spent_so_far['wall_s']
     examples = step * self.batch_size  # Since step 0, resumes included.
     parts = dict(self._time_per_part)
     spent = {name: parts[name] - self._parts_before.get(name, 0.0)
