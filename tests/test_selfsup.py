@@ -20,6 +20,7 @@ from conftest import perturb, xla_flags
 from vit_jax import models, selfsup
 from vit_jax.checkpoint import load_pretrained
 from vit_jax.configs import mpp as mpp_config
+from vit_jax.data.errors import DataError
 from vit_jax.train import config_check, orbax_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -492,7 +493,8 @@ def test_mpp_images_must_be_in_minus_one_to_one():
                        'in_min=0, in_max=1')):
     c.input.pp_train = pp
     for target in ('colour', 'downsized'):
-      with pytest.raises(ValueError, match=r'input.pp_train=.*' + message):
+      # A DataError: the trainer prints its one line, no traceback.
+      with pytest.raises(DataError, match=r'input.pp_train=.*' + message):
         selfsup.check_value_range(c.input, target)
     selfsup.check_value_range(c.input, 'pixels')
 

@@ -66,6 +66,7 @@ def check_value_range(input_config, target: str) -> None:
   # Imported here: `vit_jax.selfsup` is imported by the config check, which
   # refuses bad values before TensorFlow (which `preprocess` loads) is.
   from vit_jax.data import preprocess
+  from vit_jax.data.errors import DataError
   for field in ('pp_train', 'pp_eval'):
     spec = input_config.get(field)
     if not spec:
@@ -73,7 +74,8 @@ def check_value_range(input_config, target: str) -> None:
     found = preprocess.output_range(spec, input_config.get('image_size') or 0)
     if found is None or found == preprocess.MINUS_ONE_TO_ONE:
       continue
-    raise ValueError(
+    # A DataError: the trainer's and `mode=eval`'s one line, no traceback.
+    raise DataError(
         f'objective=mpp predicts colours of pixels in [-1, 1], but '
         f'input.{field}={spec!r} gives '
         f'{preprocess.describe_range(found)}: end it with value_range(-1,1)')
