@@ -379,7 +379,8 @@ def test_command_line(trained, tmp_path, capsys):
       (['--format=hf', f'--init={tmp_path}/none'], 'does not exist'),
       (['--format=stablehlo', '--dtype=float16'], 'Export --dtype=bfloat16'),
       (['--format=hf', '--dtype=bfloat16'], 'torch_dtype=torch.bfloat16'),
-      (['--format=onnx', '--dtype=bfloat16'], 'no bfloat16 Conv')):
+      (['--format=onnx', '--dtype=bfloat16'], 'no bfloat16 Conv'),
+      (['--format=stablehlo', '--image_size=0'], 'a positive integer')):
     argv = [f'--init={trained.workdir}', f'--out={tmp_path}/x'] + bad
     try:
       assert cli.main(argv) == 1, bad
@@ -579,6 +580,35 @@ def test_hf_export_of_a_cropping_run_crops_like_its_eval(trained, tmp_path):
   assert back.pp == cropping.pp
 
 
+def test_a_0_to_1_run_exports_its_range_and_predicts_alike_from_hf(
+    trained, tmp_path):
+  """A run whose eval ends in value_range(0,1): export.json and the card
+  say [0, 1], the processor feeds [0, 1] (mean 0, std 1 after x / 255),
+  and predict, reading the directory back, feeds [0, 1] too: the run's
+  logits on the same file."""
+  _needs('hf')
+  from PIL import Image
+  from vit_jax import predict
+  ops = ['decode', 'resize(16)', 'value_range(0,1)']
+  run = dataclasses.replace(trained, pp=ops, pp_spec='|'.join(ops))
+  out = str(tmp_path / 'hf')
+  manifest = export.export_model(run, 'hf', out)
+  assert manifest['input'] == 'float32 [B, 3, 16, 16] NCHW in [0, 1], B >= 1'
+  assert not manifest['warnings']
+  assert 'values in [0, 1]' in open(os.path.join(out, 'MODEL_CARD.md')).read()
+  proc = json.load(open(os.path.join(out, 'preprocessor_config.json')))
+  assert proc['image_mean'] == [0.0] * 3 and proc['image_std'] == [1.0] * 3
+  back = trained_lib.load(out)
+  assert back.pp == ops
+  photo = str(tmp_path / 'photo.png')
+  Image.fromarray(np.random.RandomState(0).randint(
+      0, 256, (20, 30, 3), np.uint8)).save(photo)
+  x = predict.image_loader(run)(photo)[None]
+  assert 0 <= x.min() and x.max() <= 1
+  np.testing.assert_allclose(_ours(back, predict.image_loader(back)(photo)[
+      None]), _ours(run, x), atol=TOL)
+
+
 def test_hf_export_of_another_pipeline_warns_in_the_card(
     trained, tmp_path, capsys, monkeypatch):
   _needs('hf')
@@ -617,7 +647,10 @@ def test_hf_export_of_another_pipeline_warns_in_the_card(
       'value_range(-1,1)'], ('crop', 20, 16)),
     (['decode', "resize(16, method='nearest')", 'value_range(-1,1)'], None),
     (['decode', 'resize(20)', 'central_crop(16)', 'value_range(-1,1)'], None),
-    (['decode', 'resize(16)', 'value_range(0,1)'], None),
+    (['decode', 'resize(16)', 'value_range(0,1)'], ('resize', 16)),
+    # Clips pixels above 1: no processor's affine map does.
+    (['decode', 'resize(16)', 'value_range(0, 1, in_min=0, in_max=1)'],
+     None),
     (['decode(1)', 'resize(16)', 'value_range(-1,1)'], None),  # 3 channels.
 ])
 def test_hf_processor_pipelines(trained, ops, pipeline):
@@ -1243,7 +1276,12 @@ def test_command_line_refuses_an_out_before_loading_the_checkpoint(
   full.mkdir()
   (full / 'notes.txt').write_text('mine')
   (tmp_path / 'afile').write_text('in the way')
+  # The shell's folder, or one above it, would be replaced by a rename.
+  (tmp_path / 'here' / 'sub').mkdir(parents=True)
+  monkeypatch.chdir(tmp_path / 'here' / 'sub')
   for out, more, message in (
+      ('.', [], '--out=. is the current folder'),
+      ('..', ['--overwrite'], 'a folder above the current one'),
       (full, [], f'{full} exists and is not empty'),
       (full, ['--overwrite'], f'{full} is not an earlier export'),
       (tmp_path / 'afile', [], 'is a file'),
@@ -1252,3 +1290,4 @@ def test_command_line_refuses_an_out_before_loading_the_checkpoint(
                      f'--out={out}'] + more) == 1, out
     assert message in capsys.readouterr().err, out
   assert os.listdir(full) == ['notes.txt']
+  assert os.listdir(tmp_path / 'here') == ['sub']

@@ -272,22 +272,49 @@ def test_a_directory_without_a_classifier_is_not_given_a_random_one(
     trained.load(str(tmp_path / 'mim'), require_head=False)
 
 
-@pytest.mark.parametrize('processor,warned', [
-    (dict(image_mean=[0.5] * 3, image_std=[0.5] * 3), False),
-    (dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.5] * 3), True),
-    (dict(do_normalize=False), True),  # [0, 1] inputs.
+@pytest.mark.parametrize('processor,values', [
+    (dict(image_mean=[0.5] * 3, image_std=[0.5] * 3), 'value_range(-1,1)'),
+    # A mean per channel (ImageNet's): no value_range computes it.
+    (dict(image_mean=[0.485, 0.456, 0.406], image_std=[0.5] * 3), None),
+    (dict(do_normalize=False), 'value_range(0,1)'),
+    # An export of a value_range(0,1) run.
+    (dict(image_mean=[0.0] * 3, image_std=[1.0] * 3), 'value_range(0,1)'),
     # x / 127.5 - 1: the same map, written otherwise.
     (dict(rescale_factor=1 / 127.5, image_mean=[1.0] * 3,
-          image_std=[1.0] * 3), False),
+          image_std=[1.0] * 3), 'value_range(-1,1)'),
     (dict(rescale_factor=1 / 127.5, image_mean=[0.5] * 3,
-          image_std=[0.5] * 3), True),
-    (dict(do_rescale=False), True),
+          image_std=[0.5] * 3), 'value_range(-1,3)'),
+    (dict(do_rescale=False), 'value_range(-1,509)'),
 ])
-def test_a_processor_feeding_other_values_is_warned_about(
-    tmp_path, caplog, processor, warned):
+def test_a_processor_feeds_its_value_range_or_is_warned_about(
+    tmp_path, caplog, processor, values):
+  """What the directory's processor feeds (x * rescale_factor - mean) /
+  std, is what predict feeds (the value_range op computing it); one no
+  value_range computes is warned about."""
   from vit_jax import trained
   cfg = checkpoint.hf_config('ViT-test', num_classes=10, image_size=16)
   transformers.ViTForImageClassification(cfg).save_pretrained(str(tmp_path))
   transformers.ViTImageProcessor(**processor).save_pretrained(str(tmp_path))
-  trained.load(str(tmp_path))
-  assert ('feeds its model other values' in caplog.text) == warned
+  loaded = trained.load(str(tmp_path))
+  assert loaded.pp[-1] == (values or 'value_range(-1,1)')
+  assert ('feeds its model other values' in caplog.text) == (values is None)
+
+
+def test_a_directory_without_config_or_with_damaged_weights_is_a_message(
+    tmp_path):
+  """No config.json (transformers would build a default ViT-B/16 and fail
+  on its shapes) or a truncated model.safetensors: a TrainedModelError
+  naming the folder (predict and export print it), not a traceback."""
+  from vit_jax import trained
+  cfg = checkpoint.hf_config('ViT-test', num_classes=10, image_size=16)
+  for name in ('nocfg', 'trunc'):
+    transformers.ViTForImageClassification(cfg).save_pretrained(
+        str(tmp_path / name))
+  (tmp_path / 'nocfg' / 'config.json').unlink()
+  with pytest.raises(trained.TrainedModelError, match='no config.json'):
+    trained.load(str(tmp_path / 'nocfg'))
+  weights = tmp_path / 'trunc' / 'model.safetensors'
+  weights.write_bytes(weights.read_bytes()[:1000])
+  with pytest.raises(trained.TrainedModelError,
+                     match='trunc: cannot read the Hugging Face model'):
+    trained.load(str(tmp_path / 'trunc'))

@@ -138,10 +138,12 @@ def test_a_few_files_compute_a_batch_of_their_count(trained, images):
   assert predictor.batch_for(1000) == predictor.batch >= 64
 
 
-def test_repeated_predict_calls_reuse_one_predictor(workdir, images,
-                                                    monkeypatch):
+def test_repeated_predict_calls_reuse_one_predictor_until_new_weights(
+    workdir, images, monkeypatch):
   """`predict.predict(trained, paths)` called again on the same model does
-  not jit, trace and copy the weights to the devices again."""
+  not jit, trace and copy the weights to the devices again; new weights
+  (`trained.params = ...`, or a sub-tree replaced in place) are computed
+  with, by predict and `logits` alike, in one Predictor per setting."""
   fresh = trained_lib.load(workdir)
   traces, activate = [], fresh.activate
 
@@ -157,6 +159,25 @@ def test_repeated_predict_calls_reuse_one_predictor(workdir, images,
   assert len(fresh._predictors) == 1
   predict.predict(fresh, files, batch=4, dtype='bfloat16')  # Another one.
   assert len(fresh._predictors) == 2
+  # Another checkpoint: its head doubled doubles the logits.
+  import jax
+  load = predict.image_loader(fresh)
+  x = np.stack([load(r['file']) for r in first])
+  before, params = fresh.logits(x), fresh.params
+  fresh.params = {**params, 'head': jax.tree.map(lambda a: a * 2,
+                                                 params['head'])}
+  np.testing.assert_allclose(fresh.logits(x), 2 * before, atol=1e-5)
+  results, _ = predict.predict(fresh, files, batch=4, top=10)
+  got = np.zeros_like(before)
+  for i, r in enumerate(results):
+    for t in r['top']:
+      got[i, t['index']] = t['probability']
+  np.testing.assert_allclose(got, jax.nn.softmax(2 * before), atol=1e-5)
+  assert len(fresh._predictors) == 1  # The old weights' are dropped.
+  # A sub-tree replaced in place is found too (its leaves are new).
+  fresh.params['head'] = jax.tree.map(np.zeros_like, params['head'])
+  np.testing.assert_array_equal(fresh.logits(x), 0 * before)
+  assert not fresh._predictors
 
 
 def test_a_file_name_that_is_not_utf8_is_classified(images, trained,
@@ -181,6 +202,51 @@ def test_image_size_must_be_positive(capsys):
       predict.main(['--init=nowhere', f'--image_size={bad}', 'x.jpg'])
     assert e.value.code == 2
     assert 'expected a positive integer' in capsys.readouterr().err
+    with pytest.raises(trained_lib.TrainedModelError, match='positive'):
+      trained_lib.load('nowhere', image_size=int(bad))
+
+
+def test_python_callers_pass_one_path_or_path_objects(trained, workdir,
+                                                      images, monkeypatch):
+  """`predict(trained, 'photo.png')` classifies that file (not each
+  character of its name), pathlib.Paths are paths, and `load` takes a
+  Path and expands `~` (`--init=~/run` reaches it unexpanded)."""
+  import pathlib
+  one = str(images / 'more' / 'c.jpg')
+  assert predict.list_images(one) == [one]
+  assert predict.list_images(images) == predict.list_images([str(images)])
+  results, skipped = predict.predict(trained, one, top=1)
+  assert [r['file'] for r in results] == [one] and not skipped
+  results, skipped = predict.predict(trained, [pathlib.Path(one)], top=1)
+  assert [r['file'] for r in results] == [one] and not skipped
+  monkeypatch.setenv('HOME', os.path.dirname(workdir))
+  home = pathlib.Path('~') / os.path.basename(workdir)
+  assert trained_lib.load(home).source == trained.source
+  assert trained_lib._local_path('hf:~/x') == (
+      f'hf:{os.path.dirname(workdir)}/x')
+
+
+def test_folders_are_listed_through_links_and_urls(images, tmp_path,
+                                                   monkeypatch):
+  """A symlinked sub-folder is searched (each real folder once: a link to
+  a folder above does not loop), a `scheme://` folder is listed with
+  GFile, and local folders are listed without TensorFlow."""
+  folder = tmp_path / 'photos'
+  folder.mkdir()
+  (folder / 'digits').symlink_to(images)
+  (folder / 'again').symlink_to(images)  # The same folder: listed once.
+  (folder / 'loop').symlink_to(folder)
+  found = predict.list_images([str(folder)])
+  mine = predict.list_images([str(images)])
+  assert len(found) == len(mine) == 9, found
+  real = os.path.realpath(images)
+  assert sorted(os.path.relpath(os.path.realpath(f), real)
+                for f in found) == sorted(os.path.relpath(f, images)
+                                          for f in mine)
+  assert predict.list_images([f'file://{images}']) == [
+      f'file://{f}' for f in mine]
+  monkeypatch.setitem(sys.modules, 'tensorflow', None)  # Not installed.
+  assert predict.list_images([str(folder)]) == found
 
 
 def test_tensorflow_logging_is_quieted_before_it_is_imported(monkeypatch):

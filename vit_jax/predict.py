@@ -9,7 +9,9 @@ directory (see `vit_jax/trained.py`). Images are pre-processed exactly as
 the run evaluated them (its `input.pp_eval` at its `input.image_size`:
 decode, resize / crop, value range; a 1-channel model gets grey images).
 Folders are searched recursively for .jpg/.jpeg/.png/.gif/.bmp/.webp
-files.
+files, into symlinked sub-folders too (each folder once); `gs://` (any
+`scheme://`) folders are listed with TensorFlow's GFile. `~` in `--init`
+is expanded.
 A file that cannot be read or decoded is reported by name and skipped; the
 others are classified. Batches are split over the local devices (CPU, GPU or
 TPU cores); the last one is padded, so one program is compiled per call
@@ -34,7 +36,7 @@ import json
 import os
 import re
 import sys
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -43,17 +45,51 @@ from vit_jax import hugepages, outputs
 EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp', '.webp')
 
 
-def list_images(paths: Sequence[str]) -> List[str]:
-  """The image files among `paths`, folders searched recursively (sorted)."""
+Paths = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+
+def list_images(paths: Paths) -> List[str]:
+  """The image files among `paths` (one path, str or os.PathLike, or a
+  sequence of them), folders searched recursively (sorted): symlinked
+  sub-folders are followed, each real folder listed once (a link to a
+  folder above does not loop); `scheme://` folders (gs://, ...) are listed
+  with TensorFlow's GFile."""
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [paths]  # One path, not its characters.
   out = []
-  for path in paths:
-    if os.path.isdir(path):
-      for folder, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
-        out += [os.path.join(folder, f) for f in sorted(files)
-                if f.lower().endswith(EXTENSIONS) and not f.startswith('.')]
+  for path in map(os.fspath, paths):
+    remote = '://' in path
+    if _gfile().isdir(path) if remote else os.path.isdir(path):
+      out += _folder_images(path, remote)
     else:
       out.append(path)  # Named explicitly: tried whatever its extension.
+  return out
+
+
+def _gfile():
+  """tf.io.gfile, imported only for `scheme://` paths: listing local
+  folders needs no TensorFlow."""
+  import tensorflow as tf
+  return tf.io.gfile
+
+
+def _folder_images(path: str, remote: bool) -> List[str]:
+  """The image files under the folder `path`, hidden ones left out. Local
+  folders are walked into symlinked sub-folders, each real folder once
+  (its real path remembered): a link to a folder above, or two links to
+  one folder, neither loop nor classify a file twice."""
+  out, seen = [], set()
+  walk = _gfile().walk(path) if remote else os.walk(path, followlinks=True)
+  for folder, dirs, files in walk:
+    if not remote:
+      real = os.path.realpath(folder)
+      if real in seen:  # Reached again through a link: listed already.
+        dirs[:] = []
+        continue
+      seen.add(real)
+    dirs[:] = sorted(d for d in dirs if not d.startswith('.'))
+    out += [os.path.join(folder, f) for f in sorted(files)
+            if f.lower().endswith(EXTENSIONS) and not f.startswith('.')]
   return out
 
 
@@ -187,13 +223,14 @@ def top_k(probs: np.ndarray, labels: Sequence[str], k: int) -> List[Dict]:
            'probability': float(probs[i])} for i in order]
 
 
-def predict(trained, paths: Sequence[str], *, top: int = 5, batch: int = 64,
+def predict(trained, paths: Paths, *, top: int = 5, batch: int = 64,
             dtype: Optional[str] = None, progress: bool = False,
             results: Optional[List[Dict]] = None,
             skipped: Optional[List[Dict]] = None
             ) -> Tuple[List[Dict], List[Dict]]:
   """([{'file', 'top': [{'label', 'index', 'probability'}]}], [{'file',
-  'error'}]) for the images among `paths` (files and folders). Given
+  'error'}]) for the images among `paths` (files and folders: one path, a
+  str or os.PathLike, or a sequence of them; `list_images`). Given
   `results` / `skipped` lists, they grow as images are classified (what
   an interrupted call had done is in them)."""
   files = list_images(paths)
@@ -220,14 +257,15 @@ def cached_predictor(trained, *, batch: int = 64,
   """The Predictor `predict()` uses, made once per model and setting (kept
   on `trained`): building one jits the model, traces the pre-processing and
   copies the weights to the devices (1.7 s for ViT-S/16, reused 0.08 s).
-  Keyed by what it reads from `trained`, so changing its activation,
-  pre-processing or weights in place makes a new one."""
+  Keyed by what it reads from `trained` (changing its activation or
+  pre-processing makes a new one) and kept only while its parameters stay
+  those it was built from (`Trained.cached`, as `Trained.logits`): new
+  weights replace it, and the old ones' device copies are freed."""
   key = (batch, trained.compute_dtype(dtype), trained.output_activation,
-         tuple(trained.pp), trained.image_shape, id(trained.params))
-  if key not in trained._predictors:  # pylint: disable=protected-access
-    trained._predictors[key] = Predictor(  # pylint: disable=protected-access
-        trained, batch=batch, dtype=dtype)
-  return trained._predictors[key]  # pylint: disable=protected-access
+         tuple(trained.pp), trained.image_shape)
+  return trained.cached(
+      trained._predictors,  # pylint: disable=protected-access
+      key, lambda: Predictor(trained, batch=batch, dtype=dtype))
 
 
 def _progress(total: int):
@@ -239,7 +277,10 @@ def _progress(total: int):
               disable=total <= 1 or not sys.stderr.isatty())
 
 
-def _positive(value: str) -> int:
+def positive_int(value: str) -> int:
+  """argparse type of the commands' counts and sizes (predict's --top,
+  --batch, --image_size; export's --image_size): 0 or a negative number is
+  refused as the flag is parsed, before any checkpoint is loaded."""
   try:
     n = int(value)
   except ValueError:
@@ -261,13 +302,15 @@ def _parser() -> argparse.ArgumentParser:
   p.add_argument('--model', help='zoo name (needed for .npz files)')
   p.add_argument('--labels', help='dataset name or a text file of class '
                  'names, one per line (default: the run\'s dataset)')
-  p.add_argument('--image_size', type=_positive, help='input resolution '
+  p.add_argument('--image_size', type=positive_int, help='input resolution '
                  '(default: the run\'s, or the checkpoint\'s position '
                  'embeddings\'); ViT position embeddings are interpolated '
                  'as fine-tuning does, without training at that size')
-  p.add_argument('--top', type=_positive, default=5, help='classes per image')
-  p.add_argument('--batch', type=_positive, default=64, help='images per batch '
-                 '(rounded up to a multiple of the local devices)')
+  p.add_argument('--top', type=positive_int, default=5,
+                 help='classes per image')
+  p.add_argument('--batch', type=positive_int, default=64,
+                 help='images per batch (rounded up to a multiple of the '
+                 'local devices)')
   p.add_argument('--dtype', choices=('float32', 'bfloat16', 'float16'),
                  help="compute dtype (default: the run's)")
   p.add_argument('--params', default='auto', choices=('auto', 'ema', 'raw'),

@@ -3,7 +3,7 @@
     trained = load('/tmp/vit_smoke')              # a training workdir
     trained = load('ViT-B_16.npz', model='ViT-B/16', labels='imagenet2012')
     trained = load('exported/hf')                 # a save_pretrained directory
-    logits = trained.apply_fn()(trained.params, images)   # [-1, 1] NHWC
+    logits = trained.apply_fn()(trained.params, images)   # NHWC, input_range
 
 `init` is a training workdir (its latest checkpoint; or `checkpoints/<step>`),
 an `.npz` checkpoint or a Hugging Face `save_pretrained` directory (also
@@ -16,8 +16,11 @@ model was evaluated:
     ViT), the class count and the run's compute dtype;
   * the pre-processing: the run's `input.pp_eval` at its `input.image_size`
     (recorded in `workdir/config.json`; runs without one fall back to the
-    dataset's registry default); `.npz` and Hugging Face models use
-    `decode|resize(S)|value_range(-1,1)` as their training code did;
+    dataset's registry default); `.npz` models use
+    `decode|resize(S)|value_range(-1,1)` as their training code did,
+    Hugging Face models their `preprocessor_config.json`'s resize (or
+    shorter-side resize and crop) and the value range its rescale and
+    normalisation make (`value_range(-1,1)` without one);
   * class names: `labels=` (a dataset name or a text file, one name per
     line), else the run's dataset (tfds info, class folders), the Hugging
     Face `id2label`, else `class_0`, `class_1`, ... (`placeholder_labels`);
@@ -34,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -97,13 +100,51 @@ class Trained:
   has_ema: bool = False      # The checkpoint holds Polyak averages.
   # How its logits become probabilities (`ACTIVATIONS`): the run's loss.
   output_activation: str = DEFAULT_ACTIVATION
+  # What is built from `params` (`cached`): `logits`' jitted function and
+  # cast parameters per dtype, and `vit_jax.predict.cached_predictor`'s
+  # jitted, device-placed Predictor per (batch, dtype, ...), so repeated
+  # calls on one model neither re-trace nor copy the weights to the devices
+  # again. Emptied when `params` is assigned, or when its leaves are found
+  # to be other objects than those the entries were built from.
   _jitted: Dict[str, Any] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
-  # `vit_jax.predict.cached_predictor`'s: one jitted, device-placed
-  # Predictor per (batch, dtype, ...), so repeated `predict()` calls on one
-  # model neither re-trace nor copy the weights to the devices again.
   _predictors: Dict[Any, Any] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
+  _built_from: Optional[List[Any]] = dataclasses.field(
+      default=None, init=False, repr=False, compare=False)
+
+  def __setattr__(self, name, value):
+    """Assigning `params` (the next checkpoint's weights) empties what was
+    built from the old ones at once: their jitted copies on the devices are
+    freed, and no later call computes with them."""
+    super().__setattr__(name, value)
+    if name == 'params' and '_built_from' in self.__dict__:
+      self._drop_built()
+
+  def _drop_built(self) -> None:
+    self._jitted.clear()
+    self._predictors.clear()
+    self._built_from = None
+
+  def cached(self, cache: Dict[Any, Any], key, make: Callable[[], Any]):
+    """`make()`, kept in `cache` (`_jitted` or `_predictors`) under `key`
+    while the parameters stay those it was built from.
+
+    Assigning `params` empties the caches (`__setattr__`); a sub-tree
+    replaced in place (`trained.params['head'] = new_head`) is found too,
+    as the leaves are compared by identity (the old ones are kept
+    alive with the entries, so no new array can take an old one's id).
+    Arrays whose values are overwritten in place (`kernel[...] = 0`) are
+    not noticed: assign new arrays, or a new `params`."""
+    leaves = jax.tree.leaves(self.params)
+    built = self._built_from
+    if built is None or len(built) != len(leaves) or any(
+        a is not b for a, b in zip(built, leaves)):
+      self._drop_built()
+      self._built_from = leaves
+    if key not in cache:
+      cache[key] = make()
+    return cache[key]
 
   @property
   def stride(self) -> int:
@@ -113,6 +154,32 @@ class Trained:
   @property
   def image_shape(self):
     return (self.image_size, self.image_size, self.channels)
+
+  @property
+  def value_map(self) -> Tuple[float, float, float, float]:
+    """How the eval pre-processing maps decoded pixel values: (in_min,
+    in_max, vmin, vmax) of its last `value_range` op (`vit_jax.data.
+    preprocess.output_range`; (0, 255, 0, 255) where it has none), the one
+    definition of the model's input range that exports write (export.json,
+    the card, a Hugging Face processor's rescale and normalisation). Where
+    an op of the user's own follows it, the range is not known: the usual
+    value_range(-1, 1)."""
+    from vit_jax.data import preprocess
+    found = preprocess.output_range(self.pp, self.image_size)
+    return tuple(found or preprocess.MINUS_ONE_TO_ONE)
+
+  @property
+  def input_range(self) -> Tuple[float, float]:
+    """(low, high) of the values the model takes (`value_map`): (-1, 1)
+    for most models, (0, 1) for runs ending in value_range(0, 1)."""
+    _, _, vmin, vmax = self.value_map
+    return min(vmin, vmax), max(vmin, vmax)
+
+  @property
+  def input_range_text(self) -> str:
+    """`input_range` as the card and export.json write it: '[-1, 1]'."""
+    low, high = self.input_range
+    return f'[{low:g}, {high:g}]'
 
   @property
   def architecture(self) -> str:
@@ -149,20 +216,22 @@ class Trained:
 
   def logits(self, images: np.ndarray, dtype: Optional[str] = None
              ) -> np.ndarray:
-    """float32 logits of `images` (NHWC in [-1, 1]), jitted once per dtype,
-    with the parameters that dtype's forward pass only narrows cast once
-    (`vit_jax.models.precast`: the same logits, no per-call casts)."""
+    """float32 logits of `images` (NHWC, in `input_range`), jitted once per
+    dtype and parameters (`cached`), with the parameters that dtype's
+    forward pass only narrows cast once (`vit_jax.models.precast`: the same
+    logits, no per-call casts)."""
     key = self.compute_dtype(dtype)
-    if key not in self._jitted:
+
+    def make():
       fn = jax.jit(self.apply_fn(key))
-      self._jitted[key] = (fn, precast.cast_once(fn, self.params, images))
-    fn, params = self._jitted[key]
+      return fn, precast.cast_once(fn, self.params, images)
+    fn, params = self.cached(self._jitted, key, make)
     return np.asarray(fn(params, images), np.float32)
 
   def apply_fn(self, dtype: Optional[str] = None, **overrides
                ) -> Callable[[Any, jax.Array], jax.Array]:
-    """`fn(params, images) -> float32 logits` (images NHWC in [-1, 1]);
-    `overrides`: as for `model`."""
+    """`fn(params, images) -> float32 logits` (images NHWC, in
+    `input_range`); `overrides`: as for `model`."""
     model = self.model(dtype, **overrides)
 
     def fn(params, images):
@@ -179,7 +248,7 @@ class Trained:
     return int(sum(np.size(x) for x in jax.tree.leaves(self.params)))
 
 
-def load(init: str, *, model: Optional[str] = None,
+def load(init: Union[str, os.PathLike], *, model: Optional[str] = None,
          labels: Optional[str] = None,
          image_size: Optional[int] = None,
          require_head: bool = True,
@@ -188,7 +257,7 @@ def load(init: str, *, model: Optional[str] = None,
   """The trained model at `init` (workdir, .npz or Hugging Face directory).
 
   Args:
-    init: what to load.
+    init: what to load (a str or os.PathLike; `~` is expanded).
     model: the zoo name; required for .npz files, checked against the
       checkpoint's record for workdirs.
     labels: a dataset name or a text file of class names (one per line).
@@ -210,6 +279,10 @@ def load(init: str, *, model: Optional[str] = None,
   if not init:
     raise TrainedModelError('--init is required: a training workdir, an .npz '
                             'checkpoint or a Hugging Face directory')
+  init = _local_path(init)
+  if image_size is not None and image_size < 1:
+    raise TrainedModelError(f'image size {image_size}: expected a positive '
+                            'number of pixels (the input side)')
   _check_not_a_stray_file(init)
   if ema is not None and (init.startswith(HF_PREFIX) or init.endswith('.npz')
                           or _is_hf_dir(init)):
@@ -234,6 +307,15 @@ def load(init: str, *, model: Optional[str] = None,
   if output_activation:
     trained.output_activation = output_activation
   return trained
+
+
+def _local_path(init) -> str:
+  """`init` as a str (a pathlib.Path works too) with a leading `~` (after
+  any `hf:`) expanded: `--init=~/run` reaches the program unexpanded (the
+  shell expands `~` only at the start of a word)."""
+  init = os.fspath(init)
+  prefix = HF_PREFIX if init.startswith(HF_PREFIX) else ''
+  return prefix + os.path.expanduser(init[len(prefix):])
 
 
 def _check_not_a_stray_file(init: str) -> None:
@@ -557,8 +639,21 @@ def _from_hf(path: str, model: Optional[str],
         f'--init={path} is a Hugging Face directory: install the torch extra '
         '(pip install -e ".[torch]" -c constraints.txt)') from None
   from vit_jax.checkpoint import from_hf_model
-  hf_model, info = ViTForImageClassification.from_pretrained(
-      path, output_loading_info=True)
+  if not os.path.isfile(os.path.join(path, 'config.json')):
+    # Else transformers builds a default ViT-B/16 and reports its weights'
+    # shapes as a mismatch.
+    raise TrainedModelError(
+        f'{path} has Hugging Face weights but no config.json, which says '
+        'what model they are: copy the whole save_pretrained folder '
+        '(config.json, model.safetensors, preprocessor_config.json)')
+  try:
+    hf_model, info = ViTForImageClassification.from_pretrained(
+        path, output_loading_info=True)
+  except Exception as e:  # pylint: disable=broad-except
+    # Truncated or damaged weights (safetensors' SafetensorError, torch's
+    # RuntimeError), an unreadable config.json (OSError, ValueError), ...
+    raise TrainedModelError(
+        f'{path}: cannot read the Hugging Face model ({e})') from e
   headless = _check_hf_weights(path, info)
   cfg = hf_model.config
   name = model or getattr(cfg, 'vit_jax_model', None) or _zoo_name(cfg)
@@ -665,8 +760,11 @@ def _hf_ops(proc: dict, channels: int, size: int) -> str:
   """The eval ops of a Hugging Face model: its processor's shorter-side
   resize and central crop where it has them (a BitImageProcessor, as
   `--format=hf` writes for `resize_small|central_crop` runs), else a resize
-  to its image size (ViTImageProcessor)."""
+  to its image size (ViTImageProcessor); then the value range its rescale
+  and normalisation make (`_hf_value_range`: [-1, 1] for most, [0, 1] for
+  an export of a value_range(0,1) run)."""
   decode = 'decode' if channels == 3 else f'decode({channels})'
+  values = _hf_value_range(proc) or _MINUS_ONE_TO_ONE
   sizes = proc.get('size')
   short = sizes.get('shortest_edge') if isinstance(sizes, dict) else None
   crop = proc.get('crop_size')
@@ -674,40 +772,54 @@ def _hf_ops(proc: dict, channels: int, size: int) -> str:
       crop, dict) else (crop, crop)
   if (proc.get('do_resize', True) and proc.get('do_center_crop')
       and isinstance(short, int) and short >= size and crop == (size, size)):
-    return (f'{decode}|resize_small({short})|central_crop({size})|'
-            'value_range(-1,1)')
-  return NPZ_PP if channels == 3 else (
-      f'{decode}|resize({size})|value_range(-1,1)')
+    return (f'{decode}|resize_small({short})|central_crop({size})|{values}')
+  if channels == 3 and values == _MINUS_ONE_TO_ONE:
+    return NPZ_PP  # The preset: it follows --image_size by itself.
+  return f'{decode}|resize({size})|{values}'
 
 
-def _check_hf_processor(path: str, proc: dict) -> None:
-  """Warns where the directory's processor feeds other values than the
-  [-1, 1] images vit_jax feeds: pixel x becomes x * 2/255 - 1. The
-  processor's x * rescale_factor, then (. - mean) / std, is compared as the
-  one affine map it is (rescale 1/127.5 with mean 1, std 1 is the same)."""
+_MINUS_ONE_TO_ONE = 'value_range(-1,1)'
+
+
+def _hf_value_range(proc: dict) -> Optional[str]:
+  """The `value_range(vmin,vmax)` op computing what the processor feeds
+  (pixel x becomes (x * rescale_factor - mean) / std, one affine map; x *
+  2/255 - 1, [-1, 1], where there is no processor config), None where no
+  value_range op does (a mean or std per channel: ImageNet's)."""
   if not proc:
-    return
-  factor = proc.get('rescale_factor', 1 / 255)
-  mean = proc.get('image_mean', [0.5])
-  std = proc.get('image_std', [0.5])
+    return _MINUS_ONE_TO_ONE
   try:
-    factor = float(factor) if proc.get('do_rescale', True) else 1.0
+    factor = (float(proc.get('rescale_factor', 1 / 255))
+              if proc.get('do_rescale', True) else 1.0)
+    mean, std = proc.get('image_mean', [0.5]), proc.get('image_std', [0.5])
     mean = [float(m) for m in (mean if isinstance(mean, list) else [mean])]
     std = [float(d) for d in (std if isinstance(std, list) else [std])]
     if proc.get('do_normalize', True) is False:
       mean, std = [0.0], [1.0]
-    same = all(abs(factor / d - 2 / 255) < 1e-6 and abs(m / d - 1) < 1e-6
-               for m, d in zip(mean, std))
+    ends = {(round(-m / d, 6), round((255 * factor - m) / d, 6))
+            for m, d in zip(mean, std)}
   except (TypeError, ValueError, ZeroDivisionError):
-    same = False
-  if not same:
-    logging.warning(
-        '%s feeds its model other values than vit_jax does (do_rescale=%s, '
-        'rescale_factor=%s, do_normalize=%s, mean %s, std %s; vit_jax feeds '
-        'pixel * 2/255 - 1, i.e. [-1, 1]): its predictions here may differ '
-        'from transformers\'', path, proc.get('do_rescale', True),
-        proc.get('rescale_factor', 1 / 255), proc.get('do_normalize', True),
-        proc.get('image_mean'), proc.get('image_std'))
+    return None
+  if len(ends) != 1:
+    return None
+  ((vmin, vmax),) = ends
+  return f'value_range({vmin + 0.0:g},{vmax + 0.0:g})'  # No '-0'.
+
+
+def _check_hf_processor(path: str, proc: dict) -> None:
+  """Warns where the directory's processor feeds values no value_range op
+  computes (`_hf_value_range`: a mean or std per channel), which vit_jax's
+  pre-processing then does not match: [-1, 1] is fed."""
+  if not proc or _hf_value_range(proc) is not None:
+    return
+  logging.warning(
+      '%s feeds its model other values than vit_jax can (do_rescale=%s, '
+      'rescale_factor=%s, do_normalize=%s, mean %s, std %s: one value range '
+      'for all channels only; vit_jax feeds pixel * 2/255 - 1, i.e. [-1, '
+      "1]): its predictions here may differ from transformers'", path,
+      proc.get('do_rescale', True), proc.get('rescale_factor', 1 / 255),
+      proc.get('do_normalize', True), proc.get('image_mean'),
+      proc.get('image_std'))
 
 
 # --- shared ------------------------------------------------------------------

@@ -33,6 +33,7 @@ def _batch(value: str):
 def _parser() -> argparse.ArgumentParser:
   from vit_jax import trained as trained_lib
   from vit_jax.export import registry
+  from vit_jax.predict import positive_int  # predict's --image_size's.
   p = argparse.ArgumentParser(
       prog='python -m vit_jax.export',
       description='Export a trained model and verify it against JAX.')
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
                  'eval pre-processing in the graph')
   p.add_argument('--labels', help='dataset name or a text file of class '
                  'names (default: the run\'s dataset)')
-  p.add_argument('--image_size', type=int,
+  p.add_argument('--image_size', type=positive_int,
                  help='input resolution (default: the run\'s, or the '
                  'checkpoint\'s position embeddings\'); ViT position '
                  'embeddings are interpolated as fine-tuning does, without '

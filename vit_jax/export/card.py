@@ -154,7 +154,8 @@ def render(trained, manifest: Dict[str, Any]) -> str:
       _row('architecture', trained.architecture),
       _row('parameters', f'{trained.num_params():,}'),
       _row('classes', trained.num_classes),
-      _row('input', f'{dims} float32, {layout}, values in [-1, 1]'),
+      _row('input', f'{dims} float32, {layout}, values in '
+           f'{trained.input_range_text}'),
   ]
   if native and native != s:
     lines.append(_row('position embeddings', f'interpolated from {native} '

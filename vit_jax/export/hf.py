@@ -7,7 +7,8 @@ multi-label for `loss=sigmoid` runs), `model.safetensors`
 and `preprocessor_config.json` (the eval pre-processing where a
 transformers image processor has it: a `ViTImageProcessor` for
 `resize(S)`, a `BitImageProcessor` for `resize_small(S)|central_crop(C)`;
-[-1, 1]). Loads with
+rescaled and normalised onto the run's value range, `Trained.value_map`:
+[-1, 1] for most, [0, 1] for a `value_range(0,1)` run). Loads with
 
     model = transformers.ViTForImageClassification.from_pretrained(DIR)
 
@@ -71,10 +72,11 @@ def export(trained, out: str, options):
 
 
 def _pipeline(trained):
-  """The eval ops as ('resize', S) (`decode|resize(S)|value_range(-1,1)`),
-  ('crop', S, C) (`decode|resize_small(S)|central_crop(C)|value_range(-1,
-  1)`) or None: the pipelines a transformers image processor runs too
-  (bilinear resizes; PIL antialiases them)."""
+  """The eval ops as ('resize', S) (`decode|resize(S)|value_range(a,b)`),
+  ('crop', S, C) (`decode|resize_small(S)|central_crop(C)|value_range(a,
+  b)`) or None: the pipelines a transformers image processor runs too
+  (bilinear resizes, PIL antialiasing them; any value range of the 0-255
+  pixels, which its rescale and normalisation make: `_normalisation`)."""
   from vit_jax.data import preprocess
   parsed = [preprocess.parse_op(op) for op in trained.pp]
 
@@ -92,8 +94,11 @@ def _pipeline(trained):
       return None
     return sides[0]
 
-  if not parsed or parsed[0][0] != 'decode' or parsed[-1] not in (
-      ('value_range', (-1, 1), {}), ('value_range', (), {})):
+  # Its value_range (the last op) from the pixels' full 0-255 range (the
+  # default in_min / in_max), which a processor's affine map makes exactly:
+  # nothing is clipped.
+  if (not parsed or parsed[0][0] != 'decode'
+      or parsed[-1][0] != 'value_range' or trained.value_map[:2] != (0, 255)):
     return None
   if parsed[0][1:] not in (((), {}), ((trained.channels,), {}),
                            ((), {'channels': trained.channels})):
@@ -118,12 +123,14 @@ def _processor(trained):
   gets the plain resize with a warning."""
   from transformers import BitImageProcessor, ViTImageProcessor
   pipeline = _pipeline(trained)
+  mean, std = _normalisation(trained)
+  values = trained.input_range_text
   common = dict(
       # RGB models: grey, RGBA and CMYK images are converted. The processors
       # cannot make grey images: 1-channel models take mode 'L' ones.
       do_convert_rgb=trained.channels == 3, do_resize=True, resample=2,
       do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
-      image_mean=[0.5] * trained.channels, image_std=[0.5] * trained.channels)
+      image_mean=[mean] * trained.channels, image_std=[std] * trained.channels)
   grey = (' It takes grey (mode "L") images: convert others with '
           'image.convert("L") first.' if trained.channels == 1 else '')
   antialias = ('with PIL\'s bilinear resize, which antialiases when it '
@@ -137,7 +144,7 @@ def _processor(trained):
         crop_size={'height': crop, 'width': crop}, **common), (
             f'preprocessor_config.json (a BitImageProcessor: load it with '
             f'AutoImageProcessor) resizes the shorter side to {small}, '
-            f'crops the central {crop}x{crop} and maps to [-1, 1] like the '
+            f'crops the central {crop}x{crop} and maps to {values} like the '
             'eval pre-processing, but ' + antialias + ' Its longer side is '
             'rounded down where ours is rounded, so the crop may sit one '
             'pixel off.' + grey), True
@@ -147,11 +154,11 @@ def _processor(trained):
   if pipeline:
     return processor, (
         'preprocessor_config.json resizes to '
-        f'{trained.image_size} and maps to [-1, 1] like the eval '
+        f'{trained.image_size} and maps to {values} like the eval '
         'pre-processing, but ' + antialias + grey), True
   return processor, (
       f'preprocessor_config.json only resizes to {trained.image_size}x'
-      f'{trained.image_size} and maps to [-1, 1], but the model was '
+      f'{trained.image_size} and maps to {values}, but the model was '
       f'evaluated with {"|".join(trained.pp)}: transformers\' image '
       'processors have no such pipeline (they resize, or resize the '
       'shorter side and crop the centre, bilinearly), so its inputs '
@@ -159,6 +166,19 @@ def _processor(trained):
       'matching inputs apply those ops yourself and pass pixel_values '
       '(docs/deploy.md), or export --format=savedmodel '
       '--with-preprocessing.' + grey), False
+
+
+def _normalisation(trained):
+  """(image_mean, image_std) of a processor that, after rescaling pixels x
+  by 1/255, computes the eval pre-processing's value_range: vmin + (x -
+  in_min) * (vmax - vmin) / (in_max - in_min) (`Trained.value_map`), i.e.
+  mean -vmin / (vmax - vmin), std 1 / (vmax - vmin) for the default in_min
+  = 0, in_max = 255: (0.5, 0.5) for [-1, 1], (0, 1) for [0, 1]. vit_jax
+  reads them back as that value_range (`trained._hf_value_range`)."""
+  in_min, in_max, vmin, vmax = trained.value_map
+  span = 255 * (vmax - vmin)
+  return ((in_min * (vmax - vmin) - vmin * (in_max - in_min)) / span,
+          (in_max - in_min) / span)
 
 
 @functools.lru_cache(maxsize=2)

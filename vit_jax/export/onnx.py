@@ -4,9 +4,10 @@ onnxruntime.
 `jax2onnx` converts the model's jaxpr primitive by primitive (a maintained
 path that works on the pinned JAX; the SavedModel route through tf2onnx
 cannot convert jax2tf's `XlaCallModule` op). Writes `model.onnx`: input
-`images` float32 [B, S, S, C] in [-1, 1] (NHWC, as vit_jax; B dynamic unless
---batch=N), output the logits. Weights over 2 GiB go to `model.onnx.data`
-(ONNX external data).
+`images` float32 [B, S, S, C] in the model's input range (export.json's
+`input`: [-1, 1] for most; NHWC, as vit_jax; B dynamic unless --batch=N),
+output the logits. Weights over 2 GiB go to `model.onnx.data` (ONNX external
+data).
 
     session = onnxruntime.InferenceSession('model.onnx')
     logits = session.run(None, {'images': images})[0]

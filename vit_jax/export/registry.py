@@ -5,7 +5,7 @@ A format is one module that registers a `Format`:
     registry.register(Format(
         name='myformat', requires=('mylib',),
         export=write,       # (trained, out_dir, options) -> {'files': [...], ...}
-        run=run,            # (out_dir, images f32 NHWC [-1, 1]) -> logits
+        run=run,            # (out_dir, f32 NHWC images) -> logits
         description='...'))
 
 `vit_jax.export.export_model` calls `export`, then `run` on a few images

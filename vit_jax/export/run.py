@@ -69,6 +69,7 @@ def check_out(out: str, overwrite: bool) -> Optional[bytes]:
   the earlier export's export.json (--overwrite), None where `out` is new
   or empty. The command runs it before loading the checkpoint (seconds to
   minutes for a large one), `_target` again when the export starts."""
+  _check_not_cwd(out)
   if os.path.exists(out) and not os.path.isdir(out):
     raise ExportError(f'--out={out} is a file: pass a folder (new or empty)')
   if not os.path.exists(out):
@@ -95,6 +96,25 @@ def check_out(out: str, overwrite: bool) -> Optional[bytes]:
         'export and nothing else: move them out of the folder, or pass a '
         'new --out')
   return earlier
+
+
+def _check_not_cwd(out: str) -> None:
+  """ExportError where `out` is the current folder or one above it: the
+  verified export replaces `out` by a rename (its earlier export, or the
+  empty folder, is removed), which would leave the shell that ran the
+  command in a deleted folder, seeing no files."""
+  try:
+    cwd = os.path.realpath(os.getcwd())
+  except OSError:  # The current folder is gone already: nothing to keep.
+    return
+  real = os.path.realpath(out)
+  if cwd == real or cwd.startswith(real.rstrip(os.sep) + os.sep):
+    where = 'the current folder' if cwd == real else (
+        f'a folder above the current one ({cwd})')
+    raise ExportError(
+        f'--out={out} is {where}: the export replaces that folder, which '
+        'would leave this shell in a deleted one. Run it from another '
+        'folder, or name another --out (e.g. a new folder in this one)')
 
 
 def _target(out: str, overwrite: bool) -> _Target:
@@ -409,9 +429,11 @@ def _changed(real: str, earlier: Optional[bytes]) -> str:
 
 
 def sample_images(trained, n: int, seed: int = 0) -> np.ndarray:
-  """`n` float32 inputs in [-1, 1] (smooth noise: every weight matters)."""
+  """`n` float32 inputs in the model's input range (`Trained.input_range`,
+  [-1, 1] for most; noise: every weight matters)."""
   rng = np.random.RandomState(seed)
-  return rng.uniform(-1, 1, (n, *trained.image_shape)).astype(np.float32)
+  low, high = trained.input_range
+  return rng.uniform(low, high, (n, *trained.image_shape)).astype(np.float32)
 
 
 def sample_jpegs(trained, n: int, seed: int = 0) -> List[bytes]:
@@ -663,7 +685,7 @@ def _export(fmt, trained, out: str, options, tolerance: float,
       'input': ('encoded images (string [B]), pre-processing inside; '
                 if options.with_preprocessing else '') +
                f'float32 [{", ".join(map(str, shape))}] {fmt.layout} '
-               'in [-1, 1]'
+               f'in {trained.input_range_text}'
                + ('' if options.batch else ', B >= 1'),
       'layout': fmt.layout,
       'image_size': trained.image_size,

@@ -4,7 +4,8 @@ The JAX function is serialised natively (`jax2tf.convert`: StableHLO in an
 `XlaCallModule` op, lowered for cpu, cuda and tpu); the weights are TF
 variables, so the graph stays small at any model size. Signatures:
 
-  * `serving_default`: float32 images [B, S, S, C] in [-1, 1] ->
+  * `serving_default`: float32 images [B, S, S, C] in the model's input
+    range (export.json's `input`: [-1, 1] for most) ->
     {'logits', 'probabilities'} (B >= 1, dynamic unless --batch=N);
     `probabilities` as the run's loss read the logits
     (`Trained.output_activation`): softmax, or a sigmoid per class for
@@ -85,8 +86,8 @@ def export(trained, out: str, options):
                          with_gradient=False)
 
   activation = _activation(trained.output_activation)
-  floats = ('float32 images in [-1, 1] (the output of the eval '
-            'pre-processing in export.json)')
+  floats = (f'float32 images in {trained.input_range_text} (the output of '
+            'the eval pre-processing in export.json)')
 
   def outputs(images):
     logits = tf_fn(module.params, images)

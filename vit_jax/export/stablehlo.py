@@ -6,7 +6,7 @@ with the weights as constants, lowered for cpu, cuda and tpu) and
 serialisation version) runs it without vit_jax:
 
     exp = jax.export.deserialize(bytearray(open('model.jax_exported', 'rb').read()))
-    logits = exp.call(images)        # float32 [B, S, S, C] in [-1, 1]
+    logits = exp.call(images)        # float32 [B, S, S, C], export.json's range
 """
 
 from __future__ import annotations
