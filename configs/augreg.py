@@ -32,6 +32,10 @@ Where each number comes from:
   Earlier revisions of that file (e.g. 21bd6ebe) had softmax cross-entropy
   and S/32 at light2; `aug=light2 --config.loss=softmax
   --config.model.head_bias_init=0` trains that one.
+One difference: big_vision's vit_i1k.py trains on train[:99%] (the rest is
+its minival) and vit_i21k.py on full[51200:]; this trains on all of
+`train`. For their ImageNet-1k split: `--config.input.train_split=train_dev
+--config.input.num_train_examples=1268355` (an epoch is theirs too).
 `python -m vit_jax.accounting --config=configs/augreg.py:...` estimates a
 row's cost (docs/recipes.md lists them).
 """
