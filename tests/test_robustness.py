@@ -529,6 +529,11 @@ def test_config_values_that_cannot_work_are_refused(tmp_path):
   with pytest.raises(ValueError, match='warmup_steps=10 is not below the 10 '
                      'total steps'):
     config_check.check(long_warmup)
+  # One step of a warm-up has learning rate 0: it trained nothing, silently.
+  long_warmup.total_steps = 1
+  with pytest.raises(ValueError, match='warmup_steps=10 is not below the 1 '
+                     'total steps: .*warmup_steps=0'):
+    config_check.check(long_warmup)
   # A size the explicit pre-processing would ignore (it resizes to 16).
   from vit_jax.data import pipeline
   ignored = config.copy_and_resolve_references()

@@ -71,8 +71,9 @@ def total_steps(config: Any, num_train: Optional[int]) -> int:
 
 
 def warmup_problem(warmup: int, total_steps: int) -> Optional[str]:
-  """What is wrong with a warm-up as long as the run, else None."""
-  if warmup >= total_steps > 1:
+  """What is wrong with a warm-up as long as the run, else None (a 1-step
+  run too: its only step would have learning rate 0 and change nothing)."""
+  if warmup and warmup >= total_steps:
     return (f'--config.optim.warmup_steps={warmup} is not below the '
             f'{total_steps} total steps: shorten the warm-up, e.g. '
             f'--config.optim.warmup_steps={total_steps // 10}')
