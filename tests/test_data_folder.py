@@ -13,7 +13,8 @@ import skimage.data
 import tensorflow as tf
 from PIL import Image
 
-from vit_jax.data import folder_source, ops, pipeline, registry, settings
+from vit_jax.data import (folder_source, kinds, ops, pipeline, registry,
+                          settings)
 from vit_jax.data.errors import (BadImageError, DataError,
                                  DatasetNotPreparedError, UnknownSplitError)
 from conftest import no_cyclic_gc
@@ -124,8 +125,14 @@ def test_an_unlabelled_test_folder_is_no_split_and_blocks_nothing(
   assert 'images directly in it have no label' in caplog.text
   for split in ('test', None):  # Asked for, and the default eval split.
     with pytest.raises(UnknownSplitError,
-                       match=r'test has no .* files in class sub-folders'):
+                       match=r'test has no class sub-folders'):
       pipeline.eval_iterator(_config(tmp_path, eval_split=split))
+  # Class folders without images are still an error, not "unlabelled".
+  (tmp_path / 'test' / 'animals').mkdir()
+  kinds._OPENED.clear()  # pylint: disable=protected-access  (listed afresh)
+  with pytest.raises(DatasetNotPreparedError, match='no .* files in its '
+                     'class folders'):
+    pipeline.dataset_info(config)
 
 
 def test_hidden_and_underscore_folders_are_not_classes(tmp_path, caplog):

@@ -230,9 +230,9 @@ def test_stream_ignores_tensorflows_global_seed(shards):
   assert_batches_equal(batches(5), batches(None))
 
 
-def test_tfrecord_resume(records, tmp_path):
+def test_tfrecord_resume(records, tmp_path, caplog):
   """Also from a copy of the files elsewhere (data moved to a bucket
-  between preemptions): the same stream, no longer refused."""
+  between preemptions): the same stream, no longer refused, but said."""
   config = _config(records, pp_train='inception')
   run = pipeline.train_iterator(config, seed=4)
   for _ in range(9):
@@ -242,7 +242,10 @@ def test_tfrecord_resume(records, tmp_path):
   shutil.copytree(records, tmp_path / 'moved')
   resumed = pipeline.train_iterator(
       _config(str(tmp_path / 'moved'), pp_train='inception'), seed=4)
-  resumed.set_state(state)
+  with caplog.at_level(logging.WARNING, logger='absl'):
+    resumed.set_state(state)
+  assert f'input.data_dir was {records} and is now {tmp_path}/moved' in (
+      caplog.text)
   for a in expected:
     b = next(resumed)
     np.testing.assert_array_equal(a['image'], b['image'])

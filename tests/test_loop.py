@@ -122,7 +122,10 @@ def test_bad_profile_window_is_a_clear_error():
 
 def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
   workdir = trained_workdir.copy(reference_run[0], tmp_path)
-  before = json.load(open(os.path.join(workdir, 'summary.json')))
+  path = os.path.join(workdir, 'summary.json')
+  before = json.load(open(path))
+  # As if trained on TPUs: evaluating on this CPU adds no hardware kind.
+  json.dump({**before, 'hardware': 'tpu_v3'}, open(path, 'w'))
   out = _main(workdir)
   assert out.returncode == 0, out.stderr[-4000:]
   assert 'resumed from step 40' in out.stderr
@@ -132,6 +135,7 @@ def test_rerun_in_same_workdir_resumes(reference_run, tmp_path):
   # Evaluating again trains nothing: the run's cost stays what it was.
   for key in ('wall_s', 'device_hours', 'core_days'):
     assert after[key] == before[key], key
+  assert after['hardware'] == 'tpu_v3'
 
 
 def test_a_finished_run_without_its_checkpoints_is_not_trained_over(

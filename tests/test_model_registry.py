@@ -97,3 +97,28 @@ def test_registration_errors_are_clear():
                     {'Plain-1': {}})
   assert 'TinyMLP-X' not in models.names()
   assert 'Plain-1' not in models.names()
+
+
+@pytest.mark.parametrize('name', ['ViT-test', 'Mixer-S/32', 'BiT-R50x1',
+                                  'R+ViT-Ti/16'])
+def test_compute_options_keep_the_parameters(name):
+  """A run may resume with other `registry.COMPUTE_OPTIONS` (the restore
+  lets them change): each must leave the parameter tree, shapes and
+  dtypes as they were, or the resumed run would read another model."""
+  family = models.registry.family(name)
+  other = {'dtype': jnp.bfloat16, 'attention_impl': 'explicit',
+           'remat': 'dots_saveable', 'recompute_internals': False}
+  options = [o for o in models.registry.COMPUTE_OPTIONS
+             if o in family.module.__dataclass_fields__]
+  assert set(options) <= set(other) and 'dtype' in options
+  overrides, size = family.shrink(models.registry.options(name))
+  images = jnp.zeros((1, size, size, 3))
+
+  def tree(**changed):
+    model = models.create(name, num_classes=10, **overrides, **changed)
+    params = jax.eval_shape(model.init, jax.random.key(0), images)
+    return jax.tree.map(lambda a: (a.shape, a.dtype), params)
+
+  base = tree()
+  for option in options:
+    assert tree(**{option: other[option]}) == base, option

@@ -146,6 +146,7 @@ def test_repeated_predict_calls_reuse_one_predictor_until_new_weights(
   with, by predict and `logits` alike, in one Predictor per setting."""
   fresh = trained_lib.load(workdir)
   traces, activate = [], fresh.activate
+  predictors = lambda: [k for k in fresh._built if k[0] == 'predictor']  # pylint: disable=unnecessary-lambda-assignment,protected-access
 
   def counting(logits):
     traces.append(1)
@@ -156,9 +157,9 @@ def test_repeated_predict_calls_reuse_one_predictor_until_new_weights(
   made = len(traces)
   second, _ = predict.predict(fresh, files, batch=4)
   assert made and len(traces) == made and first == second
-  assert len(fresh._predictors) == 1
+  assert len(predictors()) == 1
   predict.predict(fresh, files, batch=4, dtype='bfloat16')  # Another one.
-  assert len(fresh._predictors) == 2
+  assert len(predictors()) == 2
   # Another checkpoint: its head doubled doubles the logits.
   import jax
   load = predict.image_loader(fresh)
@@ -173,11 +174,17 @@ def test_repeated_predict_calls_reuse_one_predictor_until_new_weights(
     for t in r['top']:
       got[i, t['index']] = t['probability']
   np.testing.assert_allclose(got, jax.nn.softmax(2 * before), atol=1e-5)
-  assert len(fresh._predictors) == 1  # The old weights' are dropped.
+  assert len(predictors()) == 1  # The old weights' are dropped.
   # A sub-tree replaced in place is found too (its leaves are new).
   fresh.params['head'] = jax.tree.map(np.zeros_like, params['head'])
   np.testing.assert_array_equal(fresh.logits(x), 0 * before)
-  assert not fresh._predictors
+  assert not predictors()
+  # A copy sharing the caches: new weights in it leave the original's.
+  import copy
+  twin = copy.copy(fresh)
+  twin.params = params
+  assert np.abs(twin.logits(x) - before).max() < 1e-5
+  np.testing.assert_array_equal(fresh.logits(x), 0 * before)
 
 
 def test_a_file_name_that_is_not_utf8_is_classified(images, trained,

@@ -160,6 +160,10 @@ def test_vtab_compares_input_cache_only_for_an_interrupted_task(tmp_path):
   with pytest.raises(app.UsageError, match=r'interrupted VTAB run .*'
                      r'\(input.cache: None there, True now\)'):
     vtab._finished(workdir, cached)  # pylint: disable=protected-access
+  # How the model computes may change on resume (the trainer logs it).
+  lighter = config.copy_and_resolve_references()
+  lighter.model.remat, lighter.model.dtype = True, 'float32'
+  assert vtab._finished(workdir, lighter) is False  # pylint: disable=protected-access
 
 
 def test_vtab_refuses_a_task_of_another_pretraining_from_an_npz(tmp_path):

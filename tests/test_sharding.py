@@ -327,4 +327,12 @@ def test_parameters_fsdp_leaves_whole_are_logged(caplog):
           '75.4% of the model, stay whole on every device: the fsdp axis '
           'size 5 divides none of their dimensions (e.g. mlp/kernel '
           '(768, 3072))') in warnings[0]
+  # Sharded over another axis, it is not whole: no warning.
+  caplog.clear()
+  mesh = shd.abstract_mesh(10, data=1, fsdp=5, model=2)
+  with caplog.at_level('WARNING'):
+    sh = shd.param_shardings(params, mesh, axes={
+        'mlp': {'kernel': ('embed', 'mlp')}})
+  assert sh['mlp']['kernel'].spec == jax.sharding.PartitionSpec(None, 'model')
+  assert 'stay whole' not in caplog.text
 

@@ -261,10 +261,9 @@ def cached_predictor(trained, *, batch: int = 64,
   pre-processing makes a new one) and kept only while its parameters stay
   those it was built from (`Trained.cached`, as `Trained.logits`): new
   weights replace it, and the old ones' device copies are freed."""
-  key = (batch, trained.compute_dtype(dtype), trained.output_activation,
-         tuple(trained.pp), trained.image_shape)
+  key = ('predictor', batch, trained.compute_dtype(dtype),
+         trained.output_activation, tuple(trained.pp), trained.image_shape)
   return trained.cached(
-      trained._predictors,  # pylint: disable=protected-access
       key, lambda: Predictor(trained, batch=batch, dtype=dtype))
 
 

@@ -281,7 +281,7 @@ def _param_spec(shape, mesh, axes, fsdp_min_size, rules):
     free = [i for i, s in enumerate(spec) if s is None and shape[i] % n == 0]
     if free:
       spec[max(free, key=lambda i: (shape[i], -i))] = 'fsdp'
-    whole = not free
+    whole = not free and not any(spec)  # Not on another axis either.
   return P(*spec), undivided, whole
 
 

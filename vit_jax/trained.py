@@ -100,21 +100,20 @@ class Trained:
   has_ema: bool = False      # The checkpoint holds Polyak averages.
   # How its logits become probabilities (`ACTIVATIONS`): the run's loss.
   output_activation: str = DEFAULT_ACTIVATION
-  # What is built from `params` (`cached`): `logits`' jitted function and
-  # cast parameters per dtype, and `vit_jax.predict.cached_predictor`'s
-  # jitted, device-placed Predictor per (batch, dtype, ...), so repeated
-  # calls on one model neither re-trace nor copy the weights to the devices
-  # again. Emptied when `params` is assigned, or when its leaves are found
-  # to be other objects than those the entries were built from.
-  _jitted: Dict[str, Any] = dataclasses.field(
-      default_factory=dict, init=False, repr=False, compare=False)
-  _predictors: Dict[Any, Any] = dataclasses.field(
+  # What is built from `params` (`cached`), by key: `logits`' jitted
+  # function and cast parameters per dtype, and `vit_jax.predict.
+  # cached_predictor`'s jitted, device-placed Predictor per (batch, dtype,
+  # ...), so repeated calls on one model neither re-trace nor copy the
+  # weights to the devices again. Replaced by an empty one when `params`
+  # is assigned, or when its leaves are found to be other objects than
+  # those the entries were built from (`_built_from`).
+  _built: Dict[Any, Any] = dataclasses.field(
       default_factory=dict, init=False, repr=False, compare=False)
   _built_from: Optional[List[Any]] = dataclasses.field(
       default=None, init=False, repr=False, compare=False)
 
   def __setattr__(self, name, value):
-    """Assigning `params` (the next checkpoint's weights) empties what was
+    """Assigning `params` (the next checkpoint's weights) drops what was
     built from the old ones at once: their jitted copies on the devices are
     freed, and no later call computes with them."""
     super().__setattr__(name, value)
@@ -122,29 +121,32 @@ class Trained:
       self._drop_built()
 
   def _drop_built(self) -> None:
-    self._jitted.clear()
-    self._predictors.clear()
+    # A new dict, not the old one cleared: a copy (`copy.copy`) sharing the
+    # old one keeps its entries, built from its own (the old) parameters.
+    self._built = {}
     self._built_from = None
 
-  def cached(self, cache: Dict[Any, Any], key, make: Callable[[], Any]):
-    """`make()`, kept in `cache` (`_jitted` or `_predictors`) under `key`
-    while the parameters stay those it was built from.
+  def cached(self, key, make: Callable[[], Any]):
+    """`make()`, kept under `key` while the parameters stay those it was
+    built from.
 
-    Assigning `params` empties the caches (`__setattr__`); a sub-tree
+    Assigning `params` drops every entry (`__setattr__`); a sub-tree
     replaced in place (`trained.params['head'] = new_head`) is found too,
     as the leaves are compared by identity (the old ones are kept
     alive with the entries, so no new array can take an old one's id).
     Arrays whose values are overwritten in place (`kernel[...] = 0`) are
-    not noticed: assign new arrays, or a new `params`."""
+    not noticed: assign new arrays, or a new `params`. Threads calling it
+    at once may each build an entry (one is kept), never fail."""
     leaves = jax.tree.leaves(self.params)
-    built = self._built_from
+    built, entries = self._built_from, self._built
     if built is None or len(built) != len(leaves) or any(
         a is not b for a, b in zip(built, leaves)):
-      self._drop_built()
-      self._built_from = leaves
-    if key not in cache:
-      cache[key] = make()
-    return cache[key]
+      entries = {}
+      self._built, self._built_from = entries, leaves
+    entry = entries.get(key)
+    if entry is None:
+      entry = entries[key] = make()
+    return entry
 
   @property
   def stride(self) -> int:
@@ -225,7 +227,7 @@ class Trained:
     def make():
       fn = jax.jit(self.apply_fn(key))
       return fn, precast.cast_once(fn, self.params, images)
-    fn, params = self.cached(self._jitted, key, make)
+    fn, params = self.cached(('logits', key), make)
     return np.asarray(fn(params, images), np.float32)
 
   def apply_fn(self, dtype: Optional[str] = None, **overrides

@@ -119,10 +119,13 @@ def _finished(workdir: str, config) -> bool:
   # Every other setting (`--set=input.batch_size=...`, an optimizer field)
   # as the task's config.json recorded it.
   # An interrupted run resumes its input pipeline, which `input.cache`
-  # changes (epochs in one order): compared for it.
+  # changes (epochs in one order): compared for it. It may resume in
+  # another compute dtype (the trainer logs it: `COMPUTE_OPTIONS`); a
+  # finished run's results were computed in its own.
+  skip = (_NOT_RESULTS if summary else
+          _NOT_RESULTS - {'input.cache'} | {'model.dtype'})
   found = run_files.first_difference(
-      recorded, json.loads(config.to_json_best_effort()),
-      skip=_NOT_RESULTS - ({'input.cache'} if not summary else set()),
+      recorded, json.loads(config.to_json_best_effort()), skip=skip,
       skip_keys=frozenset({'data_dir'}))
   if found:
     field, then, now = found
@@ -180,7 +183,8 @@ def _pretraining_from_init(theirs, summary) -> bool:
 
 
 # Config fields that change where data lives (`data_dir` at any depth too),
-# what is logged, saved or profiled, or the device layout, not a task's
+# what is logged, saved or profiled, the device layout, or how the model
+# computes without changing its numbers (remat, attention kernel), not a task's
 # result. `report` is compared above (with the init run's own pre-training
 # fields).
 _NOT_RESULTS = frozenset((
@@ -188,7 +192,8 @@ _NOT_RESULTS = frozenset((
     'checkpoint_every', 'keep_checkpoints', 'async_checkpoints', 'profile',
     'mesh', 'fsdp_min_size', 'sharding_rules', 'sharding_overrides',
     'input.prefetch', 'input.cache', 'input.eval_batch_size',
-    'input.prepare'))
+    'input.prepare', 'model.remat', 'model.attention_impl',
+    'model.recompute_internals'))
 
 
 # The driver's tables: the per-task one, and the runs it cannot show with

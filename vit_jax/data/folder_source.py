@@ -338,8 +338,8 @@ class FolderSource(Source):
     for split in sorted(folders, key=lambda s: s != 'train'):
       path, skipped = folders[split], skips[split]
       paths, labels, layout = [], [], {}
-      for cls in (self.classes if split == 'train' else
-                  _subdirs(path, skipped)):
+      listed = self.classes if split == 'train' else _subdirs(path, skipped)
+      for cls in listed:
         if cls not in index:
           raise DatasetNotPreparedError(
               f'{path}/{cls}: class {cls!r} is not a class of the train '
@@ -357,12 +357,12 @@ class FolderSource(Source):
       if split == 'train':
         _check_classes_are_not_splits(path, layout)
       skipped.log(f'split {split!r}')
-      if not paths and split != 'train':
+      if not listed:
         # E.g. Kaggle's `test/` of unlabelled images: no split to read, and
         # no reason to refuse the others (`_ranges` names it if asked for).
         self._unlabelled[split] = (
-            f'{path} has no {"/".join(EXTENSIONS)} files in class '
-            'sub-folders (images directly in it have no label)')
+            f'{path} has no class sub-folders (images directly in it have '
+            'no label)')
         logging.warning('%s: not a split', self._unlabelled[split])
         continue
       if not paths:

@@ -267,8 +267,9 @@ class TrainIterator:
             'pp': preprocess.expand(st.pp_train, st.image_size),
             'shuffle_buffer': st.shuffle_buffer, 'cache': st.cache,
             'mixup': st.mixup, 'skip_bad_images': st.skip_bad_images,
-            # Not `data_dir`: data moved (to a bucket) is the same stream;
-            # changed data is caught by `host_size` and `_check_position`.
+            # Not `data_dir` (`get_state` records it, `set_state` logs a
+            # change): data moved (to a bucket) is the same stream; changed
+            # counts are caught by `host_size` and `_check_position`.
             # Only when on: states saved before CutMix existed still match.
             **({'cutmix': st.cutmix} if st.cutmix else {}),
             # Sources whose file order changed between versions (folders).
@@ -280,7 +281,9 @@ class TrainIterator:
     epoch, index = self._position()
     return {'format': _STATE_FORMAT, 'batches': self._batches,
             'epoch': epoch, 'index': index, 'process_index': self._pi,
-            'host_size': self._host_size, **self._identity()}
+            'host_size': self._host_size, **self._identity(),
+            # Recorded, not compared (`set_state` logs a change).
+            'data_dir': self._st.data_dir}
 
   def set_state(self, state: Dict[str, Any]) -> None:
     """Continues from `state` (from `get_state` of any process)."""
@@ -331,6 +334,15 @@ class TrainIterator:
           'with the same data; or start afresh from its weights: a new '
           '--workdir with --config.init=<this workdir> (the encoder carries '
           'over; head, optimiser and schedule restart).')
+    if 'data_dir' in state and state['data_dir'] != self._st.data_dir:
+      # Files copied elsewhere (to a bucket between preemptions) are the
+      # same stream; other files of the same count are not, and only the
+      # user can tell them apart: said loudly.
+      logging.warning(
+          '*** DELIBERATE CHANGE on resume: input.data_dir was %s and is '
+          'now %s. The run continues its stream there, which is exact only '
+          'if the files are the same (a changed count is refused). ***',
+          state['data_dir'], self._st.data_dir)
     self._iterator = None
 
 

@@ -18,16 +18,15 @@ from typing import Optional, Sequence
 
 
 def _batch(value: str):
+  """--batch: 'dynamic' (None) or `predict.positive_int`'s count."""
+  from vit_jax.predict import positive_int
   if value == 'dynamic':
     return None
   try:
-    n = int(value)
-  except ValueError:
-    n = 0
-  if n < 1:
+    return positive_int(value)
+  except argparse.ArgumentTypeError:
     raise argparse.ArgumentTypeError(
-        f'--batch={value}: expected dynamic or a positive integer')
-  return n
+        f'--batch={value}: expected dynamic or a positive integer') from None
 
 
 def _parser() -> argparse.ArgumentParser:

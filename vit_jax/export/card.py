@@ -26,6 +26,15 @@ def _fmt(value: Any) -> str:
   return str(value)
 
 
+def _hardware(run: Dict[str, Any]) -> str:
+  """'8 x tpu_v3'; a run resumed on other hardware lists each kind
+  ('tpu_v3, cpu'), without the last part's device count."""
+  hardware = str(run.get('hardware', '?'))
+  if ', ' in hardware:
+    return f'{hardware} (resumed on other hardware)'
+  return f'{run.get("num_devices", "?")} x {hardware}'
+
+
 def _metrics(run: Dict[str, Any]) -> List[str]:
   keys = sorted(k for k in run if isinstance(run[k], (int, float)) and (
       'accuracy' in k or 'loss' in k or k.endswith('shot') or 'real' in k))
@@ -224,8 +233,7 @@ def render(trained, manifest: Dict[str, Any]) -> str:
                 f'checkpoint is step {step}):', '']
     if run:
       lines += ['| | |', '|---|---|',
-                _row('hardware', f'{run.get("num_devices", "?")} x '
-                     f'{run.get("hardware", "?")}'),
+                _row('hardware', _hardware(run)),
                 _row('wall time', f'{run.get("wall_s", 0) / 3600:.3g} h'),
                 _row('device-hours', _fmt(run.get('device_hours', '?'))),
                 _row('core-days', _fmt(run.get('core_days', '?'))),

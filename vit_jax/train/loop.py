@@ -553,8 +553,11 @@ def _cost_recorded(workdir: str, step: int) -> Dict[str, Any]:
   earlier = run_files.read_summary(workdir, own=False)
   if earlier.get('steps') != step:
     return {}
-  return {k: earlier[k] for k in reporting.COST_KEYS
-          if isinstance(earlier.get(k), (int, float))}
+  return {**{k: earlier[k] for k in reporting.COST_KEYS
+             if isinstance(earlier.get(k), (int, float))},
+          # Not the evaluating host's kind added to those it trained on.
+          **({'hardware': earlier['hardware']}
+             if isinstance(earlier.get('hardware'), str) else {})}
 
 
 def _cell_data(report: Dict[str, Any]) -> Optional[str]:
